@@ -1,0 +1,29 @@
+"""The platform's exception family.
+
+Every message names the bad value and says how to fix it. ``assert`` is kept for internal
+invariants only; retries are Prefect task policy, never a bare ``except``.
+"""
+
+
+class PretrainError(Exception):
+    """Base class of every error the platform raises on purpose."""
+
+
+class ConfigError(PretrainError):
+    """An experiment config (or one of its sections) is invalid: names the field and the fix."""
+
+
+class DataError(PretrainError):
+    """Input data cannot be read or violates a stage-boundary expectation."""
+
+
+class SourceError(DataError):
+    """A source cannot be fetched or unpacked (missing apt, unknown package, unreadable file)."""
+
+
+class CheckpointError(PretrainError):
+    """A checkpoint is missing, incomplete, corrupt, or does not match the model/tokenizer given."""
+
+
+class GateError(PretrainError):
+    """The gate was changed after results exist, or its declaration is inconsistent."""
