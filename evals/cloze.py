@@ -1,0 +1,219 @@
+"""Cloze / multiple-choice scoring by summed continuation log-probability (SPEC §10).
+
+Each option is scored as the summed log-probability, in nats, of all its tokens given the context; the option
+carries its own leading space. The context's tokens must be a prefix of the tokens of context+option; when a
+tokenizer merges across the boundary, the option is scored as the tokens beyond the longest common prefix and
+the row is flagged ``boundary_shift``.
+
+Item file (JSON lines, one item per line)::
+
+    {"item_id": "deb-001", "group": "general", "context": "To install a package, run apt",
+     "options": [" install", " remove"], "answer": 0}
+
+Usage::
+
+    items = load_cloze_items(Path("configs/cloze/demo.jsonl"))
+    df = score_cloze(model, tokenizer_encode, items, max_len=256)
+    cloze_accuracy(df)  # {"general": (correct, n, accuracy), "domain": ..., "all": ...}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from infra.errors import DataError
+
+# Shape legend: B = options of one item, T = tokens fed to the model, V = vocabulary size.
+
+
+@dataclass(frozen=True)
+class ClozeItem:
+    """One cloze item: ``options[answer]`` is the correct continuation of ``context``.
+
+    ``group`` labels the item's register (e.g. "general" or "domain"); each option starts with its leading
+    space (SPEC §10).
+    """
+
+    item_id: str
+    group: str
+    context: str
+    options: list[str]
+    answer: int
+
+
+def _item_from_record(record: object) -> ClozeItem:
+    """Build and check one item; raises ValueError with the reason (wrapped by the caller)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    fields = {"item_id", "group", "context", "options", "answer"}
+    missing, unknown = fields - record.keys(), record.keys() - fields
+    if missing or unknown:
+        raise ValueError(f"missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+    options = record["options"]
+    if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) for o in options):
+        raise ValueError(f"options must be a list of >= 2 strings, got {options!r}")
+    if len(set(options)) != len(options):
+        raise ValueError(f"options must be distinct, got {options!r}")
+    if not all(o.startswith(" ") and o.strip() for o in options):
+        raise ValueError(f"every option needs its leading space and a word (SPEC §10), got {options!r}")
+    answer = record["answer"]
+    if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(options):
+        raise ValueError(f"answer must be an index in [0, {len(options)}), got {answer!r}")
+    for key in ("item_id", "group", "context"):
+        if not isinstance(record[key], str) or not record[key].strip():
+            raise ValueError(f"{key} must be a non-empty string, got {record[key]!r}")
+    return ClozeItem(record["item_id"], record["group"], record["context"], list(options), answer)
+
+
+def load_cloze_items(path: Path) -> list[ClozeItem]:
+    """Read cloze items from a JSON-lines file; blank lines are skipped.
+
+    Raises DataError naming the file and 1-based line number for unreadable JSON, missing/unknown fields,
+    fewer than 2 options, duplicate options, an option without its leading space, an answer out of range, or
+    a repeated ``item_id``; and when the file is missing or holds no items.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"cloze item file {path} does not exist; pass the path of a JSON-lines item file")
+    items: list[ClozeItem] = []
+    seen: dict[str, int] = {}
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = _item_from_record(json.loads(line))
+        except ValueError as err:  # json.JSONDecodeError is a ValueError
+            raise DataError(f"{path} line {line_no}: {err}; fix the item or remove the line") from err
+        if item.item_id in seen:
+            raise DataError(f"{path} line {line_no}: item_id {item.item_id!r} already used on line "
+                            f"{seen[item.item_id]}; item ids must be unique")
+        seen[item.item_id] = line_no
+        items.append(item)
+    if not items:
+        raise DataError(f"{path} holds no cloze items; add at least one JSON line")
+    return items
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _split_option(encode: Callable[[str], list[int]], context: str, option: str) -> tuple[list[int], int, bool]:
+    """Tokens of context+option, the index where the scored option tokens start, and whether it shifted.
+
+    The scored tokens are those beyond the longest common prefix with the context's own tokens (SPEC §10).
+    At least one token must stay as conditioning, so a common prefix of zero starts scoring at token 1.
+    """
+    context_ids = list(encode(context))
+    full_ids = list(encode(context + option))
+    start = _common_prefix_len(context_ids, full_ids)
+    shifted = start != len(context_ids)
+    if start == 0:
+        start, shifted = 1, True
+    if start >= len(full_ids):
+        raise DataError(f"option {option!r} adds no scorable token after context {context[-40:]!r}; "
+                        "check that encode() is lossless")
+    return full_ids, start, shifted
+
+
+def _option_logprobs(model: torch.nn.Module, sequences: list[list[int]], starts: list[int],
+                     max_len: int | None, device: torch.device) -> list[float]:
+    """Summed log-probabilities (nats) of ``seq[start:]`` given ``seq[:start]`` for each sequence, one batch."""
+    inputs, targets, n_scored = [], [], []
+    for seq, start in zip(sequences, starts):
+        x, y = seq[:-1], seq[1:]
+        if max_len is not None and len(x) > max_len:  # left-truncate: keep the last max_len positions
+            x, y = x[-max_len:], y[-max_len:]
+        inputs.append(x)
+        targets.append(y)
+        n_scored.append(len(seq) - start)
+    width = max(len(x) for x in inputs)
+    idx = torch.zeros(len(inputs), width, dtype=torch.long)  # (B, T), right-padded: causal, so padding is unseen
+    for row, x in enumerate(inputs):
+        idx[row, : len(x)] = torch.tensor(x, dtype=torch.long)
+    out = model(idx.to(device))
+    logits = out[0] if isinstance(out, tuple) else out  # (B, T, V)
+    logprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    totals = []
+    for row, (y, k) in enumerate(zip(targets, n_scored)):
+        positions = torch.arange(len(y) - k, len(y), device=logprobs.device)  # (k,)
+        target_ids = torch.tensor(y[-k:], dtype=torch.long, device=logprobs.device)  # (k,)
+        totals.append(float(logprobs[row, positions, target_ids].sum()))
+    return totals
+
+
+def score_cloze(model: torch.nn.Module, encode: Callable[[str], list[int]], items: Sequence[ClozeItem], *,
+                max_len: int | None = None) -> pd.DataFrame:
+    """Score every option of every item by its summed log-probability given the context (SPEC §10).
+
+    ``model.forward(idx)`` takes a LongTensor (B, T) and returns logits (B, T, V) (a tuple's first element is
+    used). The model runs under ``torch.no_grad()`` in eval mode; its previous mode is restored. All options of
+    one item form one right-padded batch. With ``max_len`` the model sees only the last ``max_len`` input
+    tokens of context+option (left truncation).
+
+    Returns one row per item with columns: ``item_id, group, answer, predicted`` (argmax option; ties go to
+    the lower index), ``correct`` (bool), ``logprob_answer`` (nats), ``logprobs`` (list[float] per option,
+    nats), ``n_option_tokens`` (list[int] per option, tokens scored), ``boundary_shift`` (bool: some option's
+    context tokens changed when the option was appended, so the scored tokens start earlier).
+
+    Raises DataError if an option yields no scorable token, or if ``max_len`` is smaller than an option's
+    token count (the option could not be scored in full).
+    """
+    if max_len is not None and max_len < 1:
+        raise DataError(f"max_len must be >= 1 token, got {max_len}")
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    rows = []
+    try:
+        with torch.no_grad():
+            for item in items:
+                splits = [_split_option(encode, item.context, opt) for opt in item.options]
+                n_tokens = [len(seq) - start for seq, start, _ in splits]
+                if max_len is not None and max(n_tokens) > max_len:
+                    raise DataError(f"item {item.item_id}: an option has {max(n_tokens)} tokens but max_len is "
+                                    f"{max_len}; raise max_len or shorten the option")
+                lps = _option_logprobs(model, [s[0] for s in splits], [s[1] for s in splits], max_len, device)
+                predicted = max(range(len(lps)), key=lambda i: (lps[i], -i))
+                rows.append({
+                    "item_id": item.item_id, "group": item.group, "answer": item.answer,
+                    "predicted": predicted, "correct": predicted == item.answer,
+                    "logprob_answer": lps[item.answer], "logprobs": lps, "n_option_tokens": n_tokens,
+                    "boundary_shift": any(s[2] for s in splits),
+                })
+    finally:
+        model.train(was_training)
+    columns = ["item_id", "group", "answer", "predicted", "correct", "logprob_answer", "logprobs",
+               "n_option_tokens", "boundary_shift"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def cloze_accuracy(df: pd.DataFrame) -> dict[str, tuple[int, int, float]]:
+    """Per-group ``(correct, n, accuracy)`` from a ``score_cloze`` frame, plus an ``"all"`` entry.
+
+    Accuracy is a fraction in [0, 1] (NaN for an empty frame). Raises DataError if the frame lacks the
+    ``group``/``correct`` columns.
+    """
+    if not {"group", "correct"} <= set(df.columns):
+        raise DataError(f"cloze frame needs 'group' and 'correct' columns, got {list(df.columns)}")
+
+    def summarise(correct: pd.Series) -> tuple[int, int, float]:
+        k, n = int(correct.sum()), int(len(correct))
+        return k, n, (k / n if n else float("nan"))
+
+    result = {str(group): summarise(part["correct"].astype(bool)) for group, part in df.groupby("group", sort=True)}
+    result["all"] = summarise(df["correct"].astype(bool))
+    return result

@@ -1,0 +1,123 @@
+"""Content-addressed artifact store: one immutable directory per (stage, key).
+
+Layout (DESIGN.md, "Artifacts, caching, lineage")::
+
+    <runs>/artifacts/<stage>/<key>/
+        ... outputs ...
+        meta.json      stage, key, config, input keys, code version, timings, counts
+        _COMPLETE      completion marker, written last; a directory without it does not exist
+
+key = sha256(stage name, canonical stage config, input artifact keys, stage code version)[:16].
+Outputs are written into a sibling temporary directory and renamed into place after the marker, so a
+crash mid-write never leaves a directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MARKER = "_COMPLETE"
+META = "meta.json"
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the same config always hashes the same."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+
+
+def code_version(*modules: str) -> str:
+    """sha256[:12] over the source files of the given packages/modules (sorted by path).
+
+    A change to any file of a stage's code gives the stage a new key, so stale artifacts are never reused.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(modules):
+        module = importlib.import_module(name)
+        root = Path(module.__file__)
+        files = sorted(root.parent.rglob("*.py")) if root.name == "__init__.py" else [root]
+        for path in files:
+            digest.update(path.relative_to(root.parent.parent).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def artifact_key(stage: str, config: Any, input_keys: dict[str, str], version: str) -> str:
+    """Key of a stage's artifact: sha256(stage, canonical config, input keys, code version)[:16]."""
+    payload = canonical_json({"stage": stage, "config": config, "inputs": input_keys, "code": version})
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A completed artifact directory and its metadata."""
+
+    stage: str
+    key: str
+    path: Path
+    meta: dict[str, Any] = field(hash=False, compare=False)
+
+    @property
+    def marker_id(self) -> str:
+        return self.meta.get("marker_id", "")
+
+
+class ArtifactStore:
+    """Reads and atomically writes artifact directories under ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def path(self, stage: str, key: str) -> Path:
+        return self.root / stage / key
+
+    def get(self, stage: str, key: str) -> Artifact | None:
+        """The completed artifact, or None when absent or unfinished (no marker)."""
+        path = self.path(stage, key)
+        if not (path / MARKER).is_file() or not (path / META).is_file():
+            return None
+        meta = json.loads((path / META).read_text())
+        return Artifact(stage, key, path, meta)
+
+    def begin(self, stage: str, key: str) -> Path:
+        """A fresh temporary directory to write a stage's outputs into."""
+        tmp = self.root / stage / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def commit(self, stage: str, key: str, tmp: Path, meta: dict[str, Any]) -> Artifact:
+        """Write meta.json, then the marker, then rename ``tmp`` into place.
+
+        Raises:
+            OSError: when the disk is full or the rename fails; ``tmp`` is removed and no marker remains.
+        """
+        final = self.path(stage, key)
+        meta = {**meta, "stage": stage, "key": key, "marker_id": uuid.uuid4().hex, "committed_at": time.time()}
+        try:
+            (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+            _fsync_write(tmp / MARKER, meta["marker_id"])
+            if final.exists():  # an unfinished earlier attempt (no marker): replace it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return Artifact(stage, key, final, meta)
+
+    def abort(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())

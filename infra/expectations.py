@@ -1,0 +1,118 @@
+"""Great Expectations suites that guard the data at stage boundaries.
+
+A failed suite raises ``DataError`` naming every failing expectation and what it observed, so the flow
+stops before the next stage consumes bad data (DESIGN.md, "Artifacts, caching, lineage").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pandas as pd
+
+from infra.errors import DataError
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    suite: str
+    success: bool
+    results: list[dict[str, Any]]
+
+
+def _context():
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+def validate_frame(name: str, frame: pd.DataFrame, expectations: Sequence[Any]) -> SuiteResult:
+    """Validate ``frame`` against ``expectations`` in an ephemeral GX context.
+
+    Raises:
+        DataError: when any expectation fails; the message names each failing expectation.
+    """
+    import great_expectations as gx
+
+    context = _context()
+    asset = context.data_sources.add_pandas(name).add_dataframe_asset(name)
+    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame})
+    suite = gx.ExpectationSuite(name=name)
+    for expectation in expectations:
+        suite.add_expectation(expectation)
+    outcome = batch.validate(suite)
+    results = [_summarise(r) for r in outcome.results]
+    failed = [r for r in results if not r["success"]]
+    if failed:
+        detail = "; ".join(f"{r['expectation']}({r['kwargs']}) observed {r['observed']}" for r in failed)
+        raise DataError(f"expectation suite '{name}' failed: {detail}")
+    return SuiteResult(name, True, results)
+
+
+def _summarise(result: Any) -> dict[str, Any]:
+    config = result.expectation_config
+    kwargs = {k: v for k, v in config.kwargs.items() if k != "batch_id"}
+    observed = result.result.get("observed_value", result.result.get("unexpected_count"))
+    if result.result.get("partial_unexpected_list"):
+        observed = f"{observed} e.g. {result.result['partial_unexpected_list'][:3]}"
+    return {"expectation": config.type, "kwargs": kwargs, "success": bool(result.success), "observed": observed}
+
+
+def check_kept_corpus(kept: pd.DataFrame, sources: Sequence[str], languages: Sequence[str]) -> SuiteResult:
+    """Kept-corpus suite: every source non-empty, no empty text, only configured languages, unique ids."""
+    import great_expectations as gx
+
+    E = gx.expectations
+    return validate_frame(
+        "kept_corpus",
+        kept[["doc_id", "source", "language", "text"]],
+        [
+            E.ExpectTableRowCountToBeBetween(min_value=1),
+            E.ExpectColumnValuesToNotBeNull(column="text"),
+            E.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1),
+            E.ExpectColumnValuesToBeInSet(column="language", value_set=list(languages)),
+            E.ExpectColumnDistinctValuesToContainSet(column="source", value_set=list(sources)),
+            E.ExpectColumnValuesToBeUnique(column="doc_id"),
+        ],
+    )
+
+
+def check_shards(headers: pd.DataFrame, vocab_size: int) -> SuiteResult:
+    """Token-shard suite: every (source, split) shard has tokens and bytes, and one vocab size throughout."""
+    import great_expectations as gx
+
+    E = gx.expectations
+    return validate_frame(
+        "token_shards",
+        headers[["source", "split", "n_tokens", "n_bytes", "vocab_size"]],
+        [
+            E.ExpectColumnValuesToBeBetween(column="n_tokens", min_value=1),
+            E.ExpectColumnValuesToBeBetween(column="n_bytes", min_value=1),
+            E.ExpectColumnValuesToBeInSet(column="vocab_size", value_set=[vocab_size]),
+            E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "heldout"]),
+        ],
+    )
+
+
+def check_heldout(table: pd.DataFrame) -> SuiteResult:
+    """Evaluation-table suite: finite, positive losses and bits per byte, tokens counted."""
+    import great_expectations as gx
+
+    E = gx.expectations
+    return validate_frame(
+        "heldout_loss",
+        table[["source", "loss_nats", "bits_per_byte", "tokens"]],
+        [
+            E.ExpectTableRowCountToBeBetween(min_value=1),
+            E.ExpectColumnValuesToBeBetween(column="loss_nats", min_value=0.0, max_value=50.0),
+            E.ExpectColumnValuesToBeBetween(column="bits_per_byte", min_value=0.0, max_value=100.0),
+            E.ExpectColumnValuesToBeBetween(column="tokens", min_value=1),
+        ],
+    )

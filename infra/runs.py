@@ -1,0 +1,66 @@
+"""The runs folder: everything a pipeline run writes lives under one root.
+
+Default ``./runs``; overridden by ``--runs-dir`` or the ``PRETRAIN_RUNS_DIR`` environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNS_ENV = "PRETRAIN_RUNS_DIR"
+
+
+@dataclass(frozen=True)
+class RunsLayout:
+    root: Path
+
+    @classmethod
+    def resolve(cls, runs_dir: str | Path | None = None) -> "RunsLayout":
+        chosen = runs_dir or os.environ.get(RUNS_ENV) or "runs"
+        return cls(Path(chosen).expanduser().resolve())
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{self.mlflow_db}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.root / "mlartifacts"
+
+    @property
+    def duckdb(self) -> Path:
+        return self.root / "results.duckdb"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.root / "prefect"
+
+    @property
+    def optuna(self) -> Path:
+        return self.root / "optuna"
+
+    @property
+    def source_cache(self) -> Path:
+        return self.root / "cache" / "sources"
+
+    def prepare_environment(self) -> None:
+        """Point Prefect and MLflow at this folder. Must run before ``prefect`` is imported."""
+        for path in (self.root, self.prefect_home, self.optuna, self.artifacts):
+            path.mkdir(parents=True, exist_ok=True)
+        os.environ["PREFECT_HOME"] = str(self.prefect_home)
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(self.prefect_home / "storage")
+        os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
+        os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
+        os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

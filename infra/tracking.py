@@ -1,0 +1,105 @@
+"""MLflow tracking: one experiment per config name, one parent run per pipeline run, one nested run per stage.
+
+Uses ``MlflowClient`` with explicit run ids (no global active run), so a stage can log from any thread and
+the parent/child structure is explicit (``mlflow.parentRunId`` tag). The store is a SQLite file and a local
+artifact root under the runs folder; ``mlflow ui --backend-store-uri sqlite:///<runs>/mlflow.db`` shows it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+_MAX_PARAM_LEN = 6000
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten nested config dicts into dotted keys with string values (MLflow params)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = str(value)[:_MAX_PARAM_LEN]
+    return flat
+
+
+class Tracker:
+    """Writes the pipeline's runs to a local MLflow store.
+
+    Args:
+        tracking_uri: e.g. ``sqlite:////abs/runs/mlflow.db``.
+        artifact_root: folder for run artifacts (created if missing).
+        experiment: experiment name (the config's ``name``).
+    """
+
+    def __init__(self, tracking_uri: str, artifact_root: Path, experiment: str):
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        if found is None:
+            artifact_root.mkdir(parents=True, exist_ok=True)
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_root.as_uri())
+        else:
+            self.experiment_id = found.experiment_id
+
+    def start_run(self, name: str, *, parent_id: str | None = None, tags: Mapping[str, str] | None = None) -> str:
+        """Create a run (nested under ``parent_id`` if given) and return its id."""
+        all_tags = {"mlflow.runName": name, **(tags or {})}
+        if parent_id:
+            all_tags["mlflow.parentRunId"] = parent_id
+        return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        items = [Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[start : start + 100])
+
+    def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> list[str]:
+        """Log finite metrics at an explicit step; returns the names of non-finite ones (never sent to MLflow)."""
+        now = int(time.time() * 1000)
+        good = [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if math.isfinite(float(v))]
+        if good:
+            self.client.log_batch(run_id, metrics=good)
+        return [k for k, v in metrics.items() if not math.isfinite(float(v))]
+
+    def log_metric_series(self, run_id: str, rows: Iterable[Mapping[str, float]], step_key: str = "step") -> None:
+        """Log a sequence of metric dicts, each carrying its own step under ``step_key``."""
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(k, float(v), now, int(row[step_key]))
+            for row in rows
+            for k, v in row.items()
+            if k != step_key and math.isfinite(float(v))
+        ]
+        for start in range(0, len(batch), 1000):
+            self.client.log_batch(run_id, metrics=batch[start : start + 1000])
+
+    def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+        if path.is_dir():
+            self.client.log_artifacts(run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def artifact_uri(self, run_id: str) -> str:
+        return self.client.get_run(run_id).info.artifact_uri
+
+    def register_model(self, name: str, run_id: str, source: str, alias: str, tags: Mapping[str, str]) -> int:
+        """Register ``source`` as a new version of ``name`` and point ``alias`` at it; returns the version."""
+        if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
+            self.client.create_registered_model(name)
+        version = self.client.create_model_version(name, source=source, run_id=run_id, tags=dict(tags))
+        self.client.set_registered_model_alias(name, alias, version.version)
+        return int(version.version)

@@ -1,0 +1,69 @@
+"""DuckDB warehouse (``<runs>/results.duckdb``): the tables people query.
+
+Each stage's rows carry the ``artifact_key`` of the artifact they were read from. Writing a stage's rows
+replaces earlier rows with the same key, so a rerun (cached or not) never duplicates them and the tables
+always mirror the artifact store. The connection is opened per write and closed at once, so the file can
+be inspected with ``duckdb runs/results.duckdb`` between runs.
+
+Tables: manifest, removals, funnel, tokenizer_report, mixture_trials, sweep_trials, heldout_loss,
+cloze_results, gates, gate_decisions, stage_runs, train_steps.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import pandas as pd
+
+TABLES = (
+    "manifest", "removals", "funnel", "tokenizer_report", "mixture_trials", "sweep_trials",
+    "heldout_loss", "cloze_results", "gates", "gate_decisions", "stage_runs",
+)
+
+
+class Warehouse:
+    """Thin writer/reader over one DuckDB file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        con = duckdb.connect(str(self.path), read_only=read_only)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def replace(self, table: str, frame: pd.DataFrame, artifact_key: str) -> int:
+        """Replace the rows of ``table`` written from ``artifact_key`` with ``frame``; returns rows written."""
+        frame = frame.assign(artifact_key=artifact_key)
+        with self.connect() as con:
+            con.register("frame", frame)
+            con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM frame LIMIT 0")
+            con.execute(f"DELETE FROM {table} WHERE artifact_key = ?", [artifact_key])
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
+        return len(frame)
+
+    def append(self, table: str, frame: pd.DataFrame) -> None:
+        """Append rows (for logs such as ``gates`` and ``stage_runs`` that are never replaced)."""
+        with self.connect() as con:
+            con.register("frame", frame)
+            con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM frame LIMIT 0")
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
+
+    def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        if not self.path.exists():
+            return pd.DataFrame()
+        with self.connect(read_only=True) as con:
+            return con.execute(sql, params or []).df()
+
+    def has_table(self, table: str) -> bool:
+        found = self.query(
+            "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = ?", [table]
+        )
+        return bool(len(found)) and int(found["n"].iloc[0]) > 0
