@@ -1,0 +1,99 @@
+"""The experiment config: one TOML file, parsed into validated, frozen sections.
+
+Each stage receives only its own section(s). Unknown keys, wrong types and out-of-range values are
+rejected at load time with the field's dotted path and the fix; nothing runs on a bad config.
+
+    pretrain run configs/demo.toml --dry-run     # prints the resolved config and the stage graph
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from evals.gate import GateConfig
+from infra.errors import ConfigError
+from infra.section import Section
+from tasks.corpus.config import CorpusConfig
+from tasks.mixture.config import MixtureConfig
+from tasks.sources.config import SourceConfig
+from tasks.sweep.config import SweepConfig
+from tasks.tokenizer.config import TokenizerConfig
+from tasks.train.sections import CptConfig, MainConfig, ProxyConfig
+
+
+class ExperimentConfig(Section):
+    """A whole experiment. ``name`` is the MLflow experiment and the DuckDB ``experiment`` column."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    torch_threads: int = Field(default=2, gt=0, description="CPU threads for training (cosmetic: not in keys)")
+    sources: dict[str, SourceConfig]
+    corpus: CorpusConfig
+    tokenizer: TokenizerConfig
+    mixture: MixtureConfig
+    proxy: ProxyConfig
+    sweep: SweepConfig
+    main: MainConfig
+    cpt: CptConfig
+    gate: GateConfig
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _name_sources(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {**v, "name": k} if isinstance(v, dict) else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "ExperimentConfig":
+        general = self.general_sources
+        if not general:
+            raise ValueError("sources: at least one source needs role = 'general' (the pretraining mixture)")
+        for name in self.cpt.domain_sources:
+            if name not in self.sources or self.sources[name].role != "domain":
+                raise ValueError(f"cpt.domain_sources: '{name}' must name a source with role = 'domain'")
+        for candidate in self.mixture.candidates:
+            unknown = set(candidate.weights or {}) - set(general)
+            if unknown:
+                raise ValueError(
+                    f"mixture.candidates '{candidate.name}': {sorted(unknown)} are not general sources {general}"
+                )
+        return self
+
+    @property
+    def general_sources(self) -> list[str]:
+        return [name for name, src in self.sources.items() if src.role == "general"]
+
+    @property
+    def domain_sources(self) -> list[str]:
+        return [name for name, src in self.sources.items() if src.role == "domain"]
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment TOML file.
+
+    Raises:
+        ConfigError: the file is missing or not TOML, or any field is invalid (every problem listed with its
+            dotted field path and the validator's message).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from err
+    return parse_config(raw, origin=str(path))
+
+
+def parse_config(raw: dict[str, Any], origin: str = "<config>") -> ExperimentConfig:
+    """Validate an already-parsed config mapping; see ``load_config``."""
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        lines = [f"  {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()]
+        raise ConfigError(f"{origin}: invalid config ({len(lines)} problem(s)):\n" + "\n".join(lines)) from None

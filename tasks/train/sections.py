@@ -1,0 +1,80 @@
+"""Config sections of the training stages: the proxy runs (mixture and LR sweep), the main run and CPT.
+
+The model's vocabulary size is not configured here: it comes from the fitted tokenizer (padded to a
+multiple of 64/128, SPEC §8), so ``ModelShape.build(vocab_size)`` makes the full ``ModelConfig``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from infra.section import Section
+from models.config import ModelConfig
+
+
+class ModelShape(Section):
+    """Decoder shape without the vocabulary (SPEC §2)."""
+
+    n_layers: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    n_kv_heads: int = Field(gt=0)
+    d_ff: int = Field(gt=0)
+    seq_len: int = Field(gt=1)
+    tied_embeddings: bool = True
+    qk_norm: bool = False
+
+    def build(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, **self.model_dump())
+
+
+class RunBudget(Section):
+    """Steps and batch of one training run; tokens per step = batch_size · seq_len."""
+
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    eval_every: int = Field(default=0, ge=0, description="steps between held-out evaluations; 0 = end only")
+    eval_tokens: int = Field(default=16_384, gt=0, description="held-out tokens scored per source")
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "RunBudget":
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < steps ({self.steps}); lower it")
+        return self
+
+
+class ProxyConfig(Section):
+    """Small proxy models used by the mixture ablation and the LR sweep (SPEC §8)."""
+
+    model: ModelShape
+    budget: RunBudget
+    peak_lr: float = Field(default=3e-3, gt=0, description="LR of the mixture proxies (the sweep searches its own)")
+
+
+class MainConfig(Section):
+    """The main pretraining run (SPEC §2, §6). ``peak_lr`` comes from the sweep unless set here."""
+
+    model: ModelShape
+    budget: RunBudget
+    peak_lr: float | None = Field(default=None, gt=0, description="override the swept LR (not recommended)")
+    log_every: int = Field(default=10, gt=0)
+
+
+class CptConfig(Section):
+    """Continued pretraining on the domain source(s) with replay of the base mixture (SPEC §11)."""
+
+    domain_sources: list[str] = Field(min_length=1)
+    replay_fractions: list[float] = Field(min_length=1)
+    peak_lrs: list[float] = Field(min_length=1)
+    budget: RunBudget
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "CptConfig":
+        for fraction in self.replay_fractions:
+            if not 0.0 <= fraction < 1.0:
+                raise ValueError(f"replay fraction {fraction} must be in [0, 1); it is the share of general text")
+        if any(lr <= 0 for lr in self.peak_lrs):
+            raise ValueError("every CPT peak_lr must be > 0")
+        return self
