@@ -145,7 +145,8 @@ def _option_logprobs(model: torch.nn.Module, sequences: list[list[int]], starts:
         idx[row, : len(x)] = torch.tensor(x, dtype=torch.long)
     out = model(idx.to(device))
     logits = out[0] if isinstance(out, tuple) else out  # (B, T, V)
-    logprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision → fp32, fp64 kept
+    logprobs = F.log_softmax(logits, dim=-1)  # (B, T, V)
     totals = []
     for row, (y, k) in enumerate(zip(targets, n_scored)):
         positions = torch.arange(len(y) - k, len(y), device=logprobs.device)  # (k,)

@@ -1,0 +1,305 @@
+"""The predeclared continued-pretraining gate (SPEC §11): decide which candidate, if any, replaces the base.
+
+The gate is written down before any candidate is evaluated and identified by ``gate_hash``; changing it after
+results exist is a GateError for the caller to raise. Each criterion compares one metric to a threshold, with a
+confidence interval from paired data — the same held-out windows and the same cloze items for base and every
+candidate (SPEC §10) — so a criterion is ``pass`` only when the whole interval is on the right side,
+``fail`` when the whole interval is on the wrong side, and ``inconclusive`` otherwise.
+
+Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
+
+- ``domain_loss_reduction_nats`` = base − candidate domain held-out loss (paired bootstrap over windows);
+- ``general_loss_rise_nats``     = candidate − base general held-out loss (paired bootstrap over windows);
+- ``cloze_accuracy``             = candidate cloze accuracy (Wilson interval, ``scipy.stats.binomtest``);
+- ``cloze_accuracy_delta``       = candidate − base accuracy (paired bootstrap over items, exact McNemar p).
+
+Lab-5 toy gate (SPEC §11)::
+
+    GateConfig(criteria=[
+        GateCriterion(name="domain", metric="domain_loss_reduction_nats", op=">=", threshold=1.0),
+        GateCriterion(name="general", metric="general_loss_rise_nats", op="<=", threshold=0.20)])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import field_validator
+from scipy import stats
+
+from evals.stats import BootstrapCI, binomial_se, items_needed, mcnemar_exact, paired_bootstrap_ci
+from infra.errors import DataError
+from infra.section import Section
+
+Metric = Literal["domain_loss_reduction_nats", "general_loss_rise_nats", "cloze_accuracy", "cloze_accuracy_delta"]
+METRICS: tuple[str, ...] = ("domain_loss_reduction_nats", "general_loss_rise_nats", "cloze_accuracy",
+                            "cloze_accuracy_delta")
+CLOZE_METRICS = frozenset({"cloze_accuracy", "cloze_accuracy_delta"})
+
+
+class GateCriterion(Section):
+    """One predeclared condition ``metric op threshold`` judged at ``confidence``.
+
+    ``threshold`` is in the metric's unit (nats per token, or an accuracy fraction: -0.01 = one point).
+    ``min_items``: for cloze metrics, fewer items than this makes the criterion inconclusive.
+    """
+
+    name: str
+    metric: Metric
+    op: Literal[">=", "<="]
+    threshold: float
+    confidence: float = 0.95
+    min_items: int = 0
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidence_in_unit_interval(cls, v: float) -> float:
+        if not 0.0 < v < 1.0:
+            raise ValueError(f"confidence must lie in (0, 1), got {v}; use e.g. 0.95")
+        return v
+
+    @field_validator("min_items")
+    @classmethod
+    def _min_items_non_negative(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"min_items must be >= 0, got {v}")
+        return v
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"threshold must be finite, got {v}")
+        return v
+
+
+class GateConfig(Section):
+    """The whole gate: every criterion must pass (``rule="all"``); ``select`` picks among passing candidates."""
+
+    criteria: list[GateCriterion]
+    rule: Literal["all"] = "all"
+    select: Literal["max_domain_loss_reduction", "min_general_loss_rise"] = "max_domain_loss_reduction"
+    cloze_items: str = "configs/cloze/demo.jsonl"
+
+    @field_validator("criteria")
+    @classmethod
+    def _criteria_non_empty_unique(cls, v: list[GateCriterion]) -> list[GateCriterion]:
+        if not v:
+            raise ValueError("declare at least one criterion")
+        names = [c.name for c in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"criterion names must be unique, repeated: {dupes}")
+        return v
+
+
+def gate_hash(cfg: GateConfig) -> str:
+    """Hex sha256 of the gate's canonical JSON: sorted keys, criteria sorted by (unique) name.
+
+    Independent of key order and criterion order (rule "all" does not depend on either); any change to a
+    threshold, op, metric, confidence, min_items, rule, select or item file changes it.
+    """
+    data = cfg.model_dump(mode="json")
+    data["criteria"] = sorted(data["criteria"], key=lambda c: c["name"])
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class HeldoutArrays:
+    """Per-window held-out results: ``window_nats`` (N,) mean loss of each window in nats per predicted token,
+    ``window_tokens`` (N,) predicted tokens per window (the bootstrap weights)."""
+
+    window_nats: np.ndarray
+    window_tokens: np.ndarray
+
+
+@dataclass(frozen=True)
+class CandidateEval:
+    """One model's evaluation on the shared windows and items.
+
+    ``cloze_correct``: bool (M,) per cloze item, same items in the same order for every model; ``params``:
+    what distinguishes the run (e.g. ``{"replay_fraction": 0.3, "peak_lr": 3e-4}``), copied into the table.
+    """
+
+    name: str
+    general: HeldoutArrays
+    domain: HeldoutArrays
+    cloze_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """``table``: one row per candidate (see ``decide``); ``kept``: the chosen candidate's name, or "base"."""
+
+    table: pd.DataFrame
+    kept: str
+    gate_hash: str
+    criteria: tuple[GateCriterion, ...] = ()
+
+    def summary(self) -> str:
+        """A short human-readable report: gate hash, one line per candidate with criterion statuses, the choice."""
+        lines = [f"gate {self.gate_hash[:12]}: {len(self.table)} candidate(s)"]
+        for _, row in self.table.iterrows():
+            parts = []
+            for c in self.criteria:
+                value = row[c.metric]
+                parts.append(f"{c.name} {value:+.3f} [{row[c.metric + '_ci_low']:+.3f}, "
+                             f"{row[c.metric + '_ci_high']:+.3f}] {c.op} {c.threshold:g}: {row['status_' + c.name]}")
+            lines.append(f"  {row['candidate']}: {row['decision']}  (" + "; ".join(parts) + ")")
+        lines.append(f"kept: {self.kept}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- metric intervals
+
+@dataclass(frozen=True)
+class _Interval:
+    point: float
+    low: float
+    high: float
+    n: int  # units behind the interval: windows for losses, items for cloze
+
+
+def _paired_loss(base: HeldoutArrays, cand: HeldoutArrays, *, rise: bool, confidence: float, seed: int,
+                 what: str) -> _Interval:
+    """Token-weighted paired loss difference: rise = cand − base, reduction = base − cand (nats/token)."""
+    if base.window_nats.shape != cand.window_nats.shape or not np.array_equal(base.window_tokens,
+                                                                               cand.window_tokens):
+        raise DataError(f"{what}: candidate windows differ from the base's (shape or tokens per window); "
+                        "evaluate every model on the same held-out windows")
+    a, b = (base.window_nats, cand.window_nats) if rise else (cand.window_nats, base.window_nats)
+    ci: BootstrapCI = paired_bootstrap_ci(a, b, weights=base.window_tokens, confidence=confidence, seed=seed)
+    return _Interval(ci.delta, ci.low, ci.high, int(len(a)))
+
+
+def _cloze_accuracy(cand: np.ndarray, confidence: float) -> _Interval:
+    k, n = int(cand.sum()), int(cand.size)
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return _Interval(k / n, float(ci.low), float(ci.high), n)
+
+
+def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float, seed: int) -> _Interval:
+    ci = paired_bootstrap_ci(base.astype(float), cand.astype(float), confidence=confidence, seed=seed)
+    return _Interval(ci.delta, ci.low, ci.high, int(base.size))
+
+
+def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence: float, seed: int) -> _Interval:
+    if metric == "domain_loss_reduction_nats":
+        return _paired_loss(base.domain, cand.domain, rise=False, confidence=confidence, seed=seed,
+                            what=f"{cand.name} domain")
+    if metric == "general_loss_rise_nats":
+        return _paired_loss(base.general, cand.general, rise=True, confidence=confidence, seed=seed,
+                            what=f"{cand.name} general")
+    base_c, cand_c = np.asarray(base.cloze_correct, bool), np.asarray(cand.cloze_correct, bool)
+    if cand_c.size == 0 or base_c.shape != cand_c.shape:
+        raise DataError(f"{cand.name}: cloze results have {cand_c.size} items vs the base's {base_c.size}; "
+                        "score base and candidates on the same non-empty item list")
+    if metric == "cloze_accuracy":
+        return _cloze_accuracy(cand_c, confidence)
+    return _cloze_delta(base_c, cand_c, confidence, seed)
+
+
+# ------------------------------------------------------------------------------------------------- judging
+
+def _status(c: GateCriterion, iv: _Interval) -> str:
+    """pass / fail when the whole CI is on one side of the threshold; inconclusive when it straddles it."""
+    if c.metric in CLOZE_METRICS and iv.n < c.min_items:
+        return "inconclusive"
+    good_low, good_high = (iv.low, iv.high) if c.op == ">=" else (-iv.high, -iv.low)
+    t = c.threshold if c.op == ">=" else -c.threshold
+    if good_low >= t:
+        return "pass"
+    if good_high < t:
+        return "fail"
+    return "inconclusive"
+
+
+def _units_needed(c: GateCriterion, iv: _Interval) -> float:
+    """Rough windows/items for the CI to clear the threshold at the current point value.
+
+    Accuracy: ``items_needed`` with half-width |p − threshold| (SPEC §10). Other metrics: the CI half-width
+    shrinks as 1/√n, so n · (half-width / |point − threshold|)². Infinite when the point sits on the threshold.
+    """
+    gap = abs(iv.point - c.threshold)
+    if gap == 0:
+        return math.inf
+    if c.metric == "cloze_accuracy":
+        needed = items_needed(iv.point, gap, c.confidence)
+    else:
+        half_width = (iv.high - iv.low) / 2.0
+        needed = math.ceil(iv.n * (half_width / gap) ** 2)
+    needed = max(needed, iv.n + 1)
+    if c.metric in CLOZE_METRICS:
+        needed = max(needed, c.min_items)
+    return float(needed)
+
+
+def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, seed: int) -> dict:
+    cache: dict[tuple[str, float], _Interval] = {}
+
+    def interval(metric: str, confidence: float) -> _Interval:
+        if (metric, confidence) not in cache:
+            cache[metric, confidence] = _interval(metric, base, cand, confidence, seed)
+        return cache[metric, confidence]
+
+    row: dict = {"candidate": cand.name, **{f"param_{k}": v for k, v in cand.params.items()}}
+    has_cloze = np.asarray(cand.cloze_correct).size > 0
+    for metric in METRICS:
+        if metric in CLOZE_METRICS and not has_cloze:
+            row.update({metric: math.nan, f"{metric}_ci_low": math.nan, f"{metric}_ci_high": math.nan})
+            continue
+        shown = next((c.confidence for c in cfg.criteria if c.metric == metric), 0.95)
+        iv = interval(metric, shown)
+        row.update({metric: iv.point, f"{metric}_ci_low": iv.low, f"{metric}_ci_high": iv.high})
+    if has_cloze:
+        base_c, cand_c = np.asarray(base.cloze_correct, bool), np.asarray(cand.cloze_correct, bool)
+        row["cloze_accuracy_se_pts"] = 100.0 * binomial_se(float(cand_c.mean()), int(cand_c.size))
+        row["cloze_accuracy_delta_mcnemar_p"] = mcnemar_exact(base_c, cand_c).p_value
+    for c in cfg.criteria:
+        iv = interval(c.metric, c.confidence)
+        status = _status(c, iv)
+        row[f"status_{c.name}"] = status
+        row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "inconclusive" else math.nan
+    statuses = [row[f"status_{c.name}"] for c in cfg.criteria]
+    row["decision"] = ("pass" if all(s == "pass" for s in statuses)
+                       else "fail" if "fail" in statuses else "inconclusive")
+    return row
+
+
+def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval], *, seed: int = 0) -> GateDecision:
+    """Judge every candidate against the predeclared gate and keep the best passing one (SPEC §11).
+
+    Table columns, one row per candidate: ``candidate``, ``param_<key>`` per params entry; for each metric
+    ``<metric>``, ``<metric>_ci_low``, ``<metric>_ci_high`` (losses in nats/token, accuracies as fractions;
+    interval at the confidence of the first criterion on that metric, else 0.95; NaN when no cloze results);
+    ``cloze_accuracy_se_pts`` (binomial SE of the candidate's accuracy, points) and
+    ``cloze_accuracy_delta_mcnemar_p`` (exact McNemar vs base); per criterion ``status_<name>``
+    (pass/fail/inconclusive) and ``needed_<name>`` (for inconclusive ones: estimated windows or items to
+    resolve it, NaN otherwise); ``decision`` (pass only if every criterion passes; fail if any fails; else
+    inconclusive) and ``kept`` (bool).
+
+    ``kept`` is the passing candidate with the largest domain-loss reduction (``select=
+    "max_domain_loss_reduction"``) or the smallest general-loss rise (``"min_general_loss_rise"``); "base"
+    when none passes. Raises DataError for no candidates, duplicate names or a candidate named "base", and
+    for windows or items that differ from the base's.
+    """
+    names = [c.name for c in candidates]
+    if not names or len(set(names)) != len(names) or "base" in names:
+        raise DataError(f"need >= 1 candidate with unique names other than 'base', got {names}")
+    table = pd.DataFrame([_candidate_row(cfg, base, cand, seed) for cand in candidates])
+    kept = "base"
+    passing = table[table["decision"] == "pass"]
+    if len(passing):
+        by_max = cfg.select == "max_domain_loss_reduction"
+        key = passing["domain_loss_reduction_nats" if by_max else "general_loss_rise_nats"]
+        kept = str(passing.loc[key.idxmax() if by_max else key.idxmin(), "candidate"])
+    table["kept"] = table["candidate"] == kept
+    return GateDecision(table=table, kept=kept, gate_hash=gate_hash(cfg), criteria=tuple(cfg.criteria))
