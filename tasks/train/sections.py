@@ -59,6 +59,7 @@ class MainConfig(Section):
     budget: RunBudget
     peak_lr: float | None = Field(default=None, gt=0, description="override the swept LR (not recommended)")
     log_every: int = Field(default=10, gt=0)
+    checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints; 0 = end only")
 
 
 class CptConfig(Section):

@@ -1,0 +1,121 @@
+"""Shared machinery of every training stage (mixture proxies, sweep trials, main run, CPT candidates).
+
+Builds a seeded model, samples batches from token shards by mixture weights, runs the training loop with
+callbacks for MLflow metrics and periodic held-out evaluation, and scores held-out loss per source.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from evals.heldout import HeldoutLoss, bits_per_byte, heldout_loss
+from models.config import ModelConfig
+from models.decoder import Decoder
+from tasks.tokenizer.stage import TokenizedCorpus
+from tasks.train.config import OptimConfig
+from tasks.train.data import MixtureSampler
+from tasks.train.loop import Callback, TrainResult, TrainState, train
+from tasks.train.sections import RunBudget
+
+MetricsFn = Callable[[Mapping[str, float], int], None]
+
+
+def seed_everything(seed: int, threads: int | None = None) -> None:
+    """Seed python, numpy and torch; CPU training is then bit-for-bit repeatable."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def build_model(cfg: ModelConfig, seed: int) -> Decoder:
+    seed_everything(seed)
+    return Decoder(cfg)
+
+
+def make_sampler(corpus: TokenizedCorpus, weights: Mapping[str, float], *, seq_len: int, batch_size: int,
+                 seed: int) -> MixtureSampler:
+    """A sampler over the train shards of the sources with non-zero weight."""
+    active = {k: float(v) for k, v in weights.items() if v > 0}
+    streams = {name: corpus.tokens(name, "train") for name in active}
+    return MixtureSampler(streams, active, seq_len=seq_len, batch_size=batch_size, seed=seed)
+
+
+@dataclass
+class SourceEval:
+    source: str
+    split: str
+    loss: HeldoutLoss
+    bits_per_byte: float
+
+
+def evaluate_sources(model: torch.nn.Module, corpus: TokenizedCorpus, sources: Sequence[str], *,
+                     seq_len: int, eval_tokens: int, split: str = "heldout") -> list[SourceEval]:
+    """Held-out loss (nats/token) and bits per byte per source on the first ``eval_tokens`` of each shard."""
+    results = []
+    for source in sources:
+        if not corpus.has(source, split):
+            continue
+        tokens = corpus.tokens(source, split)
+        loss = heldout_loss(model, tokens, seq_len=seq_len, batch_size=8, max_tokens=eval_tokens)
+        bpb = bits_per_byte(loss.loss_nats, corpus.tokens_per_byte(source, split))
+        results.append(SourceEval(source, split, loss, bpb))
+    return results
+
+
+def evals_frame(evals: Sequence[SourceEval], **columns) -> pd.DataFrame:
+    """DuckDB ``heldout_loss`` rows: source, split, tokens, loss_nats, bits_per_byte plus given columns."""
+    return pd.DataFrame([
+        {**columns, "source": e.source, "split": e.split, "tokens": int(e.loss.n_tokens),
+         "loss_nats": float(e.loss.loss_nats), "bits_per_byte": float(e.bits_per_byte)}
+        for e in evals
+    ])
+
+
+def token_weighted_loss(evals: Sequence[SourceEval]) -> float:
+    """Mean nats/token over all evaluated tokens of the given sources."""
+    return float(sum(e.loss.sum_nats for e in evals) / max(1, sum(e.loss.n_tokens for e in evals)))
+
+
+class MetricsToTracker(Callback):
+    """Sends per-step training metrics to the tracker every ``every`` steps (step unit: optimiser steps)."""
+
+    def __init__(self, log: MetricsFn, every: int, prefix: str = ""):
+        self.log, self.every, self.prefix = log, max(1, every), prefix
+
+    def on_step_end(self, state: TrainState, metrics: dict) -> None:
+        if state.step % self.every == 0:
+            self.log({f"{self.prefix}{k}": float(v) for k, v in metrics.items() if _is_number(v)}, state.step)
+
+
+class PeriodicEval(Callback):
+    """Held-out loss per source at each evaluation point, passed to ``report(step, tokens_seen, evals)``."""
+
+    def __init__(self, corpus: TokenizedCorpus, sources: Sequence[str], *, seq_len: int, eval_tokens: int,
+                 report: Callable[[int, int, list[SourceEval]], None]):
+        self.corpus, self.sources, self.report = corpus, list(sources), report
+        self.seq_len, self.eval_tokens = seq_len, eval_tokens
+
+    def on_eval(self, state: TrainState, model: torch.nn.Module) -> None:
+        evals = evaluate_sources(model, self.corpus, self.sources, seq_len=self.seq_len, eval_tokens=self.eval_tokens)
+        self.report(state.step, state.tokens_seen, evals)
+
+
+def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: float, budget: RunBudget,
+                 seed: int, callbacks: Sequence[Callback] = (), min_lr_ratio: float = 0.1,
+                 state: TrainState | None = None, optimizer=None) -> TrainResult:
+    """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (SPEC §6 settings)."""
+    optim = OptimConfig(peak_lr=peak_lr, warmup_steps=budget.warmup_steps, min_lr_ratio=min_lr_ratio)
+    return train(model, sampler, optim, total_steps=budget.steps, eval_every=budget.eval_every,
+                 callbacks=list(callbacks), state=state, optimizer=optimizer, seed=seed)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)

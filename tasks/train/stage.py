@@ -1,0 +1,103 @@
+"""Main-run stage: the decoder trained on the chosen mixture at the swept peak LR.
+
+Writes resumable checkpoints to the stage's scratch folder every ``main.checkpoint_every`` steps, so a crash
+resumes from the last complete one; the final full-state checkpoint goes into the artifact.
+
+Outputs: ``checkpoint/`` (model.safetensors, optimizer.pt, state.json, checksums.json), ``heldout.parquet``
+(held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from infra.errors import CheckpointError
+from infra.stage import StageContext
+from tasks.mixture.stage import load_choice
+from tasks.sweep.stage import load_best
+from tasks.tokenizer.stage import TokenizedCorpus
+from tasks.train.checkpoint import load_checkpoint, save_checkpoint
+from tasks.train.loop import Callback
+from tasks.train.optim import build_optimizer
+from tasks.train.config import OptimConfig
+from tasks.train.runner import (MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
+                                make_sampler, run_training, seed_everything)
+from tasks.train.sections import MainConfig
+
+
+class ScratchCheckpoint(Callback):
+    """Full-state checkpoint every ``every`` steps into ``folder`` (the newest complete one is resumed)."""
+
+    def __init__(self, folder: Path, every: int, model, optimizer, sampler, extra: dict):
+        self.folder, self.every, self.model, self.optimizer = folder, every, model, optimizer
+        self.sampler, self.extra = sampler, extra
+
+    def on_step_end(self, state, metrics) -> None:
+        if self.every and state.step % self.every == 0:
+            save_checkpoint(self.folder / f"step-{state.step:08d}", model=self.model, optimizer=self.optimizer,
+                            state=state, sampler_state=self.sampler.state_dict(), extra=self.extra)
+
+
+def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str]) -> dict[str, Any]:
+    """Train the main model and score it on every source's held-out split."""
+    seed_everything(ctx.seed, ctx.torch_threads)
+    corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
+    choice = load_choice(ctx.inputs["mixture"])
+    peak_lr = cfg.peak_lr or load_best(ctx.inputs["sweep"])["best_lr"]
+    model_cfg = cfg.model.build(corpus.vocab_size)
+    model = build_model(model_cfg, ctx.seed)
+    optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
+    sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,
+                           batch_size=cfg.budget.batch_size, seed=ctx.seed)
+    extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "mixture": choice["weights"], "peak_lr": peak_lr}
+    state = _resume(ctx.scratch, model, optimizer, sampler)
+
+    def report(step: int, tokens_seen: int, evals) -> None:
+        ctx.log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
+
+    callbacks = [
+        MetricsToTracker(ctx.log_metrics, cfg.log_every),
+        PeriodicEval(corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens, report=report),
+        ScratchCheckpoint(ctx.scratch, cfg.checkpoint_every, model, optimizer, sampler, extra),
+    ]
+    started = time.perf_counter()
+    result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed,
+                          callbacks=callbacks, state=state, optimizer=optimizer)
+    wall_s = time.perf_counter() - started
+    save_checkpoint(ctx.out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
+                    sampler_state=sampler.state_dict(), extra=extra)
+    evals = evaluate_sources(model, corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens)
+    frame = evals_frame(evals, checkpoint="main", step=result.state.step, tokens_seen=result.state.tokens_seen)
+    frame.to_parquet(ctx.out / "heldout.parquet", index=False)
+    summary = {"peak_lr": peak_lr, "steps": result.state.step, "tokens_seen": result.state.tokens_seen,
+               "train_wall_s": wall_s, "mixture": choice["name"],
+               "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,
+               "resumed_from_step": state.step if state else 0}
+    (ctx.out / "run.json").write_text(json.dumps(summary, indent=2))
+    shutil.rmtree(ctx.scratch, ignore_errors=True)
+    return summary
+
+
+def _resume(folder: Path, model, optimizer, sampler):
+    """Load the newest complete scratch checkpoint, if any; returns its TrainState or None."""
+    from tasks.train.loop import TrainState
+
+    for candidate in sorted(folder.glob("step-*"), reverse=True):
+        try:
+            saved = load_checkpoint(candidate, model=model, optimizer=optimizer)
+        except CheckpointError as err:  # a torn or corrupt checkpoint: fall back to the previous one
+            print(f"warning: skipping unusable checkpoint {candidate.name}: {err}")
+            continue
+        sampler.load_state_dict(saved["sampler_state"])
+        return TrainState(step=saved["step"], tokens_seen=saved["tokens_seen"])
+    return None
+
+
+def load_heldout(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path / "heldout.parquet")
