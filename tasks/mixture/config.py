@@ -1,0 +1,114 @@
+"""Config section for the mixture ablation: the candidate mixtures and the rule that picks one.
+
+A candidate is either explicit per-source weights or a temperature α (SPEC §8: p_s ∝ q_s^α, α = 1 natural,
+α = 0 uniform). Exactly one natural candidate is the reference every other candidate is compared against.
+"""
+
+import math
+from typing import Literal
+
+from pydantic import model_validator
+
+from infra.errors import ConfigError
+from infra.section import Section
+
+NATURAL_NAME = "natural"
+WEIGHT_SUM_TOLERANCE = 1e-6
+
+
+class MixtureCandidate(Section):
+    """One mixture to train a proxy on.
+
+    Give exactly one of ``weights`` (source → sampling weight, each ≥ 0, summing to 1 within 1e-6) or ``alpha``
+    (temperature in [0, 1], resolved against source sizes by ``tasks.mixture.candidates.temperature_weights``).
+
+    Raises:
+        ConfigError: naming ``name``, ``weights`` or ``alpha`` and the fix.
+    """
+
+    name: str
+    weights: dict[str, float] | None = None
+    alpha: float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "MixtureCandidate":
+        where = f"mixture.candidates[{self.name!r}]"
+        if not self.name.strip():
+            raise ConfigError("mixture.candidates[].name is empty: give every candidate a name")
+        if (self.weights is None) == (self.alpha is None):
+            raise ConfigError(f"{where}: give exactly one of `weights` or `alpha`, not both and not neither")
+        if self.alpha is not None:
+            check_alpha(self.alpha, f"{where}.alpha")
+        else:
+            _check_weights(self.weights, f"{where}.weights")
+        return self
+
+    @property
+    def is_natural(self) -> bool:
+        """True for the natural mixture: named ``"natural"`` or with α = 1 (SPEC §8)."""
+        return self.name == NATURAL_NAME or self.alpha == 1.0
+
+
+def check_alpha(alpha: float, where: str) -> None:
+    """Raise ConfigError naming ``where`` unless the temperature α lies in [0, 1] (SPEC §8)."""
+    if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+        raise ConfigError(f"{where} = {alpha}: must lie in [0, 1] (1 = natural shares, 0 = uniform; SPEC §8)")
+
+
+def _check_weights(weights: dict[str, float], where: str) -> None:
+    if not weights:
+        raise ConfigError(f"{where} is empty: give a weight for every source")
+    bad = {s: w for s, w in weights.items() if not (math.isfinite(w) and w >= 0.0)}
+    if bad:
+        raise ConfigError(f"{where} has negative or non-finite weights {bad}: every weight must be ≥ 0")
+    total = sum(weights.values())
+    if abs(total - 1.0) > WEIGHT_SUM_TOLERANCE:
+        raise ConfigError(f"{where} sums to {total:.9f}: weights must sum to 1 (within {WEIGHT_SUM_TOLERANCE:g})")
+
+
+class MixtureConfig(Section):
+    """The mixture ablation: ≥ 2 candidates (unique names, one natural) and the selection rule.
+
+    Fields:
+        rule: ``min_token_weighted_bpb`` (held-out-token-weighted mean bits/byte over sources) or ``min_mean_bpb``.
+        max_regression_bpb: δ in bits/byte; a candidate is ineligible when any source is worse than under the
+            natural mixture by more than δ.
+        main_tokens: planned main-run tokens D, for the epochs check w·D/U (SPEC §8); None skips the check.
+        max_epochs: epochs per source above which a warning is raised (~4, SPEC §8).
+
+    Raises:
+        ConfigError: naming the field and the fix.
+    """
+
+    candidates: list[MixtureCandidate]
+    rule: Literal["min_mean_bpb", "min_token_weighted_bpb"] = "min_token_weighted_bpb"
+    max_regression_bpb: float = 0.05
+    main_tokens: int | None = None
+    max_epochs: float = 4.0
+
+    @model_validator(mode="after")
+    def _check(self) -> "MixtureConfig":
+        names = [c.name for c in self.candidates]
+        if len(names) < 2:
+            raise ConfigError(f"mixture.candidates has {len(names)} entries: give at least 2 (the natural one + one)")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"mixture.candidates has duplicate names {duplicates}: names must be unique")
+        if not any(c.is_natural for c in self.candidates):
+            raise ConfigError(
+                "mixture.candidates has no natural mixture: add one with alpha = 1 or named 'natural' (SPEC §8)"
+            )
+        if not (math.isfinite(self.max_regression_bpb) and self.max_regression_bpb >= 0.0):
+            raise ConfigError(f"mixture.max_regression_bpb = {self.max_regression_bpb}: must be ≥ 0 bits/byte")
+        if self.main_tokens is not None and self.main_tokens <= 0:
+            raise ConfigError(f"mixture.main_tokens = {self.main_tokens}: must be > 0 tokens, or omitted")
+        if not (math.isfinite(self.max_epochs) and self.max_epochs > 0.0):
+            raise ConfigError(f"mixture.max_epochs = {self.max_epochs}: must be > 0 (SPEC §8 suggests ~4)")
+        return self
+
+    def natural_name(self) -> str:
+        """Name of the reference candidate: the one named ``"natural"`` if present, else the first with α = 1."""
+        for candidate in self.candidates:
+            if candidate.name == NATURAL_NAME:
+                return candidate.name
+        return next(c.name for c in self.candidates if c.is_natural)

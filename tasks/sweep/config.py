@@ -1,0 +1,53 @@
+"""Config section for the peak-learning-rate sweep on a proxy model (log-uniform LR, median pruning)."""
+
+import math
+from typing import Literal
+
+from pydantic import model_validator
+
+from infra.errors import ConfigError
+from infra.section import Section
+
+
+class SweepConfig(Section):
+    """A peak-LR sweep.
+
+    Fields:
+        n_trials: trials in the study (finished ones of an earlier, interrupted sweep count), ≥ 1.
+        lr_min, lr_max: peak-LR search range, 0 < lr_min < lr_max; searched on a log scale.
+        sampler: ``tpe`` (Bayesian, log-uniform) or ``grid`` (n_trials log-spaced LRs).
+        pruner_startup_trials: trials that finish before the median pruner may stop any trial.
+        pruner_warmup_steps: steps within a trial before it may be pruned.
+        report_every: steps between intermediate held-out evaluations reported to the pruner, ≥ 1.
+        seed: base seed; the sampler and every trial's seed derive from it.
+
+    Raises:
+        ConfigError: naming the field and the fix.
+    """
+
+    n_trials: int = 4
+    lr_min: float
+    lr_max: float
+    sampler: Literal["tpe", "grid"] = "tpe"
+    pruner_startup_trials: int = 2
+    pruner_warmup_steps: int = 0
+    report_every: int
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "SweepConfig":
+        if self.n_trials < 1:
+            raise ConfigError(f"sweep.n_trials = {self.n_trials}: must be ≥ 1")
+        if not (math.isfinite(self.lr_min) and math.isfinite(self.lr_max) and 0.0 < self.lr_min < self.lr_max):
+            raise ConfigError(
+                f"sweep.lr_min = {self.lr_min}, sweep.lr_max = {self.lr_max}: need 0 < lr_min < lr_max"
+            )
+        if self.pruner_startup_trials < 0:
+            raise ConfigError(f"sweep.pruner_startup_trials = {self.pruner_startup_trials}: must be ≥ 0")
+        if self.pruner_warmup_steps < 0:
+            raise ConfigError(f"sweep.pruner_warmup_steps = {self.pruner_warmup_steps}: must be ≥ 0")
+        if self.report_every < 1:
+            raise ConfigError(f"sweep.report_every = {self.report_every}: must be ≥ 1 step")
+        if self.seed < 0:
+            raise ConfigError(f"sweep.seed = {self.seed}: must be ≥ 0")
+        return self

@@ -1,0 +1,252 @@
+"""Peak-learning-rate sweep: an Optuna study that several worker processes can share and that resumes after a kill.
+
+Storage is Optuna's journal (an append-only log file guarded by a file lock), so workers on one file system never hit
+SQLite's "database is locked". Every trial is tagged with its worker (``host:pid``); on start, a RUNNING trial whose
+worker process on this host is gone is marked FAIL with a ``fail_reason`` and counts towards ``n_trials``.
+
+Run from Python (several shells may run the same line at once on one study)::
+
+    run_sweep(objective, SweepConfig(lr_min=1e-4, lr_max=1e-2, report_every=50), storage_path=Path("runs/sweep"),
+              study_name="proxy-lr", worker=0)
+"""
+
+import datetime
+import math
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from infra.errors import ConfigError, DataError
+from tasks.sweep.config import SweepConfig
+
+JOURNAL_FILE = "optuna_journal.log"
+FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+# A trial gets its worker tag right after it is created; one still untagged after this long was orphaned.
+UNTAGGED_STALE_AFTER_S = 60.0
+
+Report = Callable[[int, float], None]
+Objective = Callable[[float, int, Report], float]
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Outcome of a sweep.
+
+    ``best_lr`` is the peak LR of the COMPLETE trial with the lowest final held-out loss ``best_value`` (nats/token).
+    ``trials`` has one row per trial: number, state (name), peak_lr, seed, value (nats/token, NaN unless COMPLETE),
+    last_step (last reported step or None), intermediate (dict step → held-out loss), fail_reason (or None).
+    """
+
+    best_lr: float
+    best_value: float
+    study_name: str
+    trials: pd.DataFrame
+
+
+def open_storage(storage_path: Path) -> JournalStorage:
+    """The journal storage kept in directory ``storage_path`` (created if missing), shareable across processes.
+
+    Raises:
+        ConfigError: ``storage_path`` exists and is not a directory.
+    """
+    if storage_path.exists() and not storage_path.is_dir():
+        raise ConfigError(f"storage_path {storage_path} is a file: give a directory for the sweep journal")
+    storage_path.mkdir(parents=True, exist_ok=True)
+    journal = str(storage_path / JOURNAL_FILE)
+    return JournalStorage(JournalFileBackend(journal, lock_obj=JournalFileOpenLock(journal)))
+
+
+def trial_seed(base_seed: int, trial_number: int) -> int:
+    """Seed of one trial, a 32-bit integer derived from (base_seed, trial_number) by NumPy's ``SeedSequence``."""
+    return _derived_seed(base_seed, 0, trial_number)
+
+
+def _derived_seed(*keys: int) -> int:
+    return int(np.random.SeedSequence(list(keys)).generate_state(1)[0])
+
+
+def grid_lrs(cfg: SweepConfig) -> list[float]:
+    """The ``n_trials`` log-spaced peak LRs of the grid sampler, lr_min to lr_max (one trial: their geometric mean)."""
+    if cfg.n_trials == 1:
+        return [math.sqrt(cfg.lr_min * cfg.lr_max)]
+    return [float(x) for x in np.clip(np.geomspace(cfg.lr_min, cfg.lr_max, cfg.n_trials), cfg.lr_min, cfg.lr_max)]
+
+
+def run_sweep(
+    objective: Objective, cfg: SweepConfig, *, storage_path: Path, study_name: str, worker: int = 0
+) -> SweepResult:
+    """Run (or resume, or join) the study until it holds ``cfg.n_trials`` trials, and return its result.
+
+    Args:
+        objective: ``objective(peak_lr, trial_seed, report) -> final held-out loss`` (nats/token). It should call
+            ``report(step, held_out_loss)`` every ``cfg.report_every`` steps and let ``optuna.TrialPruned`` propagate.
+            Any other exception, or a non-finite loss, marks the trial FAIL with ``fail_reason`` and the sweep goes on.
+        cfg: the sweep section.
+        storage_path: directory holding the journal shared by all workers of the study.
+        study_name: the study; loaded if it exists.
+        worker: distinct per concurrent process, so that workers' samplers do not draw the same LRs.
+
+    Trials already in the study (finished, or running in another live worker) count towards ``n_trials``; under a race
+    between workers a trial numbered ≥ ``n_trials`` is closed at once as FAIL ("surplus"). When other workers still
+    run trials, the returned table shows them RUNNING.
+
+    Raises:
+        ConfigError: ``worker`` < 0.
+        DataError: no trial of the study is COMPLETE.
+    """
+    if worker < 0:
+        raise ConfigError(f"worker = {worker}: must be ≥ 0 (one distinct number per concurrent process)")
+    sampler = _sampler(cfg, worker)
+    pruner = optuna.pruners.MedianPruner(
+        n_startup_trials=cfg.pruner_startup_trials, n_warmup_steps=cfg.pruner_warmup_steps
+    )
+    study = optuna.create_study(
+        storage=open_storage(storage_path), sampler=sampler, pruner=pruner, study_name=study_name,
+        direction="minimize", load_if_exists=True,
+    )
+    fail_stale_trials(study)
+    run_trial = _trial_runner(objective, cfg)
+    while len(study.get_trials(deepcopy=False)) < cfg.n_trials:
+        study.optimize(run_trial, n_trials=1, catch=(Exception,))
+    return sweep_result(study)
+
+
+def load_sweep(storage_path: Path, study_name: str) -> SweepResult:
+    """The result of an existing study, without running anything.
+
+    Raises:
+        DataError: no trial of the study is COMPLETE.
+    """
+    return sweep_result(optuna.load_study(study_name=study_name, storage=open_storage(storage_path)))
+
+
+def _sampler(cfg: SweepConfig, worker: int) -> optuna.samplers.BaseSampler:
+    seed = _derived_seed(cfg.seed, 1, worker)  # key 1: sampler seeds; key 0: trial seeds
+    if cfg.sampler == "grid":
+        return optuna.samplers.GridSampler({"peak_lr": grid_lrs(cfg)}, seed=seed)
+    # Optuna's default of 10 random (log-uniform) startup trials: a sweep of ≤ 10 trials is a random search.
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def _worker_tag() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _trial_runner(objective: Objective, cfg: SweepConfig) -> Callable[[Trial], float]:
+    def run(trial: Trial) -> float:
+        trial.set_user_attr("worker", _worker_tag())
+        if trial.number >= cfg.n_trials:
+            trial.set_user_attr("fail_reason", f"surplus: the study already had {cfg.n_trials} trials")
+            raise DataError(f"trial {trial.number} is surplus to n_trials = {cfg.n_trials}")
+        seed = trial_seed(cfg.seed, trial.number)
+        trial.set_user_attr("seed", seed)
+        peak_lr = trial.suggest_float("peak_lr", cfg.lr_min, cfg.lr_max, log=True)
+        try:
+            value = float(objective(peak_lr, seed, _reporter(trial)))
+            if not math.isfinite(value):
+                raise DataError(f"objective returned a non-finite held-out loss {value} at peak_lr {peak_lr:.3g}")
+        except optuna.TrialPruned:
+            raise
+        except Exception as err:
+            trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
+            raise
+        return value
+
+    return run
+
+
+def _reporter(trial: Trial) -> Report:
+    def report(step: int, value: float) -> None:
+        trial.report(value, step)
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"held-out loss {value:.4f} at step {step:,} is above the earlier trials' median")
+
+    return report
+
+
+def fail_stale_trials(study: optuna.Study) -> list[int]:
+    """Mark FAIL (with ``fail_reason``) the RUNNING trials whose worker is gone; return their numbers.
+
+    A trial is stale when its ``host:pid`` tag names this host and a process that no longer exists (or this very
+    process, which runs no trial yet), or when it has stayed untagged for over ``UNTAGGED_STALE_AFTER_S``. Trials of
+    other hosts are left alone: their liveness cannot be checked from here.
+    """
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        reason = _stale_reason(trial)
+        if reason is None:
+            continue
+        try:
+            study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except UpdateFinishedTrialError:
+            continue  # another worker resolved it first
+        failed.append(trial.number)
+    return failed
+
+
+def _stale_reason(trial: FrozenTrial) -> str | None:
+    tag = trial.user_attrs.get("worker")
+    if tag is None:
+        age_s = (datetime.datetime.now() - trial.datetime_start).total_seconds()
+        if age_s > UNTAGGED_STALE_AFTER_S:
+            return f"left RUNNING untagged for {age_s:,.0f} s (worker died before starting it); marked FAIL on resume"
+        return None
+    host, pid = tag.rsplit(":", 1)
+    if host != socket.gethostname():
+        return None
+    if int(pid) == os.getpid() or not _process_alive(int(pid)):
+        return f"left RUNNING by worker {tag}, which is gone (killed?); marked FAIL on resume"
+    return None
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_result(study: optuna.Study) -> SweepResult:
+    """Tabulate a study's trials and pick its best LR (see ``SweepResult``).
+
+    Raises:
+        DataError: no trial is COMPLETE.
+    """
+    trials = study.get_trials(deepcopy=False)
+    table = pd.DataFrame([_trial_row(t) for t in trials], columns=[
+        "number", "state", "peak_lr", "seed", "value", "last_step", "intermediate", "fail_reason",
+    ])
+    completed = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not completed:
+        states = table["state"].value_counts().to_dict()
+        raise DataError(f"sweep {study.study_name!r} has no COMPLETE trial (states {states}): check the fail_reasons")
+    best = min(completed, key=lambda t: t.value)
+    return SweepResult(float(best.params["peak_lr"]), float(best.value), study.study_name, table)
+
+
+def _trial_row(trial: FrozenTrial) -> dict:
+    steps = trial.intermediate_values
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "peak_lr": trial.params.get("peak_lr", math.nan),
+        "seed": trial.user_attrs.get("seed"),
+        "value": trial.value if trial.state == TrialState.COMPLETE else math.nan,
+        "last_step": max(steps) if steps else None,
+        "intermediate": dict(steps),
+        "fail_reason": trial.user_attrs.get("fail_reason"),
+    }

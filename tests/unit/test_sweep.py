@@ -1,0 +1,152 @@
+"""Sweep mechanics on synthetic objectives: search, pruning, failure capture, resume after a kill, shared workers.
+
+These test the study plumbing only, not any property of real training.
+"""
+
+import math
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import optuna
+import pytest
+
+from infra.errors import ConfigError, DataError
+from tasks.sweep.config import SweepConfig
+from tasks.sweep.study import grid_lrs, load_sweep, run_sweep, trial_seed
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+BEST_LR = 1e-3
+FINISHED = {"COMPLETE", "PRUNED", "FAIL"}
+
+
+def bowl(peak_lr: float, seed: int, report) -> float:
+    """A smooth function of log10(lr) with its minimum 1.0 at lr = 1e-3, falling slowly with steps."""
+    final = (math.log10(peak_lr) - math.log10(BEST_LR)) ** 2 + 1.0
+    for step in range(0, 50, 10):
+        report(step, final + 1.0 / (step + 1))
+    return final
+
+
+def _cfg(**kwargs) -> SweepConfig:
+    return SweepConfig(**{"lr_min": 1e-5, "lr_max": 1e-1, "report_every": 10, **kwargs})
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="lr_min"):
+        _cfg(lr_min=1e-2, lr_max=1e-3)
+    with pytest.raises(ConfigError, match="n_trials"):
+        _cfg(n_trials=0)
+    with pytest.raises(ConfigError, match="report_every"):
+        _cfg(report_every=0)
+
+
+def test_grid_finds_optimum(tmp_path: Path):
+    """Nine log-spaced LRs over 1e-5..1e-1 include 1e-3 exactly, so the grid must return it."""
+    cfg = _cfg(n_trials=9, sampler="grid")
+    assert grid_lrs(cfg) == pytest.approx([10 ** (e / 2) for e in range(-10, -1)])
+    result = run_sweep(bowl, cfg, storage_path=tmp_path, study_name="grid")
+    assert result.best_lr == pytest.approx(BEST_LR)
+    assert result.best_value == pytest.approx(1.0)
+    assert sorted(result.trials["peak_lr"]) == pytest.approx(grid_lrs(cfg))
+    assert set(result.trials["state"]) <= {"COMPLETE", "PRUNED"}
+
+
+def test_tpe_finds_lr_near_optimum(tmp_path: Path):
+    """Log-uniform TPE over four decades lands within a factor 2 (0.3 in log10) of the known optimum."""
+    result = run_sweep(bowl, _cfg(n_trials=30, seed=3), storage_path=tmp_path, study_name="tpe")
+    assert abs(math.log10(result.best_lr) - math.log10(BEST_LR)) < 0.3
+    assert len(result.trials) == 30
+    assert list(result.trials["seed"]) == [trial_seed(3, n) for n in range(30)]
+
+
+def test_pruning_stops_an_obviously_bad_trial(tmp_path: Path):
+    """Two good LRs run first; a third reporting loss 100 at step 0 must be pruned there, never reaching step 40."""
+    calls = []
+
+    def objective(peak_lr, seed, report):
+        bad = len(calls) == 2
+        calls.append(peak_lr)
+        for step in range(0, 50, 10):
+            report(step, 100.0 if bad else 1.0)
+        return 100.0 if bad else 1.0
+
+    result = run_sweep(objective, _cfg(n_trials=3, pruner_startup_trials=2), storage_path=tmp_path, study_name="p")
+    third = result.trials.set_index("number").loc[2]
+    assert third["state"] == "PRUNED"
+    assert third["last_step"] == 0 and third["intermediate"] == {0: 100.0}
+    assert math.isnan(third["value"])
+
+
+def test_objective_error_is_recorded_and_sweep_continues(tmp_path: Path):
+    def objective(peak_lr, seed, report):
+        if peak_lr > 1e-3:
+            raise RuntimeError("loss diverged")
+        return 1.0
+
+    result = run_sweep(objective, _cfg(n_trials=4, sampler="grid"), storage_path=tmp_path, study_name="e")
+    failed = result.trials[result.trials["state"] == "FAIL"]
+    assert len(result.trials) == 4 and len(failed) == 2
+    assert set(failed["fail_reason"]) == {"RuntimeError: loss diverged"}
+
+
+def test_no_completed_trial_raises(tmp_path: Path):
+    def objective(peak_lr, seed, report):
+        return math.nan
+
+    with pytest.raises(DataError, match="no COMPLETE trial"):
+        run_sweep(objective, _cfg(n_trials=2), storage_path=tmp_path, study_name="nan")
+
+
+def _dies_on_third_trial(storage: str) -> None:
+    calls = []
+
+    def objective(peak_lr, seed, report):
+        calls.append(peak_lr)
+        if len(calls) == 3:
+            os._exit(1)  # simulated kill: no cleanup, the trial stays RUNNING in the journal
+        return bowl(peak_lr, seed, report)
+
+    run_sweep(objective, _cfg(n_trials=5), storage_path=Path(storage), study_name="resume")
+
+
+def test_resume_after_kill_fails_orphan_and_runs_the_rest(tmp_path: Path):
+    proc = mp.get_context("fork").Process(target=_dies_on_third_trial, args=(str(tmp_path),))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == 1
+    orphaned = load_sweep(tmp_path, "resume").trials
+    assert list(orphaned["state"]) == ["COMPLETE", "COMPLETE", "RUNNING"]
+
+    calls = []
+
+    def objective(peak_lr, seed, report):
+        calls.append(peak_lr)
+        return bowl(peak_lr, seed, report)
+
+    result = run_sweep(objective, _cfg(n_trials=5), storage_path=tmp_path, study_name="resume")
+    trials = result.trials.set_index("number")
+    assert len(calls) == 2 and len(trials) == 5
+    assert trials.loc[2, "state"] == "FAIL" and "gone" in trials.loc[2, "fail_reason"]
+    assert set(trials["state"]) <= FINISHED
+
+
+def _worker(storage: str, worker: int) -> None:
+    run_sweep(bowl, _cfg(n_trials=9), storage_path=Path(storage), study_name="shared", worker=worker)
+
+
+def test_three_workers_share_one_study(tmp_path: Path):
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_worker, args=(str(tmp_path), i)) for i in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=60)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0]
+    trials = load_sweep(tmp_path, "shared").trials
+    assert set(trials["state"]) <= FINISHED
+    assert list(trials["number"][:9]) == list(range(9))
+    surplus = trials[trials["number"] >= 9]  # only under a race between workers asking at once
+    assert (surplus["state"] == "FAIL").all() and surplus["fail_reason"].str.startswith("surplus").all()
+    assert (trials["state"] == "COMPLETE").sum() >= 3
