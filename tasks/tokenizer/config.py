@@ -1,0 +1,78 @@
+"""Config section of the tokenizer stage: BPE size, vocab padding, specials, held-out split, fit sample.
+
+Sources: SPEC §8 (tokenizer, padding) and §10 (held-out splits).
+"""
+
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from infra.section import Section
+
+EOS_TOKEN = "<|endoftext|>"
+NUM_BYTE_TOKENS = 256  # byte-level BPE starts from every byte value (SPEC §8)
+
+
+class TokenizerConfig(Section):
+    """What the tokenizer stage needs, validated when built.
+
+    Fields:
+        vocab_size: target BPE vocabulary in tokens, counting the specials and the 256 byte tokens (SPEC §8).
+        pad_multiple: the model's embedding rows are padded to a multiple of this (64 or 128, SPEC §8).
+        special_tokens: reserved up front; the first must be ``<|endoftext|>``, the EOS that separates documents.
+        heldout_fraction: share of near-duplicate families held out, in (0, 1) (SPEC §10).
+        min_heldout_docs: held-out documents required per source (SPEC §10: held-out loss per source).
+        sample_max_chars: cap on the tokenizer fit sample, in characters.
+        seed: seeds the split hash and the fit sample.
+
+    Raises:
+        pydantic.ValidationError: a field is invalid; the message names the field and the fix.
+    """
+
+    vocab_size: int = 4096
+    pad_multiple: Literal[64, 128] = 64
+    special_tokens: list[str] = [EOS_TOKEN, "<|pad|>", "<|im_start|>", "<|im_end|>"]
+    heldout_fraction: float = 0.1
+    min_heldout_docs: int = 1
+    sample_max_chars: int = 5_000_000
+    seed: int = 0
+
+    @field_validator("special_tokens")
+    @classmethod
+    def _specials_start_with_eos(cls, tokens: list[str]) -> list[str]:
+        if not tokens or tokens[0] != EOS_TOKEN:
+            raise ValueError(f"special_tokens must start with {EOS_TOKEN!r} (the EOS), got {tokens!r}")
+        if any(not t for t in tokens) or len(set(tokens)) != len(tokens):
+            raise ValueError(f"special_tokens must be non-empty and unique, got {tokens!r}")
+        return tokens
+
+    @field_validator("heldout_fraction")
+    @classmethod
+    def _fraction_in_open_unit(cls, fraction: float) -> float:
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"heldout_fraction must lie strictly between 0 and 1, got {fraction}")
+        return fraction
+
+    @field_validator("min_heldout_docs", "seed")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"must be >= 0, got {value}")
+        return value
+
+    @field_validator("sample_max_chars")
+    @classmethod
+    def _positive_sample(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError(f"sample_max_chars must be > 0 characters, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _vocab_holds_bytes_and_specials(self) -> "TokenizerConfig":
+        floor = NUM_BYTE_TOKENS + len(self.special_tokens)
+        if self.vocab_size <= floor:
+            raise ValueError(
+                f"vocab_size={self.vocab_size} leaves no room for merges: it must exceed "
+                f"{NUM_BYTE_TOKENS} byte tokens + {len(self.special_tokens)} special tokens = {floor}"
+            )
+        return self

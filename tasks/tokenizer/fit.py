@@ -1,0 +1,180 @@
+"""Fit the byte-level BPE tokenizer on a mixture-weighted sample of the training split (SPEC §8).
+
+Rules from SPEC §8, each checked on the fitted tokenizer (:func:`check_tokenizer`):
+  - byte-level BPE with all 256 byte symbols in the vocabulary, so no text is out of vocabulary;
+  - digits split into single characters: no vocabulary entry holds two digits, "12345" is five tokens;
+  - special tokens reserved up front, each always one id, even glued to text ("你好<|endoftext|>").
+
+Pre-tokenizer order matters: Digits must run *before* ByteLevel. ByteLevel maps bytes 0x80-0xFF to printable stand-ins,
+some of which are Unicode numbers ("¼", "½", "²"), so Digits running second would cut multi-byte characters such as
+"好" apart and never let BPE merge them.
+
+Decoding: ``tok.decode(ids)`` drops special tokens by default; pass ``skip_special_tokens=False`` to get them back.
+"""
+
+import hashlib
+import json
+import unicodedata
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from infra.errors import ConfigError, DataError
+from tasks.tokenizer.config import EOS_TOKEN, NUM_BYTE_TOKENS, TokenizerConfig
+
+DIGIT_PROBE = "12345"
+
+
+class FitSample(NamedTuple):
+    """The fit sample and what it drew: texts, and characters taken per source (unpacks as a 2-tuple)."""
+
+    texts: list[str]
+    chars_by_source: dict[str, int]
+
+
+def sample_texts(texts_by_source: dict[str, list[str]], weights: dict[str, float], max_chars: int,
+                 seed: int) -> FitSample:
+    """Draw at most ``max_chars`` characters, split across sources by mixture weight (SPEC §8: "a sample of the final
+    mixture (training split only)" — pass training-split texts only).
+
+    Source s gets a budget of ``max_chars * w_s / sum(w)`` characters, filled with whole documents in a seeded random
+    order; the document that crosses the budget is truncated to fit. A source smaller than its budget is taken once
+    (not repeated), so ``chars_by_source`` may fall short of the budget: compare the two to see it.
+
+    Raises:
+        ConfigError: a weight is negative, all weights are zero, or a weighted source has no texts.
+    """
+    budgets = _char_budgets(weights, max_chars)
+    rng = np.random.default_rng(seed)
+    texts, drawn = [], {}
+    for source in sorted(budgets):  # sorted: the RNG stream must not depend on dict order
+        if not texts_by_source.get(source):
+            raise ConfigError(f"source {source!r} has weight {weights[source]} but no texts: drop it from the weights")
+        taken = _take_chars(texts_by_source[source], budgets[source], rng)
+        texts.extend(taken)
+        drawn[source] = sum(map(len, taken))
+    return FitSample(texts, drawn)
+
+
+def fit_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
+    """Train byte-level BPE of at most ``cfg.vocab_size`` entries (specials and 256 bytes included) on ``texts``.
+
+    Special tokens get ids 0..k-1 in ``cfg.special_tokens`` order, so ``<|endoftext|>`` is id 0.
+
+    Raises:
+        DataError: the fitted tokenizer breaks a SPEC §8 rule (see :func:`check_tokenizer`).
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),  # before ByteLevel: see module docstring
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        special_tokens=list(cfg.special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    check_tokenizer(tok, cfg.special_tokens)
+    return tok
+
+
+def check_tokenizer(tok: Tokenizer, special_tokens: list[str]) -> None:
+    """Verify the SPEC §8 rules listed in the module docstring on a fitted tokenizer.
+
+    Raises:
+        DataError: naming the first rule broken.
+    """
+    vocab = tok.get_vocab()
+    missing = [ch for ch in pre_tokenizers.ByteLevel.alphabet() if ch not in vocab]
+    if missing:
+        raise DataError(f"{len(missing)} of {NUM_BYTE_TOKENS} byte symbols missing from the vocab: text could be OOV")
+    multi = [t for t in vocab if t not in special_tokens and _count_digits(t) > 1]
+    if multi:
+        raise DataError(f"vocab entries with more than one digit (SPEC §8 digit split): {multi[:5]}")
+    n_probe = len(tok.encode(DIGIT_PROBE).ids)
+    if n_probe != len(DIGIT_PROBE):
+        raise DataError(f"{DIGIT_PROBE!r} encodes to {n_probe} tokens, expected {len(DIGIT_PROBE)} (SPEC §8)")
+    for special in special_tokens:
+        if tok.encode(f"你好{special}世界").ids.count(tok.token_to_id(special)) != 1:
+            raise DataError(f"special token {special!r} does not encode to its single id next to text")
+
+
+def padded_vocab_size(tok: Tokenizer, multiple: int) -> int:
+    """Rows of the model's embedding: the vocab size rounded up to ``multiple`` (SPEC §8: 152,064 = 1,188 × 128).
+
+    Raises:
+        ConfigError: ``multiple`` is not positive.
+    """
+    if multiple <= 0:
+        raise ConfigError(f"pad multiple must be > 0, got {multiple}")
+    return -(-tok.get_vocab_size() // multiple) * multiple
+
+
+def tokenizer_hash(tok: Tokenizer) -> str:
+    """Hex SHA-256 of the tokenizer's JSON, keys sorted and no whitespace: the identity shards and checkpoints carry."""
+    canonical = json.dumps(json.loads(tok.to_str()), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def eos_id(tok: Tokenizer) -> int:
+    """Id of ``<|endoftext|>``, the document separator (SPEC §8 packing).
+
+    Raises:
+        DataError: the tokenizer has no such token.
+    """
+    token_id = tok.token_to_id(EOS_TOKEN)
+    if token_id is None:
+        raise DataError(f"tokenizer has no {EOS_TOKEN!r}: refit it with that token first in special_tokens")
+    return token_id
+
+
+def token_bytes(token: str) -> bytes:
+    """The raw bytes a byte-level vocabulary entry stands for (undoes GPT-2's byte→printable-character map)."""
+    return bytes(_BYTE_OF_SYMBOL[ch] for ch in token)
+
+
+def _count_digits(token: str) -> int:
+    # Unicode categories N*: the classes Digits(individual_digits) isolates (Rust char::is_numeric).
+    text = token_bytes(token).decode("utf-8", errors="ignore")
+    return sum(unicodedata.category(ch).startswith("N") for ch in text)
+
+
+def _char_budgets(weights: dict[str, float], max_chars: int) -> dict[str, int]:
+    if any(w < 0 for w in weights.values()):
+        raise ConfigError(f"mixture weights must be >= 0, got {weights}")
+    total = sum(weights.values())
+    if total <= 0:
+        raise ConfigError(f"mixture weights sum to {total}: give at least one source a positive weight")
+    return {s: int(max_chars * w / total) for s, w in weights.items() if w > 0}
+
+
+def _take_chars(docs: list[str], budget: int, rng: np.random.Generator) -> list[str]:
+    taken, left = [], budget
+    for i in rng.permutation(len(docs)):
+        if left <= 0:
+            break
+        piece = docs[i][:left]
+        taken.append(piece)
+        left -= len(piece)
+    return taken
+
+
+def _byte_symbol_table() -> dict[str, int]:
+    """GPT-2's reversible map: printable bytes stand for themselves, the rest shift to U+0100 onwards."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, shift = {}, 0
+    for b in range(NUM_BYTE_TOKENS):
+        if b in printable:
+            symbols[chr(b)] = b
+        else:
+            symbols[chr(NUM_BYTE_TOKENS + shift)] = b
+            shift += 1
+    return symbols
+
+
+_BYTE_OF_SYMBOL = _byte_symbol_table()

@@ -1,0 +1,95 @@
+"""Tokenizer efficiency per language or source, and how terms fragment (SPEC §8: Lab 2 reference 3.952 chars/token,
+1.294 tokens/word).
+
+Words are whitespace-separated for space-delimited languages; Chinese and Japanese do not delimit words with spaces,
+so there a "word" is a non-space character and the row says ``word_unit="char"``.
+"""
+
+import numpy as np
+import pandas as pd
+from tokenizers import Tokenizer
+
+from infra.errors import ConfigError, DataError
+
+CHAR_UNIT_LANGUAGES = frozenset({"zh", "ja"})
+GROUP_COLUMNS = ("language", "source")
+REPORT_COLUMNS = ["group", "n_docs", "n_chars", "n_bytes", "n_tokens", "chars_per_token", "n_words",
+                  "tokens_per_word", "word_unit"]
+
+
+def tokenizer_report(tok: Tokenizer, docs: pd.DataFrame, *, by: str) -> pd.DataFrame:
+    """One row per group of ``docs`` (columns text, language, source), sorted by group.
+
+    Columns: group, n_docs, n_chars (Unicode code points), n_bytes (UTF-8), n_tokens (no EOS added; special-token
+    strings count as plain text), chars_per_token, n_words, tokens_per_word, word_unit ("word", "char", or "mixed"
+    when a source mixes both kinds of language). Ratios are NaN when the denominator is 0.
+
+    Raises:
+        ConfigError: ``by`` is not "language" or "source".
+        DataError: docs lacks a required column.
+    """
+    if by not in GROUP_COLUMNS:
+        raise ConfigError(f"by must be one of {GROUP_COLUMNS}, got {by!r}")
+    missing = [c for c in ("text", *GROUP_COLUMNS) if c not in docs.columns]
+    if missing:
+        raise DataError(f"tokenizer_report needs columns text, language, source; missing {missing}")
+    per_doc = _per_doc_counts(tok, docs)
+    rows = [_group_row(group, g) for group, g in per_doc.groupby(docs[by].astype(str), sort=True)]
+    return pd.DataFrame(rows, columns=REPORT_COLUMNS)
+
+
+def fragmentation(tok: Tokenizer, terms: list[str]) -> pd.DataFrame:
+    """How each term splits: columns term, n_tokens, pieces (list of decoded token strings; a piece holding part of a
+    multi-byte character shows as U+FFFD)."""
+    plain = _plain(tok)
+    rows = []
+    for term in terms:
+        ids = plain.encode(term, add_special_tokens=False).ids
+        pieces = [plain.decode([i], skip_special_tokens=False) for i in ids]
+        rows.append(dict(term=term, n_tokens=len(ids), pieces=pieces))
+    return pd.DataFrame(rows, columns=["term", "n_tokens", "pieces"])
+
+
+def word_unit(language: str) -> str:
+    """"char" for zh/ja (any region suffix, e.g. "zh-Hans"), else "word"."""
+    base = str(language).lower().replace("_", "-").split("-")[0]
+    return "char" if base in CHAR_UNIT_LANGUAGES else "word"
+
+
+def count_words(text: str, unit: str) -> int:
+    """Whitespace-separated words, or non-space characters when ``unit == "char"``."""
+    if unit == "char":
+        return sum(not ch.isspace() for ch in text)
+    return len(text.split())
+
+
+def _plain(tok: Tokenizer) -> Tokenizer:
+    """A copy that encodes special-token strings as ordinary text, as shards do."""
+    copy = Tokenizer.from_str(tok.to_str())
+    copy.encode_special_tokens = True
+    return copy
+
+
+def _per_doc_counts(tok: Tokenizer, docs: pd.DataFrame) -> pd.DataFrame:
+    texts = docs["text"].astype(str).tolist()
+    units = [word_unit(lang) for lang in docs["language"]]
+    encodings = _plain(tok).encode_batch(texts, add_special_tokens=False)
+    return pd.DataFrame({
+        "n_chars": [len(t) for t in texts],
+        "n_bytes": [len(t.encode("utf-8")) for t in texts],
+        "n_tokens": [len(e.ids) for e in encodings],
+        "n_words": [count_words(t, u) for t, u in zip(texts, units)],
+        "unit": units,
+    }, index=docs.index)
+
+
+def _group_row(group: str, g: pd.DataFrame) -> dict:
+    n_chars, n_tokens, n_words = int(g["n_chars"].sum()), int(g["n_tokens"].sum()), int(g["n_words"].sum())
+    units = set(g["unit"])
+    return dict(group=group, n_docs=len(g), n_chars=n_chars, n_bytes=int(g["n_bytes"].sum()), n_tokens=n_tokens,
+                chars_per_token=_ratio(n_chars, n_tokens), n_words=n_words,
+                tokens_per_word=_ratio(n_tokens, n_words), word_unit=units.pop() if len(units) == 1 else "mixed")
+
+
+def _ratio(numerator: int, denominator: int) -> float:
+    return numerator / denominator if denominator else np.nan

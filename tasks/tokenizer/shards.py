@@ -1,0 +1,188 @@
+"""Token shards: flat id arrays with EOS after every document, plus a JSON header and document offsets (SPEC §8).
+
+A shard ``<stem>`` is three files:
+  - ``<stem>.bin``: raw ids, uint16 when the vocab has at most 65,536 entries, uint32 above (SPEC §8);
+  - ``<stem>.idx.npy``: int64 start position of each document in the .bin, shape (n_docs,);
+  - ``<stem>.json``: header (dtype, vocab_size, eos_id, tokenizer_hash, n_tokens, n_docs, n_bytes, extra).
+Each is written under a temporary name and renamed; the header goes last, so a shard without a header is incomplete.
+"""
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from infra.errors import ConfigError, DataError
+from tasks.tokenizer.fit import eos_id as find_eos_id
+
+UINT16_VOCAB_MAX = 65_536  # ids 0..65,535 fit in uint16 (SPEC §8)
+UINT32_VOCAB_MAX = 2**32
+HEADER_KEYS = ("dtype", "vocab_size", "eos_id", "tokenizer_hash", "n_tokens", "n_docs", "n_bytes", "extra")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A shard opened for reading: ``tokens`` (n_tokens,) memory-mapped read-only, ``doc_offsets`` (n_docs,) int64."""
+
+    tokens: np.ndarray
+    header: dict
+    doc_offsets: np.ndarray
+
+    def document(self, i: int) -> np.ndarray:
+        """Ids of document ``i``, its trailing EOS included."""
+        end = self.doc_offsets[i + 1] if i + 1 < len(self.doc_offsets) else len(self.tokens)
+        return self.tokens[self.doc_offsets[i]:end]
+
+
+def shard_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab_size <= 65,536), else uint32 (SPEC §8).
+
+    Raises:
+        ConfigError: vocab_size is not in 1..2**32.
+    """
+    if not 0 < vocab_size <= UINT32_VOCAB_MAX:
+        raise ConfigError(f"vocab_size must be in 1..{UINT32_VOCAB_MAX:,}, got {vocab_size:,}")
+    return np.dtype(np.uint16 if vocab_size <= UINT16_VOCAB_MAX else np.uint32)
+
+
+def text_bytes(texts: Sequence[str]) -> int:
+    """UTF-8 size of the texts in bytes: the ``n_bytes`` a shard header records (for bits-per-byte)."""
+    return sum(len(t.encode("utf-8")) for t in texts)
+
+
+def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Encode documents and join them with EOS (SPEC §8 packing).
+
+    Special-token strings inside a document (say a web page quoting "<|endoftext|>") are encoded as plain text, so
+    EOS ids appear only at document ends.
+
+    Returns:
+        tokens: (n_tokens,) ids in ``shard_dtype(tok.get_vocab_size())``, each document followed by EOS;
+        doc_offsets: (n_docs,) int64 start of each document in ``tokens``.
+
+    Raises:
+        DataError: the tokenizer has no EOS.
+    """
+    eos = find_eos_id(tok)
+    plain = Tokenizer.from_str(tok.to_str())  # copy: leave the caller's tokenizer settings alone
+    plain.encode_special_tokens = True
+    ids_per_doc = []
+    for start in range(0, len(texts), batch_size):
+        batch = plain.encode_batch(list(texts[start:start + batch_size]), add_special_tokens=False)
+        ids_per_doc.extend(enc.ids for enc in batch)
+    lengths = np.array([len(ids) + 1 for ids in ids_per_doc], dtype=np.int64)
+    flat = chain.from_iterable((*ids, eos) for ids in ids_per_doc)
+    tokens = np.fromiter(flat, dtype=shard_dtype(tok.get_vocab_size()), count=int(lengths.sum()))
+    doc_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
+    return tokens, doc_offsets
+
+
+def write_shard(path: Path, tokens: np.ndarray, *, vocab_size: int, eos_id: int, tokenizer_hash: str, n_bytes: int,
+                doc_offsets: np.ndarray, extra: dict | None = None) -> Path:
+    """Write ``tokens`` (n_tokens,) and ``doc_offsets`` (n_docs,) as a shard at ``path`` (suffix replaced).
+
+    ``vocab_size`` picks the dtype (:func:`shard_dtype`): pass the padded model vocab or the tokenizer's, both work.
+    ``n_bytes`` is the UTF-8 size of the documents' text (:func:`text_bytes`).
+
+    Returns:
+        the ``.bin`` path.
+
+    Raises:
+        DataError: an id or eos_id is outside 0..vocab_size-1, or doc_offsets are not increasing positions in tokens.
+    """
+    dtype = shard_dtype(vocab_size)
+    tokens, doc_offsets = np.asarray(tokens), np.asarray(doc_offsets)
+    _check_ids(tokens, eos_id, vocab_size)
+    _check_offsets(doc_offsets, len(tokens))
+    header = dict(dtype=dtype.name, vocab_size=int(vocab_size), eos_id=int(eos_id), tokenizer_hash=tokenizer_hash,
+                  n_tokens=int(len(tokens)), n_docs=int(len(doc_offsets)), n_bytes=int(n_bytes), extra=extra or {})
+    bin_path, idx_path, header_path = _paths(path)
+    _write_atomic(bin_path, tokens.astype(dtype, copy=False).tofile)
+    _write_atomic(idx_path, lambda f: np.save(f, doc_offsets.astype(np.int64), allow_pickle=False))
+    _write_atomic(header_path, lambda f: f.write(json.dumps(header, indent=2, sort_keys=True).encode("utf-8")))
+    return bin_path
+
+
+def read_shard(path: Path, *, expected_tokenizer_hash: str | None = None) -> Shard:
+    """Open the shard at ``path`` (any of its three paths, or the stem) with tokens memory-mapped read-only.
+
+    Raises:
+        DataError: the header is missing (incomplete write) or malformed, the .bin size disagrees with
+            n_tokens × itemsize, the offsets disagree with n_docs, or the tokenizer hash differs from the expected one.
+    """
+    bin_path, idx_path, header_path = _paths(path)
+    header = _read_header(header_path)
+    if expected_tokenizer_hash is not None and header["tokenizer_hash"] != expected_tokenizer_hash:
+        raise DataError(f"{bin_path} was tokenized with {header['tokenizer_hash'][:12]}…, expected "
+                        f"{expected_tokenizer_hash[:12]}…: re-tokenize with the current tokenizer")
+    dtype = np.dtype(header["dtype"])
+    expected_size = header["n_tokens"] * dtype.itemsize
+    actual_size = bin_path.stat().st_size if bin_path.exists() else None
+    if actual_size != expected_size:
+        raise DataError(f"{bin_path} has {actual_size} bytes, header says {header['n_tokens']:,} × {dtype.name} "
+                        f"= {expected_size:,}: the shard is truncated or mismatched, rewrite it")
+    doc_offsets = np.load(idx_path)
+    if len(doc_offsets) != header["n_docs"]:
+        raise DataError(f"{idx_path} has {len(doc_offsets)} offsets, header says n_docs={header['n_docs']}")
+    return Shard(tokens=_map_tokens(bin_path, dtype, header["n_tokens"]), header=header, doc_offsets=doc_offsets)
+
+
+def _paths(path: Path) -> tuple[Path, Path, Path]:
+    path = Path(path)
+    stem = path.with_name(path.name.removesuffix(".idx.npy")) if path.name.endswith(".idx.npy") else path
+    return stem.with_suffix(".bin"), stem.with_suffix(".idx.npy"), stem.with_suffix(".json")
+
+
+def _check_ids(tokens: np.ndarray, eos_id: int, vocab_size: int) -> None:
+    if tokens.ndim != 1 or (len(tokens) and not np.issubdtype(tokens.dtype, np.integer)):
+        raise DataError(f"tokens must be a 1-D integer array (n_tokens,), got {tokens.dtype} {tokens.shape}")
+    if not 0 <= eos_id < vocab_size:
+        raise DataError(f"eos_id={eos_id} is outside 0..{vocab_size - 1}")
+    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise DataError(f"token ids span {int(tokens.min())}..{int(tokens.max())}, outside 0..{vocab_size - 1}: "
+                        "pass the tokenizer's vocab_size")
+
+
+def _check_offsets(doc_offsets: np.ndarray, n_tokens: int) -> None:
+    if doc_offsets.ndim != 1 or (len(doc_offsets) and not np.issubdtype(doc_offsets.dtype, np.integer)):
+        raise DataError(f"doc_offsets must be a 1-D integer array, got {doc_offsets.dtype} {doc_offsets.shape}")
+    if len(doc_offsets) and (doc_offsets[0] < 0 or doc_offsets[-1] >= n_tokens or np.any(np.diff(doc_offsets) <= 0)):
+        raise DataError(f"doc_offsets must increase strictly within 0..{n_tokens - 1}")
+
+
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write to a sibling temp file, fsync, then rename: readers never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_header(header_path: Path) -> dict:
+    if not header_path.exists():
+        raise DataError(f"{header_path} is missing: the shard is incomplete (the header is written last); rewrite it")
+    try:
+        header = json.loads(header_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{header_path} is not valid JSON ({err}): rewrite the shard") from err
+    missing = [k for k in HEADER_KEYS if k not in header]
+    if missing:
+        raise DataError(f"{header_path} lacks {missing}: rewrite the shard")
+    if header["dtype"] != shard_dtype(header["vocab_size"]).name:
+        raise DataError(f"{header_path}: dtype {header['dtype']} does not match vocab_size {header['vocab_size']:,}")
+    return header
+
+
+def _map_tokens(bin_path: Path, dtype: np.dtype, n_tokens: int) -> np.ndarray:
+    if n_tokens == 0:  # mmap cannot map an empty file
+        return np.empty(0, dtype=dtype)
+    return np.memmap(bin_path, dtype=dtype, mode="r", shape=(n_tokens,))
