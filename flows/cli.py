@@ -1,0 +1,103 @@
+"""The ``pretrain`` command.
+
+    pretrain run configs/demo.toml                     # the whole chain on this machine (CPU)
+    pretrain run configs/demo.toml --dry-run           # resolved config and stage graph, nothing runs
+    pretrain run configs/demo.toml --refresh cpt       # recompute CPT and everything after it
+    pretrain gate declare configs/demo.toml            # declare a new gate explicitly (old record kept)
+    pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
+
+Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS_DIR, else ./runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from flows.config import load_config
+from infra.errors import PretrainError
+from infra.runs import RunsLayout
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
+gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
+app.add_typer(gate_app, name="gate")
+console = Console()
+
+RunsDir = typer.Option(None, "--runs-dir", help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
+
+
+def _fail(err: PretrainError) -> None:
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {err}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="experiment TOML"),
+    runs_dir: Optional[Path] = RunsDir,
+    refresh: list[str] = typer.Option([], "--refresh", help="recompute this stage and everything downstream"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
+) -> None:
+    """Run the pipeline: sources → corpus → tokenizer → mixture → sweep → main → cpt → gate."""
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        if dry_run:
+            _dry_run(cfg, layout)
+            return
+        layout.prepare_environment()
+        from flows.pipeline import pipeline
+        from flows.summary import print_summary
+
+        result = pipeline(str(config.resolve()), str(layout.root), list(refresh))
+    except PretrainError as err:
+        _fail(err)
+    print_summary(result, layout, console)
+
+
+def _dry_run(cfg, layout: RunsLayout) -> None:
+    from flows.graph import STAGES
+
+    console.print_json(cfg.model_dump_json())
+    for stage in STAGES:
+        inputs = ", ".join(stage.inputs) or "-"
+        console.print(f"{stage.name:<10} ← {inputs:<28} → {layout.artifacts / stage.name}/<key>/")
+
+
+@app.command()
+def fetch(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
+    """Download and unpack the config's Debian sources into the runs folder's source cache."""
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        from tasks.sources.deb import fetch_deb
+
+        for name, src in cfg.sources.items():
+            if src.kind == "deb":
+                pkg = fetch_deb(src.package, layout.source_cache)
+                console.print(f"{name}: {pkg.package} {pkg.version} → {pkg.root}")
+    except PretrainError as err:
+        _fail(err)
+
+
+@gate_app.command("declare")
+def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
+    """Record the config's [gate] as the experiment's gate from now on (earlier declarations are kept)."""
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        from flows.gates import declare_gate
+        from infra.warehouse import Warehouse
+
+        row = declare_gate(cfg, Warehouse(layout.duckdb))
+    except PretrainError as err:
+        _fail(err)
+    console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,67 @@
+"""Recording the gate before any CPT step, and refusing a changed gate once results exist (SPEC §11).
+
+The ``gates`` table keeps every declaration (experiment, gate_hash, declared_at, gate_json). A run whose
+config's gate differs from the experiment's latest declaration stops when decisions already exist under the
+old gate; ``pretrain gate declare CONFIG`` adds the new declaration explicitly and keeps the old record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pandas as pd
+
+from evals.gate import gate_hash
+from flows.config import ExperimentConfig
+from infra.errors import GateError
+from infra.tracking import Tracker
+from infra.warehouse import Warehouse
+
+
+def latest_gate(warehouse: Warehouse, experiment: str) -> pd.Series | None:
+    if not warehouse.has_table("gates"):
+        return None
+    rows = warehouse.query("SELECT * FROM gates WHERE experiment = ? ORDER BY declared_at DESC LIMIT 1", [experiment])
+    return None if rows.empty else rows.iloc[0]
+
+
+def has_decisions(warehouse: Warehouse, experiment: str, gate: str) -> bool:
+    if not warehouse.has_table("gate_decisions"):
+        return False
+    rows = warehouse.query("SELECT count(*) AS n FROM gate_decisions WHERE experiment = ? AND gate_hash = ?",
+                           [experiment, gate])
+    return int(rows["n"].iloc[0]) > 0
+
+
+def declare_gate(cfg: ExperimentConfig, warehouse: Warehouse, run_id: str = "") -> dict:
+    """Append a declaration of the config's gate; returns it."""
+    row = {"experiment": cfg.name, "gate_hash": gate_hash(cfg.gate),
+           "declared_at": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),
+           "gate_json": cfg.gate.model_dump_json(), "mlflow_parent_run_id": run_id}
+    warehouse.append("gates", pd.DataFrame([row]))
+    return row
+
+
+def record_gate(cfg: ExperimentConfig, warehouse: Warehouse, tracker: Tracker, parent_run_id: str) -> dict:
+    """Ensure the config's gate is the experiment's declared gate before any CPT step; tag the parent run.
+
+    Raises:
+        GateError: the gate differs from the declared one and decisions were already made under the old one.
+    """
+    current = gate_hash(cfg.gate)
+    latest = latest_gate(warehouse, cfg.name)
+    if latest is None:
+        record = declare_gate(cfg, warehouse, parent_run_id)
+    elif latest["gate_hash"] == current:
+        record = latest.to_dict()
+    elif has_decisions(warehouse, cfg.name, latest["gate_hash"]):
+        raise GateError(
+            f"the [gate] of '{cfg.name}' changed after results were seen (declared {latest['gate_hash'][:12]} "
+            f"at {latest['declared_at']}, config has {current[:12]}). Restore the declared gate, or declare the "
+            f"new one explicitly with `pretrain gate declare CONFIG` (the old record and its decisions are kept)."
+        )
+    else:
+        record = declare_gate(cfg, warehouse, parent_run_id)
+    tracker.set_tags(parent_run_id, {"gate_hash": record["gate_hash"], "gate_declared_at": record["declared_at"]})
+    tracker.log_params(parent_run_id, {"gate": cfg.gate.model_dump()})
+    return record

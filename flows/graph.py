@@ -1,0 +1,138 @@
+"""The stage graph: each stage's inputs, the config fields in its key, its code, and its plain function.
+
+Data flows one way (DESIGN.md): sources → corpus → tokenizer → mixture → sweep → main → cpt → gate.
+``key_config`` holds only fields that change a stage's result; cosmetic ones (log intervals, thread counts,
+checkpoint intervals) stay out, so changing them reuses the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from evals.cloze import load_cloze_items
+from flows.config import ExperimentConfig
+from infra.errors import ConfigError
+from infra.expectations import check_heldout, check_kept_corpus, check_shards
+from infra.stage import StageContext
+
+
+@dataclass(frozen=True)
+class StageDef:
+    name: str
+    inputs: tuple[str, ...]
+    modules: tuple[str, ...]
+    key_config: Callable[[ExperimentConfig], dict[str, Any]]
+    run: Callable[[StageContext, ExperimentConfig], dict[str, Any]]
+    validate: Callable[[Path, ExperimentConfig], None] = lambda out, cfg: None
+
+
+def cloze_path(cfg: ExperimentConfig) -> Path:
+    path = Path(cfg.gate.cloze_items)
+    if not path.is_file():
+        raise ConfigError(f"gate.cloze_items: {path} not found (relative paths are read from the working directory)")
+    return path
+
+
+def _sources(cfg):
+    return {name: src.model_dump() for name, src in cfg.sources.items()}
+
+
+def _run_sources(ctx, cfg):
+    from tasks.sources.stage import run
+    return run(ctx, cfg.sources)
+
+
+def _run_corpus(ctx, cfg):
+    from tasks.corpus.stage import run
+    return run(ctx, cfg.corpus)
+
+
+def _check_corpus(out: Path, cfg: ExperimentConfig) -> None:
+    import pandas as pd
+    check_kept_corpus(pd.read_parquet(out / "kept.parquet"), list(cfg.sources), cfg.corpus.languages)
+
+
+def _run_tokenizer(ctx, cfg):
+    from tasks.tokenizer.stage import run
+    return run(ctx, cfg.tokenizer)
+
+
+def _check_tokenizer(out: Path, cfg: ExperimentConfig) -> None:
+    import json
+    import pandas as pd
+    meta = json.loads((out / "tokenizer.meta.json").read_text())
+    check_shards(pd.read_parquet(out / "shards.parquet"), meta["padded_vocab_size"])
+
+
+def _main_tokens(cfg):
+    return cfg.main.budget.steps * cfg.main.budget.batch_size * cfg.main.model.seq_len
+
+
+def _run_mixture(ctx, cfg):
+    from tasks.mixture.stage import run
+    return run(ctx, cfg.mixture, cfg.proxy, general=cfg.general_sources, main_tokens=_main_tokens(cfg))
+
+
+def _run_sweep(ctx, cfg):
+    from tasks.sweep.stage import run
+    return run(ctx, cfg.sweep, cfg.proxy, general=cfg.general_sources)
+
+
+def _run_main(ctx, cfg):
+    from tasks.train.stage import run
+    return run(ctx, cfg.main, sources=cfg.general_sources + cfg.domain_sources)
+
+
+def _check_main(out: Path, cfg: ExperimentConfig) -> None:
+    import pandas as pd
+    check_heldout(pd.read_parquet(out / "heldout.parquet"))
+
+
+def _run_cpt(ctx, cfg):
+    from tasks.cpt.stage import run
+    return run(ctx, cfg.cpt, general=cfg.general_sources, cloze_items=load_cloze_items(cloze_path(cfg)))
+
+
+def _run_gate(ctx, cfg):
+    from tasks.gate.stage import run
+    return run(ctx, cfg.gate)
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+STAGES: tuple[StageDef, ...] = (
+    StageDef("sources", (), ("tasks.sources",), lambda c: {"sources": _sources(c)}, _run_sources),
+    StageDef("corpus", ("sources",), ("tasks.corpus", "infra.expectations"),
+             lambda c: {"corpus": c.corpus.model_dump()}, _run_corpus, _check_corpus),
+    StageDef("tokenizer", ("corpus",), ("tasks.tokenizer",),
+             lambda c: {"tokenizer": c.tokenizer.model_dump()}, _run_tokenizer, _check_tokenizer),
+    StageDef("mixture", ("tokenizer",), ("tasks.mixture", "tasks.train", "models", "evals.heldout"),
+             lambda c: {"mixture": c.mixture.model_dump(), "proxy": c.proxy.model_dump(), "seed": c.seed,
+                        "main_tokens": _main_tokens(c)}, _run_mixture),
+    StageDef("sweep", ("tokenizer", "mixture"), ("tasks.sweep", "tasks.train", "models", "evals.heldout"),
+             lambda c: {"sweep": c.sweep.model_dump(), "proxy": c.proxy.model_dump(), "seed": c.seed}, _run_sweep),
+    StageDef("main", ("tokenizer", "mixture", "sweep"), ("tasks.train", "models", "evals.heldout"),
+             lambda c: {"main": c.main.model_dump(exclude={"log_every", "checkpoint_every"}), "seed": c.seed},
+             _run_main, _check_main),
+    StageDef("cpt", ("tokenizer", "mixture", "main"), ("tasks.cpt", "tasks.train", "models", "evals"),
+             lambda c: {"cpt": c.cpt.model_dump(), "seed": c.seed, "cloze_items": _file_digest(cloze_path(c))},
+             _run_cpt),
+    StageDef("gate", ("main", "cpt"), ("tasks.gate", "evals"),
+             lambda c: {"gate": c.gate.model_dump(), "seed": c.seed}, _run_gate),
+)
+
+STAGE_NAMES = tuple(s.name for s in STAGES)
+
+
+def downstream(names: set[str]) -> set[str]:
+    """The given stages and every stage that consumes them, directly or not."""
+    closed = set(names)
+    for stage in STAGES:
+        if closed.intersection(stage.inputs):
+            closed.add(stage.name)
+    return closed

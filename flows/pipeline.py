@@ -1,0 +1,160 @@
+"""The pipeline flow: every stage a cached Prefect task around a plain function, tracked in MLflow and DuckDB.
+
+    pretrain run configs/demo.toml                   # whole chain, cached stages reused
+    pretrain run configs/demo.toml --refresh main    # recompute main and everything downstream
+
+Caching: a stage's artifact key (``infra.artifacts.artifact_key``) is also its Prefect cache key. The cache
+key function returns it only while the artifact directory is complete, so a cached result whose directory
+is gone is recomputed, never trusted. Prefect's default hash of pickled inputs is never used.
+This module must be imported after ``RunsLayout.prepare_environment()`` (Prefect reads PREFECT_HOME on import).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.context import get_run_context
+
+from flows.config import ExperimentConfig, load_config
+from flows.gates import record_gate
+from flows.graph import STAGES, StageDef, downstream
+from flows.progress import RichProgress
+from flows.publish import publish
+from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version
+from infra.errors import ConfigError, DataError
+from infra.runs import RunsLayout
+from infra.stage import StageContext
+from infra.tracking import Tracker
+from infra.warehouse import Warehouse
+
+
+@dataclass
+class Env:
+    """What every stage of one pipeline run shares."""
+
+    cfg: ExperimentConfig
+    layout: RunsLayout
+    store: ArtifactStore
+    tracker: Tracker
+    warehouse: Warehouse
+    parent_run_id: str
+    flow_run_id: str
+    refresh: set[str] = field(default_factory=set)
+    progress: RichProgress = field(default_factory=RichProgress)
+
+
+@task(persist_result=True)
+def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: dict[str, Any]) -> dict:
+    """Compute a stage's artifact unless a complete one exists; returns {key, path, computed}."""
+    existing = env.store.get(name, key)
+    if existing is not None and name not in env.refresh:
+        return {"key": key, "path": str(existing.path), "computed": False}
+    stage = _stage(name)
+    tmp = env.store.begin(name, key)
+    ctx = StageContext(
+        out=tmp, inputs=input_paths, layout=env.layout, key=key, experiment=env.cfg.name, seed=env.cfg.seed,
+        torch_threads=env.cfg.torch_threads, progress=env.progress,
+        log_metrics=lambda metrics, step: env.tracker.log_metrics(meta["mlflow_run_id"], metrics, step),
+        log_child=lambda child, params, rows: _log_child(env, meta["mlflow_run_id"], child, params, rows),
+    )
+    started = time.perf_counter()
+    try:
+        summary = stage.run(ctx, env.cfg)
+        stage.validate(tmp, env.cfg)
+    except BaseException:
+        env.store.abort(tmp)
+        raise
+    artifact = env.store.commit(name, key, tmp, {**meta, "summary": summary, "wall_s": time.perf_counter() - started})
+    return {"key": key, "path": str(artifact.path), "computed": True}
+
+
+def _stage(name: str) -> StageDef:
+    return next(s for s in STAGES if s.name == name)
+
+
+def _log_child(env: Env, stage_run_id: str, name: str, params: dict, rows: list[dict]) -> None:
+    run_id = env.tracker.start_run(name, parent_id=stage_run_id)
+    env.tracker.log_params(run_id, params)
+    env.tracker.log_metric_series(run_id, rows)
+    env.tracker.end_run(run_id)
+
+
+def run_stage(stage: StageDef, env: Env, upstream: dict[str, Artifact]) -> tuple[Artifact, bool]:
+    """Run one stage through Prefect (cache key = artifact key) inside its nested MLflow run."""
+    input_keys = {name: upstream[name].key for name in stage.inputs}
+    config = stage.key_config(env.cfg)
+    version = code_version(*stage.modules)
+    key = artifact_key(stage.name, config, input_keys, version)
+    run_id = env.tracker.start_run(stage.name, parent_id=env.parent_run_id, tags={
+        "stage": stage.name, "artifact_key": key, "code_version": version, "prefect_flow_run_id": env.flow_run_id,
+        **{f"input.{k}": v for k, v in input_keys.items()}})
+    env.tracker.log_params(run_id, config)
+    refreshing = stage.name in env.refresh
+    cache_token = f"{stage.name}-{key}"
+    prefect_task = execute_stage.with_options(
+        name=f"stage-{stage.name}", refresh_cache=refreshing, result_storage_key=cache_token,
+        cache_key_fn=lambda _ctx, _params: cache_token if env.store.get(stage.name, key) and not refreshing else None,
+    )
+    meta = {"config": config, "input_keys": input_keys, "code_version": version, "mlflow_run_id": run_id,
+            "prefect_flow_run_id": env.flow_run_id}
+    try:
+        state = prefect_task(stage.name, key, env, {n: upstream[n].path for n in stage.inputs}, meta,
+                             return_state=True)
+        outcome = state.result()
+    except BaseException:
+        env.tracker.end_run(run_id, "FAILED")
+        raise
+    artifact = env.store.get(stage.name, key)
+    if artifact is None:
+        raise DataError(f"stage {stage.name}: artifact {key} missing after the task finished")
+    cached = state.name == "Cached" or not outcome["computed"]
+    publish(stage.name, artifact, env, run_id, cached=cached)
+    env.tracker.end_run(run_id)
+    return artifact, cached
+
+
+@flow(name="pretrain-pipeline", log_prints=True)
+def pipeline(config_path: str, runs_dir: str, refresh: list[str] | None = None) -> dict[str, Any]:
+    """Run the whole chain for one experiment config; returns per-stage keys and cache hits."""
+    cfg = load_config(config_path)
+    layout = RunsLayout.resolve(runs_dir)
+    unknown = set(refresh or []) - {s.name for s in STAGES}
+    if unknown:
+        raise ConfigError(f"--refresh {sorted(unknown)}: unknown stage; choose from {[s.name for s in STAGES]}")
+    env = _environment(cfg, layout, downstream(set(refresh or [])))
+    upstream: dict[str, Artifact] = {}
+    cached: dict[str, bool] = {}
+    status = "FAILED"
+    try:
+        record_gate(cfg, env.warehouse, env.tracker, env.parent_run_id)
+        with env.progress:
+            for stage in STAGES:
+                upstream[stage.name], cached[stage.name] = run_stage(stage, env, upstream)
+        status = "FINISHED"
+    finally:
+        env.tracker.end_run(env.parent_run_id, status)
+    return {"experiment": cfg.name, "parent_run_id": env.parent_run_id, "cached": cached,
+            "keys": {name: a.key for name, a in upstream.items()}, "paths": {n: str(a.path) for n, a in upstream.items()}}
+
+
+def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -> Env:
+    tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, cfg.name)
+    flow_run_id = str(get_run_context().flow_run.id)
+    parent = tracker.start_run("pipeline", tags={"prefect_flow_run_id": flow_run_id, "git_commit": _git_commit()})
+    tracker.log_params(parent, {"config": cfg.name, "seed": cfg.seed})
+    return Env(cfg=cfg, layout=layout, store=ArtifactStore(layout.artifacts), tracker=tracker,
+               warehouse=Warehouse(layout.duckdb), parent_run_id=parent, flow_run_id=flow_run_id, refresh=refresh)
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"

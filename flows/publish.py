@@ -1,0 +1,116 @@
+"""After each stage: mirror its artifact into DuckDB and describe it in its nested MLflow run.
+
+DuckDB rows are rewritten from the artifact on every run (cached or not, keyed by artifact key), so the
+warehouse always matches the artifact store. MLflow files are logged only by the run that produced the
+artifact; a cached stage's run is tagged ``cached=true`` with ``produced_by_run`` pointing at that run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Callable
+
+import pandas as pd
+
+from infra.artifacts import Artifact
+
+if TYPE_CHECKING:
+    from flows.pipeline import Env
+
+
+def publish(stage: str, artifact: Artifact, env: "Env", run_id: str, *, cached: bool) -> None:
+    summary = artifact.meta.get("summary", {})
+    env.tracker.set_tags(run_id, {
+        "cached": str(cached).lower(), "produced_by_run": artifact.meta.get("mlflow_run_id", ""),
+        "artifact_path": str(artifact.path)})
+    numeric = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    env.tracker.log_metrics(run_id, numeric, step=0)
+    PUBLISHERS.get(stage, lambda *a: None)(artifact, env, run_id, cached)
+    env.warehouse.append("stage_runs", pd.DataFrame([{
+        "experiment": env.cfg.name, "stage": stage, "artifact_key": artifact.key, "cached": cached,
+        "mlflow_run_id": run_id, "produced_by_run": artifact.meta.get("mlflow_run_id", ""),
+        "prefect_flow_run_id": env.flow_run_id, "parent_run_id": env.parent_run_id,
+        "wall_s": float(artifact.meta.get("wall_s", 0.0)), "input_keys": json.dumps(artifact.meta.get("input_keys", {})),
+        "code_version": artifact.meta.get("code_version", "")}]))
+
+
+def _log_files(env: "Env", run_id: str, cached: bool, artifact: Artifact, *names: str) -> None:
+    if cached:
+        return
+    for name in names:
+        path = artifact.path / name
+        if path.exists():
+            env.tracker.log_artifact(run_id, path, None if path.is_file() else name)
+
+
+def _corpus(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    manifest = pd.DataFrame(json.loads((artifact.path / "manifest.json").read_text())).assign(
+        experiment=env.cfg.name, tokens=pd.NA)
+    env.warehouse.replace("manifest", manifest.astype({"tokens": "Int64"}), artifact.key)
+    env.warehouse.replace("removals", pd.read_parquet(artifact.path / "removals.parquet"), artifact.key)
+    funnel = pd.read_parquet(artifact.path / "funnel.parquet")
+    env.warehouse.replace("funnel", funnel, artifact.key)
+    _log_files(env, run_id, cached, artifact, "manifest.json", "funnel.parquet")
+
+
+def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    env.warehouse.replace("tokenizer_report", pd.read_parquet(artifact.path / "report.parquet"), artifact.key)
+    headers = pd.read_parquet(artifact.path / "shards.parquet")
+    corpus_key = artifact.meta["input_keys"]["corpus"]
+    with env.warehouse.connect() as con:
+        for source, tokens in headers.groupby("source")["n_tokens"].sum().items():
+            con.execute("UPDATE manifest SET tokens = ? WHERE artifact_key = ? AND source = ?",
+                        [int(tokens), corpus_key, source])
+    _log_files(env, run_id, cached, artifact, "tokenizer.json", "tokenizer.meta.json", "report.parquet")
+
+
+def _mixture(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    env.warehouse.replace("mixture_trials", pd.read_parquet(artifact.path / "trials.parquet"), artifact.key)
+    _log_files(env, run_id, cached, artifact, "choice.json", "mixture_loss.png")
+
+
+def _sweep(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    env.warehouse.replace("sweep_trials", pd.read_parquet(artifact.path / "trials.parquet"), artifact.key)
+    _log_files(env, run_id, cached, artifact, "best.json")
+
+
+def _main(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    frame = pd.read_parquet(artifact.path / "heldout.parquet").assign(
+        run_id=artifact.meta.get("mlflow_run_id", run_id), stage="main")
+    env.warehouse.replace("heldout_loss", frame, artifact.key)
+    env.tracker.set_tags(run_id, {"checkpoint_path": str(artifact.path / "checkpoint")})
+    _log_files(env, run_id, cached, artifact, "run.json", "heldout.parquet")
+
+
+def _cpt(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    produced_by = artifact.meta.get("mlflow_run_id", run_id)
+    heldout = pd.read_parquet(artifact.path / "heldout.parquet").assign(run_id=produced_by, stage="cpt")
+    env.warehouse.replace("heldout_loss", heldout, artifact.key)
+    cloze = pd.read_parquet(artifact.path / "cloze.parquet").drop(columns=["n_option_tokens"], errors="ignore")
+    env.warehouse.replace("cloze_results", cloze.assign(run_id=produced_by), artifact.key)
+    _log_files(env, run_id, cached, artifact, "candidates.json", "cloze.parquet")
+
+
+def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    decision = json.loads((artifact.path / "decision.json").read_text())
+    table = pd.read_parquet(artifact.path / "decisions.parquet").assign(
+        experiment=env.cfg.name, gate_hash=decision["gate_hash"])
+    env.warehouse.replace("gate_decisions", table, artifact.key)
+    env.tracker.set_tags(env.parent_run_id, {"gate_kept": decision["kept"], "gate_hash": decision["gate_hash"]})
+    _log_files(env, run_id, cached, artifact, "decisions.parquet", "decision.json")
+    if not cached:
+        _register(decision, env, run_id)
+
+
+def _register(decision: dict, env: "Env", run_id: str) -> None:
+    """Register the kept checkpoint as a model version with alias ``kept`` (source: the artifact store path)."""
+    version = env.tracker.register_model(
+        f"{env.cfg.name}-base", run_id, source=decision["kept_checkpoint"], alias="kept",
+        tags={"candidate": decision["kept"], "gate_hash": decision["gate_hash"]})
+    env.tracker.set_tags(run_id, {"registered_model": f"{env.cfg.name}-base", "registered_version": version})
+
+
+PUBLISHERS: dict[str, Callable[[Artifact, "Env", str, bool], None]] = {
+    "corpus": _corpus, "tokenizer": _tokenizer, "mixture": _mixture, "sweep": _sweep,
+    "main": _main, "cpt": _cpt, "gate": _gate,
+}

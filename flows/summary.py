@@ -1,0 +1,79 @@
+"""The end-of-run summary: what the evidence says at each stage, and where to look next.
+
+Reads only the artifact store (paths returned by the pipeline), so it works the same for a cold run and a
+fully cached rerun.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from infra.runs import RunsLayout
+
+
+def _table(title: str, frame: pd.DataFrame, floats: str = "{:.3f}") -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in frame.columns:
+        table.add_column(str(column), justify="right" if frame[column].dtype.kind in "if" else "left")
+    for row in frame.itertuples(index=False):
+        table.add_row(*[floats.format(v) if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+                        for v in row])
+    return table
+
+
+def funnel_frame(corpus: Path) -> pd.DataFrame:
+    manifest = pd.DataFrame(json.loads((corpus / "manifest.json").read_text()))
+    removals = pd.read_parquet(corpus / "removals.parquet")
+    top = (removals.groupby(["source", "rule"]).size().rename("n").reset_index()
+           .sort_values("n", ascending=False).groupby("source").head(3))
+    reasons = top.groupby("source").apply(lambda g: ", ".join(f"{r} {n:,}" for r, n in zip(g["rule"], g["n"])),
+                                          include_groups=False)
+    return pd.DataFrame({
+        "source": manifest["source"], "role": manifest["role"], "docs in": manifest["docs_in"].astype(int),
+        "kept": manifest["docs_out"].astype(int), "removed": (manifest["docs_in"] - manifest["docs_out"]).astype(int),
+        "top removal rules": [reasons.get(s, "") for s in manifest["source"]],
+    })
+
+
+def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console | None = None) -> None:
+    """Print the per-stage evidence and the pointers to MLflow, DuckDB and the artifacts."""
+    console = console or Console()
+    paths = {k: Path(v) for k, v in result["paths"].items()}
+    cached = result["cached"]
+    console.rule(f"[bold]pretrain · {result['experiment']}")
+    console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()))
+    console.print(_table("Corpus funnel per source", funnel_frame(paths["corpus"])))
+    report = pd.read_parquet(paths["tokenizer"] / "report.parquet")
+    lang = report[report["group_by"] == "language"][["group", "n_docs", "n_tokens", "chars_per_token",
+                                                      "tokens_per_word", "word_unit"]]
+    meta = json.loads((paths["tokenizer"] / "tokenizer.meta.json").read_text())
+    console.print(_table(f"Tokenizer (vocab {meta['vocab_size']:,}, padded {meta['padded_vocab_size']:,}) "
+                         "per language", lang))
+    choice = json.loads((paths["mixture"] / "choice.json").read_text())
+    weights = ", ".join(f"{k} {v:.3f}" for k, v in choice["weights"].items())
+    margin = f"{choice['margin']:.4f}" if choice.get("margin") is not None else "n/a"
+    console.print(f"[bold]Mixture:[/] {choice['name']} ({weights}); rule: {choice['rule']}; "
+                  f"margin to {choice.get('runner_up')}: {margin} bits/byte")
+    for warning in choice.get("warnings", []):
+        console.print(f"  [yellow]warning:[/] {warning}")
+    best = json.loads((paths["sweep"] / "best.json").read_text())
+    console.print(f"[bold]Peak LR:[/] {best['best_lr']:.3e} (proxy held-out {best['best_value']:.4f} nats/token)")
+    heldout = pd.read_parquet(paths["main"] / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]
+    console.print(_table("Main run held-out loss per source", heldout))
+    candidates = json.loads((paths["cpt"] / "candidates.json").read_text())
+    cands = pd.DataFrame([{"candidate": k, **{c: v for c, v in d.items() if c != "realised_replay_fraction"}}
+                          for k, d in candidates.items()])
+    console.print(_table("CPT candidates", cands.fillna("-")))
+    decision = json.loads((paths["gate"] / "decision.json").read_text())
+    console.print(f"[bold]Gate decision[/]\n{decision['summary']}")
+    console.rule("where to look next")
+    console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
+    console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, heldout_loss, "
+                  "cloze_results, mixture_trials, sweep_trials, gates, gate_decisions)")
+    console.print(f"Artifacts:   {layout.artifacts}")

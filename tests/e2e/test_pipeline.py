@@ -1,0 +1,143 @@
+"""End to end: ``configs/smoke.toml`` through the real Prefect, MLflow and DuckDB in a temporary runs folder.
+
+The first run computes every stage; the second must be served entirely from cache; a changed ``[cpt]``
+reruns only CPT and the gate. Runs through the installed CLI in subprocesses, as a user would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from mlflow import MlflowClient
+
+from flows.graph import STAGE_NAMES
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pretrain(*args: str, runs: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PRETRAIN_RUNS_DIR": str(runs), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"pretrain {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def _stage_status(stdout: str) -> dict[str, str]:
+    line = next(line for line in stdout.splitlines() if line.startswith("stages:"))
+    return dict(re.findall(r"(\w+)=(cached|ran)", line))
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory) -> dict:
+    runs = tmp_path_factory.mktemp("runs")
+    first = _pretrain("run", "configs/smoke.toml", runs=runs)
+    second = _pretrain("run", "configs/smoke.toml", runs=runs)
+    return {"runs": runs, "first": first, "second": second}
+
+
+def _table_count(runs: Path, table: str) -> int:
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_first_run_computes_every_stage_and_second_is_cached(smoke_runs):
+    assert _stage_status(smoke_runs["first"].stdout) == {name: "ran" for name in STAGE_NAMES}
+    assert _stage_status(smoke_runs["second"].stdout) == {name: "cached" for name in STAGE_NAMES}
+    assert "mlflow ui --backend-store-uri sqlite:///" in smoke_runs["first"].stdout
+
+
+@pytest.mark.parametrize("table", ["manifest", "removals", "heldout_loss", "cloze_results", "mixture_trials",
+                                   "sweep_trials", "gates", "gate_decisions"])
+def test_warehouse_tables_are_filled(smoke_runs, table):
+    assert _table_count(smoke_runs["runs"], table) > 0
+
+
+def test_rerun_does_not_duplicate_rows(smoke_runs):
+    runs = smoke_runs["runs"]
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        keys = con.execute("SELECT count(DISTINCT artifact_key), count(*) FROM manifest").fetchone()
+        sources = con.execute("SELECT count(DISTINCT source) FROM manifest").fetchone()[0]
+        gates = con.execute("SELECT count(*) FROM gates").fetchone()[0]
+    finally:
+        con.close()
+    assert keys == (1, sources)
+    assert gates == 1  # the same gate is declared once, not once per run
+
+
+def test_mlflow_has_nested_stage_runs_and_registered_model(smoke_runs):
+    runs = smoke_runs["runs"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}", registry_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    all_runs = client.search_runs([experiment.experiment_id], max_results=500)
+    parents = [r for r in all_runs if r.data.tags.get("mlflow.runName") == "pipeline"]
+    assert len(parents) == 2
+    for parent in parents:
+        children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert sorted(r.data.tags["stage"] for r in children) == sorted(STAGE_NAMES)
+        assert all(r.data.tags.get("artifact_key") for r in children)
+        assert parent.data.tags.get("gate_hash")
+    second = max(parents, key=lambda r: r.info.start_time)
+    cached_children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == second.info.run_id]
+    first_ids = {r.info.run_id for r in all_runs if r.data.tags.get("mlflow.parentRunId") != second.info.run_id}
+    for child in cached_children:
+        assert child.data.tags["cached"] == "true"
+        assert child.data.tags["produced_by_run"] in first_ids
+    version = client.get_model_version_by_alias("smoke-base", "kept")
+    assert Path(version.source).is_dir()
+
+
+def test_edge_documents_are_kept_or_removed_with_a_reason(smoke_runs):
+    """Empty, whitespace-only, zero-width-only and shorter-than-a-shingle fortunes end up in a table, not lost."""
+    con = duckdb.connect(str(smoke_runs["runs"] / "results.duckdb"), read_only=True)
+    try:
+        manifest = con.execute("SELECT source, docs_in, docs_out FROM manifest").fetchall()
+        removed = dict(con.execute("SELECT source, count(*) FROM removals GROUP BY source").fetchall())
+        short = con.execute(
+            "SELECT rule FROM removals WHERE source = 'fortunes_en' AND doc_id IN (SELECT doc_id FROM removals) "
+            "AND doc_id LIKE '%#253' OR doc_id LIKE '%#254'").fetchall()
+    finally:
+        con.close()
+    for source, docs_in, docs_out in manifest:
+        assert docs_in == docs_out + removed.get(source, 0), source
+    assert removed.get("fortunes_en", 0) >= 4  # empty, whitespace, zero-width, and at least the exact repeat
+    # "Hi." and "Go home now." are distinct and shorter than a shingle: never near-duplicates of each other
+    assert all(not rule.startswith("dedup") for (rule,) in short)
+
+
+def test_changing_cpt_reruns_only_cpt_and_gate(smoke_runs, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(smoke_runs["runs"], runs)
+    config = (ROOT / "configs/smoke.toml").read_text().replace("replay_fractions = [0.1, 0.3]",
+                                                                "replay_fractions = [0.2, 0.3]")
+    changed = ROOT / "configs" / ".smoke-cpt-changed.toml"
+    changed.write_text(config.replace('name = "smoke"', 'name = "smoke"'))
+    try:
+        proc = _pretrain("run", str(changed), runs=runs)
+    finally:
+        changed.unlink()
+    status = _stage_status(proc.stdout)
+    assert {k for k, v in status.items() if v == "ran"} == {"cpt", "gate"}
+
+
+def test_deleting_an_artifact_reruns_that_stage(smoke_runs, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(smoke_runs["runs"], runs)
+    gate_dirs = [p for p in (runs / "artifacts" / "gate").iterdir() if not p.name.startswith(".")]
+    for path in gate_dirs:
+        shutil.rmtree(path)
+    status = _stage_status(_pretrain("run", "configs/smoke.toml", runs=runs).stdout)
+    assert status["gate"] == "ran"
+    assert all(status[s] == "cached" for s in STAGE_NAMES if s != "gate")
