@@ -57,7 +57,7 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
 
     ctx.layout.optuna.mkdir(parents=True, exist_ok=True)
     with ctx.progress.task("sweep: Optuna trials", cfg.n_trials):
-        result = run_sweep(objective, cfg, storage_path=ctx.layout.optuna / f"{ctx.experiment}.journal",
+        result = run_sweep(objective, cfg, storage_path=ctx.layout.optuna / ctx.experiment,
                            study_name=f"{ctx.experiment}-lr-{ctx.key}")
     trials = result.trials.copy()
     trials["intermediate"] = trials["intermediate"].map(lambda d: json.dumps(d, default=str))
