@@ -1,0 +1,96 @@
+"""Held-out loss on fixed, non-overlapping windows, and its tokenizer-independent form, bits per byte (SPEC §10, units).
+
+Windows are deterministic (no sampling), so two checkpoints scored on the same split see the same windows and
+the per-window sums support a paired bootstrap of their difference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infra.errors import DataError
+
+
+@dataclass(frozen=True)
+class HeldoutLoss:
+    """Held-out cross-entropy.
+
+    Attributes:
+        loss_nats: mean nats per predicted token = sum_nats / n_tokens.
+        sum_nats: total nats over all predicted tokens.
+        n_tokens: predicted tokens scored (seq_len per window).
+        window_nats: (n_windows,) float64, summed nats of each window, in window order.
+        window_tokens: (n_windows,) int64, predicted tokens of each window.
+    """
+
+    loss_nats: float
+    sum_nats: float
+    n_tokens: int
+    window_nats: np.ndarray
+    window_tokens: np.ndarray
+
+    @property
+    def perplexity(self) -> float:
+        """exp(loss_nats)."""
+        return math.exp(self.loss_nats)
+
+
+def heldout_windows(tokens: np.ndarray, seq_len: int, max_tokens: int | None = None) -> np.ndarray:
+    """(n_windows, seq_len + 1) int64 windows starting at 0, stride seq_len: every token after the first is
+    predicted exactly once; a tail shorter than a full window is dropped.
+
+    Raises:
+        DataError: fewer than seq_len + 1 tokens (after the ``max_tokens`` cut).
+    """
+    used = np.asarray(tokens[:max_tokens] if max_tokens is not None else tokens)
+    n_windows = (len(used) - 1) // seq_len
+    if n_windows < 1:
+        raise DataError(f"held-out split has {len(used):,} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+    starts = np.arange(n_windows) * seq_len
+    return np.stack([used[s:s + seq_len + 1] for s in starts]).astype(np.int64)
+
+
+def heldout_loss(model: nn.Module, tokens: np.ndarray, *, seq_len: int, batch_size: int = 8,
+                 max_tokens: int | None = None) -> HeldoutLoss:
+    """Cross-entropy of ``model`` on the first ``max_tokens`` tokens of a 1-D split, in nats per predicted token.
+
+    Runs under ``torch.no_grad()`` in eval mode, fp32 loss, on the model's device; the model's train/eval
+    mode is restored afterwards.
+
+    Raises:
+        DataError: the split is shorter than one window of seq_len + 1 tokens.
+    """
+    windows = torch.from_numpy(heldout_windows(tokens, seq_len, max_tokens))  # (N, T + 1)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    window_nats = []
+    try:
+        with torch.no_grad():
+            for batch in windows.split(batch_size):
+                batch = batch.to(device)
+                logits = model(batch[:, :-1])  # (b, T, V)
+                nats = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="none")
+                window_nats.append(nats.view(len(batch), seq_len).double().sum(dim=1).cpu())  # (b,)
+    finally:
+        model.train(was_training)
+    per_window = torch.cat(window_nats).numpy()
+    per_window_tokens = np.full(len(per_window), seq_len, dtype=np.int64)
+    total_nats, n_tokens = float(per_window.sum()), int(per_window_tokens.sum())
+    return HeldoutLoss(loss_nats=total_nats / n_tokens, sum_nats=total_nats, n_tokens=n_tokens,
+                       window_nats=per_window, window_tokens=per_window_tokens)
+
+
+def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
+    """Bits per UTF-8 byte = loss_nats · tokens_per_byte / ln 2 (SPEC units: Σ nats / (ln 2 · bytes)).
+
+    ``tokens_per_byte`` is the held-out split's token count divided by its UTF-8 byte count (the same
+    tokenizer and the same text the loss was measured on); e.g. 3.952 chars/token ASCII → 0.253.
+    """
+    return loss_nats * tokens_per_byte / math.log(2)

@@ -1,0 +1,154 @@
+"""Decoder-only transformer: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN, no biases (SPEC §2).
+
+Shape legend: B batch, T sequence length, d model width, V vocabulary, n_h query heads, n_kv key/value
+heads, d_h head width, d_ff FFN hidden width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infra.errors import DataError
+from models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) · g over the last dimension, learned gain g initialised to 1 (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., dim) → (..., dim), same dtype as ``x``."""
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (T, d_h), for rotary embeddings (Su et al. 2021, rotate-half layout)."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d_h/2,)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)  # (T, d_h/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, d_h)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, T, n, d_h) by position; cos/sin (T, d_h). Computed in fp32, returned in x's dtype."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, d_h) broadcast over heads
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query attention; parameters 2·d² + 2·d·n_kv·d_h (SPEC §2), plus 2·d_h with QK-norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        kv_dim = cfg.n_kv_heads * cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wk = nn.Linear(cfg.d_model, kv_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, kv_dim, bias=False)
+        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, T, d), cos/sin (T, d_h) → (B, T, d)."""
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_h, d_h)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv, d_h)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv, d_h)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, n, T, d_h)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, n_h·d_h) → (B, T, d)
+
+
+class SwiGLU(nn.Module):
+    """W_down(SiLU(W_gate x) ⊙ W_up x), 3·d·d_ff parameters (Shazeer 2020; SPEC §2)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, d) → (B, T, d) through a (B, T, d_ff) hidden."""
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """(B, T, d) → (B, T, d)."""
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Decoder(nn.Module):
+    """Token ids → next-token logits. ``sum(p.numel())`` equals ``param_count(cfg).total`` (SPEC §2).
+
+    Init (SPEC §2): every matrix N(0, init_std); the residual projections (attention ``wo`` and FFN
+    ``w_down``) N(0, init_std/√(2L)); norm gains 1. With tied embeddings the output head reuses the
+    input embedding matrix, so a tied model has one V × d matrix.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = None if cfg.tied_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (T_max, d_h)
+        self.register_buffer("rope_sin", sin, persistent=False)  # (T_max, d_h)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Re-draw all weights with the SPEC §2 init (uses the global torch RNG)."""
+        residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.ndim == 1:
+                p.fill_(1.0)
+            elif name.endswith(("attn.wo.weight", "ffn.w_down.weight")):
+                p.normal_(0.0, residual_std)
+            else:
+                p.normal_(0.0, self.cfg.init_std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx LongTensor (B, T) with T ≤ cfg.seq_len → logits (B, T, V) (autocast dtype under autocast).
+
+        Raises:
+            DataError: T exceeds cfg.seq_len (RoPE tables are built for seq_len positions).
+        """
+        T = idx.shape[1]
+        if T > self.cfg.seq_len:
+            raise DataError(f"input length T = {T} exceeds model.seq_len = {self.cfg.seq_len}; crop the batch")
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, d_h)
+        x = self.tok_embeddings(idx)  # (B, T, d)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        x = self.norm(x)
+        head = self.tok_embeddings.weight if self.lm_head is None else self.lm_head.weight  # (V, d)
+        return F.linear(x, head)  # (B, T, V)

@@ -1,0 +1,115 @@
+"""Checkpoints: SPEC §9 resume exactness, fresh-optimiser control, integrity checks, atomic layout."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from infra.errors import CheckpointError
+from models.config import ModelConfig
+from models.decoder import Decoder
+from tasks.train.checkpoint import CheckpointCallback, latest_checkpoint, load_checkpoint, load_model, save_checkpoint
+from tasks.train.config import OptimConfig
+from tasks.train.data import MixtureSampler
+from tasks.train.loop import TrainState, train
+from tasks.train.optim import build_optimizer
+
+CFG = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=128, seq_len=16,
+                  tied_embeddings=False)
+OPTIM = OptimConfig(peak_lr=3e-3, warmup_steps=2)
+TOTAL, SAVED_AT = 9, 6
+
+
+def sampler(seed=5):
+    rng = np.random.default_rng(0)
+    data = {"a": rng.integers(0, 128, 4_000).astype(np.uint16), "b": rng.integers(0, 128, 3_000).astype(np.uint32)}
+    return MixtureSampler(data, {"a": 0.6, "b": 0.4}, seq_len=16, batch_size=4, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    result = train(Decoder(CFG), sampler(), OPTIM, total_steps=TOTAL, checkpoint_every=SAVED_AT,
+                   callbacks=[CheckpointCallback(root, extra={"tokenizer_sha256": "abc"})])
+    return root, [m["loss_nats"] for m in result.metrics]
+
+
+def resume(directory, *, fresh_optimizer=False):
+    model = Decoder(CFG)
+    optimizer = build_optimizer(model, OPTIM)
+    loaded = load_checkpoint(directory, model=model, optimizer=None if fresh_optimizer else optimizer)
+    data = sampler(seed=123)
+    data.load_state_dict(loaded["sampler_state"])
+    result = train(model, data, OPTIM, total_steps=TOTAL, state=loaded["state"], optimizer=optimizer)
+    return [m["loss_nats"] for m in result.metrics]
+
+
+def test_resume_next_three_losses_equal(uninterrupted):
+    root, losses = uninterrupted
+    resumed = resume(root / f"step_{SAVED_AT:08d}")
+    assert len(resumed) == TOTAL - SAVED_AT
+    assert max(abs(a - b) for a, b in zip(resumed, losses[SAVED_AT:])) < 1e-5
+
+
+def test_fresh_optimizer_control_differs(uninterrupted):
+    root, losses = uninterrupted
+    resumed = resume(root / f"step_{SAVED_AT:08d}", fresh_optimizer=True)
+    assert max(abs(a - b) for a, b in zip(resumed, losses[SAVED_AT:])) > 1e-4
+
+
+def test_contents_and_latest(uninterrupted):
+    root, _ = uninterrupted
+    directory = latest_checkpoint(root)
+    assert directory == root / f"step_{TOTAL:08d}"
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "checksums.json", "model.safetensors", "optimizer.pt", "state.json"]
+    state = json.loads((directory / "state.json").read_text())
+    assert (state["step"], state["tokens_seen"]) == (TOTAL, TOTAL * 4 * 16)
+    assert state["extra"] == {"tokenizer_sha256": "abc"} and ModelConfig(**state["model_config"]) == CFG
+    assert {"python", "numpy", "torch"} <= set(state["rng"])
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
+
+
+def test_load_model_roundtrip(uninterrupted):
+    root, _ = uninterrupted
+    model = load_model(root / f"step_{TOTAL:08d}")
+    assert model.cfg == CFG
+    idx = torch.randint(0, 128, (1, 16))
+    again = load_model(root / f"step_{TOTAL:08d}")
+    torch.testing.assert_close(model(idx), again(idx))
+
+
+def small_checkpoint(path):
+    torch.manual_seed(0)
+    model = Decoder(CFG)
+    return save_checkpoint(path, model=model, optimizer=build_optimizer(model, OPTIM), state=TrainState(step=1),
+                           sampler_state={}, extra={})
+
+
+def test_corrupt_byte_rejected(tmp_path):
+    directory = small_checkpoint(tmp_path / "c")
+    weights = directory / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_model(directory)
+
+
+def test_incomplete_and_missing_rejected(tmp_path):
+    directory = small_checkpoint(tmp_path / "c")
+    (directory / "checksums.json").unlink()
+    with pytest.raises(CheckpointError, match="unfinished"):
+        load_model(directory)
+    assert latest_checkpoint(tmp_path) is None
+    with pytest.raises(CheckpointError):
+        load_model(tmp_path / "nowhere")
+
+
+def test_config_mismatch_rejected(tmp_path):
+    directory = small_checkpoint(tmp_path / "c")
+    other = Decoder(CFG.model_copy(update={"tied_embeddings": True}))
+    with pytest.raises(CheckpointError, match="saved for"):
+        load_checkpoint(directory, model=other)
