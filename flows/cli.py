@@ -30,6 +30,14 @@ console = Console()
 RunsDir = typer.Option(None, "--runs-dir", help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
 
 
+def _quiet_libraries() -> None:
+    """Keep the terminal for progress bars and the summary; library INFO chatter goes nowhere useful."""
+    import logging
+
+    for name in ("great_expectations", "mlflow", "alembic", "optuna", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _fail(err: PretrainError) -> None:
     console.print(f"[bold red]error:[/] {type(err).__name__}: {err}")
     raise typer.Exit(code=2)
@@ -50,6 +58,7 @@ def run(
             _dry_run(cfg, layout)
             return
         layout.prepare_environment()
+        _quiet_libraries()
         from flows.pipeline import pipeline
         from flows.summary import print_summary
 

@@ -63,4 +63,7 @@ class RunsLayout:
         os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
         os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+        # The local API server starts in a subprocess; on a busy 2-core machine it can take > 20 s.
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -25,7 +25,7 @@ from tasks.mixture.stage import load_choice
 from tasks.tokenizer.stage import TokenizedCorpus
 from tasks.train.checkpoint import load_model, save_checkpoint
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, evals_frame, evaluate_sources, make_sampler,
-                                run_training, seed_everything)
+                                run_training, seed_everything, StepProgress)
 from tasks.train.sections import CptConfig
 
 
@@ -48,14 +48,15 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
     scorer = _Scorer(ctx, corpus, general, cfg, cloze_items, encode)
     scorer.score("base", load_model(checkpoint), {"replay_fraction": None, "peak_lr": None}, step=0)
     grid = [(f, lr) for f in cfg.replay_fractions for lr in cfg.peak_lrs]
-    with ctx.progress.task("cpt: replay × LR grid", len(grid)) as advance:
+    with ctx.progress.task("cpt: replay × LR grid steps", len(grid) * cfg.budget.steps) as advance:
         for index, (fraction, peak_lr) in enumerate(grid):
             name = f"replay{fraction:g}_lr{peak_lr:g}"
             model = load_model(checkpoint)
             weights = replay_weights(cfg.domain_sources, base_weights, fraction)
             sampler = make_sampler(corpus, weights, seq_len=model.cfg.seq_len, batch_size=cfg.budget.batch_size,
                                    seed=ctx.seed + index)
-            callbacks = [MetricsToTracker(ctx.log_metrics, 1, prefix=f"{name}."), scorer.curve(name, model.cfg.seq_len)]
+            callbacks = [MetricsToTracker(ctx.log_metrics, 1, prefix=f"{name}."), scorer.curve(name, model.cfg.seq_len),
+                         StepProgress(advance)]
             result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed + index,
                                   callbacks=callbacks, min_lr_ratio=cfg.min_lr_ratio)
             save_checkpoint(ctx.out / "candidates" / name, model=model, optimizer=result.optimizer,
@@ -65,7 +66,6 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
             params = {"replay_fraction": fraction, "peak_lr": peak_lr,
                       "realised_replay_fraction": float(sum(realised.get(g, 0.0) for g in general))}
             scorer.score(name, model, params, step=result.state.step)
-            advance(1)
     return scorer.write()
 
 

@@ -31,6 +31,8 @@ class _Report(Callback):
         self.report, self.curve = report, curve
 
     def on_eval(self, state, model) -> None:
+        if state.step == 0:  # the untrained model says nothing about the LR; never prune on it
+            return
         evals = evaluate_sources(model, self.corpus, self.sources, seq_len=self.seq_len, eval_tokens=self.eval_tokens)
         value = token_weighted_loss(evals)
         self.curve.append({"step": state.step, "heldout_loss_nats": value})
@@ -56,8 +58,14 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
         return curve[-1]["heldout_loss_nats"]
 
     ctx.layout.optuna.mkdir(parents=True, exist_ok=True)
-    with ctx.progress.task("sweep: Optuna trials", cfg.n_trials):
-        result = run_sweep(objective, cfg, storage_path=ctx.layout.optuna / ctx.experiment,
+    with ctx.progress.task("sweep: Optuna trials", cfg.n_trials) as advance:
+        def counted(peak_lr: float, seed: int, report: Callable[[int, float], None]) -> float:
+            try:
+                return objective(peak_lr, seed, report)
+            finally:
+                advance(1)
+
+        result = run_sweep(counted, cfg, storage_path=ctx.layout.optuna / ctx.experiment,
                            study_name=f"{ctx.experiment}-lr-{ctx.key}")
     trials = result.trials.copy()
     trials["intermediate"] = trials["intermediate"].map(lambda d: json.dumps(d, default=str))

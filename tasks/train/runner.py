@@ -95,6 +95,16 @@ class MetricsToTracker(Callback):
             self.log({f"{self.prefix}{k}": float(v) for k, v in metrics.items() if _is_number(v)}, state.step)
 
 
+class StepProgress(Callback):
+    """Advances a progress bar by one per optimiser step."""
+
+    def __init__(self, advance: Callable[[int], None]):
+        self.advance = advance
+
+    def on_step_end(self, state: TrainState, metrics: dict) -> None:
+        self.advance(1)
+
+
 class PeriodicEval(Callback):
     """Held-out loss per source at each evaluation point, passed to ``report(step, tokens_seen, evals)``."""
 
@@ -110,11 +120,12 @@ class PeriodicEval(Callback):
 
 def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: float, budget: RunBudget,
                  seed: int, callbacks: Sequence[Callback] = (), min_lr_ratio: float = 0.1,
-                 state: TrainState | None = None, optimizer=None) -> TrainResult:
+                 state: TrainState | None = None, optimizer=None, checkpoint_every: int = 0) -> TrainResult:
     """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (SPEC §6 settings)."""
     optim = OptimConfig(peak_lr=peak_lr, warmup_steps=budget.warmup_steps, min_lr_ratio=min_lr_ratio)
     return train(model, sampler, optim, total_steps=budget.steps, eval_every=budget.eval_every,
-                 callbacks=list(callbacks), state=state, optimizer=optimizer, seed=seed)
+                 callbacks=list(callbacks), state=state, optimizer=optimizer, seed=seed,
+                 checkpoint_every=checkpoint_every)
 
 
 def _is_number(value) -> bool:

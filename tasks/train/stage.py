@@ -1,7 +1,7 @@
 """Main-run stage: the decoder trained on the chosen mixture at the swept peak LR.
 
 Writes resumable checkpoints to the stage's scratch folder every ``main.checkpoint_every`` steps, so a crash
-resumes from the last complete one; the final full-state checkpoint goes into the artifact.
+resumes from the newest complete one (a corrupt one is skipped with a warning); the final full-state checkpoint goes into the artifact.
 
 Outputs: ``checkpoint/`` (model.safetensors, optimizer.pt, state.json, checksums.json), ``heldout.parquet``
 (held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing).
@@ -22,26 +22,12 @@ from infra.stage import StageContext
 from tasks.mixture.stage import load_choice
 from tasks.sweep.stage import load_best
 from tasks.tokenizer.stage import TokenizedCorpus
-from tasks.train.checkpoint import load_checkpoint, save_checkpoint
-from tasks.train.loop import Callback
+from tasks.train.checkpoint import CheckpointCallback, load_checkpoint, save_checkpoint
 from tasks.train.optim import build_optimizer
 from tasks.train.config import OptimConfig
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
-                                make_sampler, run_training, seed_everything)
+                                make_sampler, run_training, seed_everything, StepProgress)
 from tasks.train.sections import MainConfig
-
-
-class ScratchCheckpoint(Callback):
-    """Full-state checkpoint every ``every`` steps into ``folder`` (the newest complete one is resumed)."""
-
-    def __init__(self, folder: Path, every: int, model, optimizer, sampler, extra: dict):
-        self.folder, self.every, self.model, self.optimizer = folder, every, model, optimizer
-        self.sampler, self.extra = sampler, extra
-
-    def on_step_end(self, state, metrics) -> None:
-        if self.every and state.step % self.every == 0:
-            save_checkpoint(self.folder / f"step-{state.step:08d}", model=self.model, optimizer=self.optimizer,
-                            state=state, sampler_state=self.sampler.state_dict(), extra=self.extra)
 
 
 def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str]) -> dict[str, Any]:
@@ -64,11 +50,14 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str]) -> dict[str, 
     callbacks = [
         MetricsToTracker(ctx.log_metrics, cfg.log_every),
         PeriodicEval(corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens, report=report),
-        ScratchCheckpoint(ctx.scratch, cfg.checkpoint_every, model, optimizer, sampler, extra),
+        CheckpointCallback(ctx.scratch, extra=extra),
     ]
     started = time.perf_counter()
-    result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed,
-                          callbacks=callbacks, state=state, optimizer=optimizer)
+    with ctx.progress.task("main: training steps", cfg.budget.steps) as advance:
+        advance(state.step if state else 0)
+        result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed,
+                              callbacks=[*callbacks, StepProgress(advance)], state=state, optimizer=optimizer,
+                              checkpoint_every=cfg.checkpoint_every)
     wall_s = time.perf_counter() - started
     save_checkpoint(ctx.out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
                     sampler_state=sampler.state_dict(), extra=extra)
@@ -86,16 +75,15 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str]) -> dict[str, 
 
 def _resume(folder: Path, model, optimizer, sampler):
     """Load the newest complete scratch checkpoint, if any; returns its TrainState or None."""
-    from tasks.train.loop import TrainState
-
-    for candidate in sorted(folder.glob("step-*"), reverse=True):
+    for candidate in sorted(folder.glob("step_*"), reverse=True):
         try:
             saved = load_checkpoint(candidate, model=model, optimizer=optimizer)
         except CheckpointError as err:  # a torn or corrupt checkpoint: fall back to the previous one
             print(f"warning: skipping unusable checkpoint {candidate.name}: {err}")
             continue
         sampler.load_state_dict(saved["sampler_state"])
-        return TrainState(step=saved["step"], tokens_seen=saved["tokens_seen"])
+        print(f"resuming {folder.parent.name} from {candidate.name}")
+        return saved["state"]
     return None
 
 

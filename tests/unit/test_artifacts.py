@@ -1,0 +1,88 @@
+"""Artifact keys and the store's completion semantics (DESIGN.md: a directory without its marker does not exist)."""
+
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config
+from flows.graph import STAGES, downstream
+from infra.artifacts import ArtifactStore, artifact_key, code_version
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _key(stage_name: str, cfg) -> str:
+    stage = next(s for s in STAGES if s.name == stage_name)
+    return artifact_key(stage.name, stage.key_config(cfg), {"x": "k"}, "v1")
+
+
+def test_same_inputs_same_key_and_any_part_changes_it():
+    base = artifact_key("corpus", {"a": 1, "b": [1, 2]}, {"sources": "abc"}, "v1")
+    assert base == artifact_key("corpus", {"b": [1, 2], "a": 1}, {"sources": "abc"}, "v1")  # key order irrelevant
+    assert base != artifact_key("corpus", {"a": 2, "b": [1, 2]}, {"sources": "abc"}, "v1")
+    assert base != artifact_key("corpus", {"a": 1, "b": [1, 2]}, {"sources": "abd"}, "v1")
+    assert base != artifact_key("corpus", {"a": 1, "b": [1, 2]}, {"sources": "abc"}, "v2")
+    assert base != artifact_key("tokenizer", {"a": 1, "b": [1, 2]}, {"sources": "abc"}, "v1")
+
+
+def test_cosmetic_fields_keep_the_key_and_result_fields_change_it():
+    cfg = load_config(ROOT / "configs/smoke.toml")
+    cosmetic = cfg.model_copy(update={"main": cfg.main.model_copy(update={"log_every": 99, "checkpoint_every": 3}),
+                                      "torch_threads": 1})
+    assert _key("main", cfg) == _key("main", cosmetic)
+    longer = cfg.model_copy(update={"main": cfg.main.model_copy(
+        update={"budget": cfg.main.budget.model_copy(update={"steps": 17})})})
+    assert _key("main", cfg) != _key("main", longer)
+    # a CPT change leaves every upstream stage's own config untouched
+    replay = cfg.model_copy(update={"cpt": cfg.cpt.model_copy(update={"replay_fractions": [0.5]})})
+    for stage in ("sources", "corpus", "tokenizer", "mixture", "sweep", "main"):
+        assert _key(stage, cfg) == _key(stage, replay)
+    assert _key("cpt", cfg) != _key("cpt", replay)
+
+
+def test_downstream_closure_follows_the_graph():
+    assert downstream({"cpt"}) == {"cpt", "gate"}
+    assert downstream({"mixture"}) == {"mixture", "sweep", "main", "cpt", "gate"}
+    assert downstream(set()) == set()
+
+
+def test_code_version_changes_with_the_source(tmp_path, monkeypatch):
+    package = tmp_path / "fakestage"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_version("fakestage")
+    (package / "__init__.py").write_text("X = 2\n")
+    import importlib, sys
+    sys.modules.pop("fakestage", None)
+    importlib.invalidate_caches()
+    assert code_version("fakestage") != before
+
+
+def test_store_ignores_unfinished_and_commits_atomically(tmp_path):
+    store = ArtifactStore(tmp_path)
+    assert store.get("corpus", "k1") is None
+    tmp = store.begin("corpus", "k1")
+    (tmp / "kept.parquet").write_text("x")
+    assert store.get("corpus", "k1") is None  # still a temporary directory
+    (tmp_path / "corpus" / "k1").mkdir()  # a torn earlier attempt with no marker
+    assert store.get("corpus", "k1") is None
+    artifact = store.commit("corpus", "k1", tmp, {"summary": {"n": 1}})
+    again = store.get("corpus", "k1")
+    assert again is not None and again.meta["summary"] == {"n": 1}
+    assert (artifact.path / "kept.parquet").read_text() == "x"
+    assert not tmp.exists()
+
+
+def test_failed_commit_leaves_no_marker(tmp_path, monkeypatch):
+    store = ArtifactStore(tmp_path)
+    tmp = store.begin("corpus", "k2")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("infra.artifacts._fsync_write", disk_full)
+    with pytest.raises(OSError):
+        store.commit("corpus", "k2", tmp, {})
+    assert store.get("corpus", "k2") is None
+    assert not tmp.exists()

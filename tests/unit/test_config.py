@@ -1,0 +1,80 @@
+"""Experiment configs are rejected at load time with the field named; the shipped configs load."""
+
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config, parse_config
+from infra.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _raw() -> dict:
+    import tomllib
+    return tomllib.loads((ROOT / "configs/smoke.toml").read_text())
+
+
+@pytest.mark.parametrize("name", ["demo.toml", "smoke.toml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(ROOT / "configs" / name)
+    assert cfg.domain_sources == ["python_doc"]
+    assert set(cfg.general_sources) == {"handbook_en", "handbook_zh", "fortunes_en", "fortunes_zh"}
+
+
+def test_unknown_key_is_rejected_with_its_path():
+    raw = _raw()
+    raw["main"]["budget"]["stepz"] = 3
+    with pytest.raises(ConfigError, match=r"main\.budget\.stepz"):
+        parse_config(raw)
+
+
+def test_wrong_type_is_rejected():
+    raw = _raw()
+    raw["main"]["budget"]["steps"] = "many"
+    with pytest.raises(ConfigError, match=r"main\.budget\.steps"):
+        parse_config(raw)
+
+
+def test_warmup_longer_than_run_is_rejected():
+    raw = _raw()
+    raw["cpt"]["budget"]["warmup_steps"] = 100
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        parse_config(raw)
+
+
+def test_cpt_domain_must_be_a_domain_source():
+    raw = _raw()
+    raw["cpt"]["domain_sources"] = ["handbook_en"]
+    with pytest.raises(ConfigError, match="role = 'domain'"):
+        parse_config(raw)
+
+
+def test_replay_fraction_out_of_range():
+    raw = _raw()
+    raw["cpt"]["replay_fractions"] = [1.5]
+    with pytest.raises(ConfigError, match="replay fraction"):
+        parse_config(raw)
+
+
+def test_mixture_weights_must_name_general_sources():
+    raw = _raw()
+    raw["mixture"]["candidates"].append({"name": "bad", "weights": {"python_doc": 1.0}})
+    with pytest.raises(ConfigError, match="python_doc"):
+        parse_config(raw)
+
+
+def test_jaccard_threshold_out_of_range_is_rejected():
+    raw = _raw()
+    raw["corpus"]["near_dedup"] = {"jaccard_threshold": 1.5}
+    with pytest.raises(ConfigError, match="jaccard_threshold"):
+        parse_config(raw)
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [unclosed")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
