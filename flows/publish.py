@@ -50,12 +50,16 @@ def _corpus(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     env.warehouse.replace("removals", pd.read_parquet(artifact.path / "removals.parquet"), artifact.key)
     funnel = pd.read_parquet(artifact.path / "funnel.parquet")
     env.warehouse.replace("funnel", funnel, artifact.key)
+    docs = {r["source"]: int(r["docs_out"]) for r in manifest.to_dict("records")}
+    env.tracker.log_dataset(run_id, "kept_corpus", artifact.key, artifact.path / "kept.parquet", "training", docs)
     _log_files(env, run_id, cached, artifact, "manifest.json", "funnel.parquet")
 
 
 def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     env.warehouse.replace("tokenizer_report", pd.read_parquet(artifact.path / "report.parquet"), artifact.key)
     headers = pd.read_parquet(artifact.path / "shards.parquet")
+    tokens = {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}
+    env.tracker.log_dataset(run_id, "token_shards", artifact.key, artifact.path / "shards", "training", tokens)
     corpus_key = artifact.meta["input_keys"]["corpus"]
     with env.warehouse.connect() as con:
         for source, tokens in headers.groupby("source")["n_tokens"].sum().items():

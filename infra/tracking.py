@@ -7,13 +7,14 @@ artifact root under the runs folder; ``mlflow ui --backend-store-uri sqlite:///<
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 
 _MAX_PARAM_LEN = 6000
 
@@ -92,6 +93,12 @@ class Tracker:
             self.client.log_artifacts(run_id, str(path), artifact_path)
         else:
             self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_dataset(self, run_id: str, name: str, digest: str, source: Path, context: str, profile: dict) -> None:
+        """Record a dataset input (name, digest = artifact key, local source path, row counts as profile)."""
+        dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": str(source)}),
+                          profile=json.dumps(profile))
+        self.client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
 
     def artifact_uri(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.artifact_uri

@@ -20,7 +20,7 @@ from tasks.corpus.config import CorpusConfig
 from tasks.sources.stage import load_docs
 
 
-def run(ctx: StageContext, cfg: CorpusConfig, *, workers: int = 1) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: CorpusConfig, *, workers: int = 2) -> dict[str, Any]:
     """Build the corpus from the sources artifact; returns the funnel totals per source."""
     src = ctx.inputs["sources"]
     docs = load_docs(src)

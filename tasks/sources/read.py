@@ -183,9 +183,11 @@ def _read_text(acc: _Acc, rel: str, text: str) -> None:
 
 
 def _read_fortunes(acc: _Acc, rel: str, text: str) -> None:
-    entries = re.split(r"^%\r?$\n?", strip_ansi(text), flags=re.MULTILINE)
-    kept = [e.strip("\n") for e in entries if e.strip()]
-    for i, entry in enumerate(kept):
+    entries = [e.strip("\n") for e in re.split(r"^%\r?$\n?", strip_ansi(text), flags=re.MULTILINE)]
+    if entries and not entries[-1].strip():
+        entries.pop()  # the piece after the closing '%' is a file-format artefact, not an entry
+    # a blank entry between two '%' lines is still a document: the corpus stage removes it with a reason
+    for i, entry in enumerate(entries):
         acc.doc(f"{acc.cfg.name}/{rel}#{i}", rel, entry, "text")
 
 
