@@ -3,9 +3,9 @@
     pretrain run configs/demo.toml                   # whole chain, cached stages reused
     pretrain run configs/demo.toml --refresh main    # recompute main and everything downstream
 
-Caching: a stage's artifact key (``infra.artifacts.artifact_key``) is also its Prefect cache key. The cache
-key function returns it only while the artifact directory is complete, so a cached result whose directory
-is gone is recomputed, never trusted. Prefect's default hash of pickled inputs is never used.
+Caching: a stage's artifact key (``infra.artifacts.artifact_key``) is also its Prefect cache key. When the
+artifact directory is missing or unfinished the task runs with ``refresh_cache``, so a cached result whose
+directory is gone is recomputed, never trusted. Prefect's default hash of pickled inputs is never used.
 This module must be imported after ``RunsLayout.prepare_environment()`` (Prefect reads PREFECT_HOME on import).
 """
 
@@ -94,12 +94,12 @@ def run_stage(stage: StageDef, env: Env, upstream: dict[str, Artifact]) -> tuple
         "stage": stage.name, "artifact_key": key, "code_version": version, "prefect_flow_run_id": env.flow_run_id,
         **{f"input.{k}": v for k, v in input_keys.items()}})
     env.tracker.log_params(run_id, config)
-    refreshing = stage.name in env.refresh
+    # Prefect's cache key is the artifact key; a missing or refreshed artifact forces a recompute
+    # (refresh_cache) so a cached result is never trusted without its directory.
     cache_token = f"{stage.name}-{key}"
+    must_run = stage.name in env.refresh or env.store.get(stage.name, key) is None
     prefect_task = execute_stage.with_options(
-        name=f"stage-{stage.name}", refresh_cache=refreshing, result_storage_key=cache_token,
-        cache_key_fn=lambda _ctx, _params: cache_token if env.store.get(stage.name, key) and not refreshing else None,
-    )
+        name=f"stage-{stage.name}", refresh_cache=must_run, cache_key_fn=lambda _ctx, _params: cache_token)
     meta = {"config": config, "input_keys": input_keys, "code_version": version, "mlflow_run_id": run_id,
             "prefect_flow_run_id": env.flow_run_id}
     try:

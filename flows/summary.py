@@ -17,13 +17,18 @@ from rich.table import Table
 from infra.runs import RunsLayout
 
 
+def _fmt(value, floats: str) -> str:
+    if isinstance(value, float):
+        return floats.format(value) if abs(value) >= 1e-2 or value == 0 else f"{value:.1e}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
 def _table(title: str, frame: pd.DataFrame, floats: str = "{:.3f}") -> Table:
     table = Table(title=title, title_justify="left", show_lines=False)
     for column in frame.columns:
         table.add_column(str(column), justify="right" if frame[column].dtype.kind in "if" else "left")
     for row in frame.itertuples(index=False):
-        table.add_row(*[floats.format(v) if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
-                        for v in row])
+        table.add_row(*[_fmt(v, floats) for v in row])
     return table
 
 
@@ -57,21 +62,36 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
                          "per language", lang))
     choice = json.loads((paths["mixture"] / "choice.json").read_text())
     weights = ", ".join(f"{k} {v:.3f}" for k, v in choice["weights"].items())
-    margin = f"{choice['margin']:.4f}" if choice.get("margin") is not None else "n/a"
-    console.print(f"[bold]Mixture:[/] {choice['name']} ({weights}); rule: {choice['rule']}; "
-                  f"margin to {choice.get('runner_up')}: {margin} bits/byte")
+    console.print(f"[bold]Mixture:[/] {choice['name']} ({weights})\n  rule: {choice['rule']}")
+    if choice.get("runner_up"):
+        console.print(f"  margin to the runner-up {choice['runner_up']}: {choice['margin']:.4f} bits/byte")
+    for row in choice.get("scores", []):
+        if not row.get("eligible", True):
+            console.print(f"  {row['candidate']}: ineligible ({row.get('reason', '')})")
     for warning in choice.get("warnings", []):
         console.print(f"  [yellow]warning:[/] {warning}")
     best = json.loads((paths["sweep"] / "best.json").read_text())
     console.print(f"[bold]Peak LR:[/] {best['best_lr']:.3e} (proxy held-out {best['best_value']:.4f} nats/token)")
+    if best.get("warning"):
+        console.print(f"  [yellow]warning:[/] {best['warning']}")
     heldout = pd.read_parquet(paths["main"] / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]
     console.print(_table("Main run held-out loss per source", heldout))
     candidates = json.loads((paths["cpt"] / "candidates.json").read_text())
-    cands = pd.DataFrame([{"candidate": k, **{c: v for c, v in d.items() if c != "realised_replay_fraction"}}
+    cands = pd.DataFrame([{"candidate": k, "replay": d.get("replay_fraction"), "realised": d.get("realised_replay_fraction"),
+                           "peak_lr": d.get("peak_lr"), "general nats": d["general_loss_nats"],
+                           "domain nats": d["domain_loss_nats"], "cloze acc": d["cloze_accuracy"]}
                           for k, d in candidates.items()])
     console.print(_table("CPT candidates", cands.fillna("-")))
     decision = json.loads((paths["gate"] / "decision.json").read_text())
     console.print(f"[bold]Gate decision[/]\n{decision['summary']}")
+    table = pd.read_parquet(paths["gate"] / "decisions.parquet")
+    for row in table.to_dict("records"):
+        for column in (c for c in table.columns if c.startswith("status_")):
+            name = column.removeprefix("status_")
+            needed = row.get(f"needed_{name}")
+            if row[column] == "inconclusive" and needed is not None and needed == needed:
+                resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
+                console.print(f"  {row['candidate']}: {name} is inconclusive; {resolve} resolve it")
     console.rule("where to look next")
     console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
     console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, heldout_loss, "

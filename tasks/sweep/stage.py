@@ -10,6 +10,7 @@ Outputs: ``trials.parquet`` and ``best.json`` (best peak LR and its held-out los
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,9 +72,19 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
     trials["intermediate"] = trials["intermediate"].map(lambda d: json.dumps(d, default=str))
     trials["study_name"] = result.study_name
     trials.to_parquet(ctx.out / "trials.parquet", index=False)
-    best = {"best_lr": result.best_lr, "best_value": result.best_value, "study_name": result.study_name}
+    best = {"best_lr": result.best_lr, "best_value": result.best_value, "study_name": result.study_name,
+            "warning": edge_warning(result.best_lr, cfg)}
     (ctx.out / "best.json").write_text(json.dumps(best, indent=2))
     return best
+
+
+def edge_warning(best_lr: float, cfg: SweepConfig, tolerance: float = 0.05) -> str:
+    """A best LR on the edge of the searched range means the optimum may lie outside it."""
+    for edge, side in ((cfg.lr_min, "lower"), (cfg.lr_max, "upper")):
+        if abs(math.log(best_lr / edge)) <= tolerance:
+            return (f"best peak LR {best_lr:.2e} is at the {side} edge of the searched range "
+                    f"[{cfg.lr_min:.1e}, {cfg.lr_max:.1e}]; widen the range to locate the optimum")
+    return ""
 
 
 def load_best(path: Path) -> dict[str, Any]:

@@ -13,3 +13,13 @@ def test_replay_weights_follow_the_base_mixture():
 
 def test_zero_replay_is_pure_domain_and_two_domains_split_evenly():
     assert replay_weights(["a", "b"], {"en": 1.0}, 0.0) == pytest.approx({"a": 0.5, "b": 0.5, "en": 0.0})
+
+
+def test_sweep_edge_warning_names_the_edge():
+    from tasks.sweep.config import SweepConfig
+    from tasks.sweep.stage import edge_warning
+
+    cfg = SweepConfig(lr_min=1e-3, lr_max=2e-2, report_every=10)
+    assert "upper edge" in edge_warning(2e-2, cfg)
+    assert "lower edge" in edge_warning(1e-3, cfg)
+    assert edge_warning(5e-3, cfg) == ""
