@@ -33,6 +33,11 @@ from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 
 
+# What the ``step`` of each stage run's metrics counts (DESIGN.md: curves say whether steps are tokens or steps).
+STEP_UNITS = {"mixture": "candidate index", "sweep": "optimiser steps (per trial run)",
+              "main": "optimiser steps", "cpt": "optimiser steps (metrics prefixed by candidate)"}
+
+
 @dataclass
 class Env:
     """What every stage of one pipeline run shares."""
@@ -92,6 +97,7 @@ def run_stage(stage: StageDef, env: Env, upstream: dict[str, Artifact]) -> tuple
     key = artifact_key(stage.name, config, input_keys, version)
     run_id = env.tracker.start_run(stage.name, parent_id=env.parent_run_id, tags={
         "stage": stage.name, "artifact_key": key, "code_version": version, "prefect_flow_run_id": env.flow_run_id,
+        "metric_step_unit": STEP_UNITS.get(stage.name, "none"),
         **{f"input.{k}": v for k, v in input_keys.items()}})
     env.tracker.log_params(run_id, config)
     # Prefect's cache key is the artifact key; a missing or refreshed artifact forces a recompute

@@ -52,7 +52,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     paths = {k: Path(v) for k, v in result["paths"].items()}
     cached = result["cached"]
     console.rule(f"[bold]pretrain · {result['experiment']}")
-    console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()))
+    console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()), soft_wrap=True)
     console.print(_table("Corpus funnel per source", funnel_frame(paths["corpus"])))
     report = pd.read_parquet(paths["tokenizer"] / "report.parquet")
     lang = report[report["group_by"] == "language"][["group", "n_docs", "n_tokens", "chars_per_token",
