@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 
 from flows.config import load_config
+from flows.preflight import preflight
 from infra.errors import PretrainError
 from infra.runs import RunsLayout
 
@@ -54,6 +55,7 @@ def run(
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)
+        preflight(cfg, refresh)
         if dry_run:
             _dry_run(cfg, layout)
             return

@@ -23,10 +23,11 @@ from prefect.context import get_run_context
 from flows.config import ExperimentConfig, load_config
 from flows.gates import record_gate
 from flows.graph import STAGES, StageDef, downstream
+from flows.preflight import preflight
 from flows.progress import RichProgress
 from flows.publish import publish
 from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version
-from infra.errors import ConfigError, DataError
+from infra.errors import DataError
 from infra.runs import RunsLayout
 from infra.stage import StageContext
 from infra.tracking import Tracker
@@ -129,9 +130,7 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[str] | None = None) 
     """Run the whole chain for one experiment config; returns per-stage keys and cache hits."""
     cfg = load_config(config_path)
     layout = RunsLayout.resolve(runs_dir)
-    unknown = set(refresh or []) - {s.name for s in STAGES}
-    if unknown:
-        raise ConfigError(f"--refresh {sorted(unknown)}: unknown stage; choose from {[s.name for s in STAGES]}")
+    preflight(cfg, refresh or [])
     env = _environment(cfg, layout, downstream(set(refresh or [])))
     upstream: dict[str, Artifact] = {}
     cached: dict[str, bool] = {}

@@ -80,10 +80,10 @@ def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
     """
     if cfg.kind == "deb":
         pkg = fetch_deb(cfg.package, cache_dir)
-        files = _match(cfg.include, pkg.root)
+        files = match_files(cfg.include, pkg.root)
         snapshot, licence = pkg.version, pkg.licence
     else:
-        files = _match(cfg.include, None)
+        files = match_files(cfg.include, None)
         snapshot, licence = _local_snapshot(files), "unknown (local files)"
     acc = _Acc(cfg)
     for rel, path in files:
@@ -96,7 +96,7 @@ def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
                       snapshot=snapshot, licence=licence, notes=acc.notes)
 
 
-def _match(patterns: list[str], root: Path | None) -> list[tuple[str, Path]]:
+def match_files(patterns: list[str], root: Path | None) -> list[tuple[str, Path]]:
     """(relative path, path) of matched regular files, sorted, without symlinked duplicates."""
     seen: dict[str, tuple[bool, str, Path]] = {}
     for pattern in patterns:

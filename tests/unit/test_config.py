@@ -78,3 +78,18 @@ def test_missing_file_and_bad_toml(tmp_path):
     bad.write_text("name = [unclosed")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_preflight_rejects_bad_refresh_missing_cloze_and_unmatched_local_source(tmp_path):
+    from flows.preflight import preflight
+    from infra.errors import SourceError
+
+    cfg = load_config(ROOT / "configs/smoke.toml")
+    with pytest.raises(ConfigError, match="unknown stage"):
+        preflight(cfg, ["nonsense"])
+    no_cloze = cfg.model_copy(update={"gate": cfg.gate.model_copy(update={"cloze_items": str(tmp_path / "x.jsonl")})})
+    with pytest.raises(ConfigError, match="cloze_items"):
+        preflight(no_cloze)
+    src = cfg.sources["handbook_en"].model_copy(update={"include": [str(tmp_path / "*.html")]})
+    with pytest.raises(SourceError, match="no file matches"):
+        preflight(cfg.model_copy(update={"sources": {**cfg.sources, "handbook_en": src}}))

@@ -1,0 +1,25 @@
+"""Checks that need no Prefect, MLflow or training: run before anything starts, so a bad run fails in seconds.
+
+Covers what config validation cannot see on its own: ``--refresh`` stage names, the cloze file the gate
+reads, and local sources whose include patterns match no file.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from flows.config import ExperimentConfig
+from flows.graph import STAGE_NAMES, cloze_path
+from infra.errors import ConfigError
+from tasks.sources.read import match_files
+
+
+def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = ()) -> None:
+    """Raise ``ConfigError``/``SourceError`` naming the problem; return silently when the run can start."""
+    unknown = sorted(set(refresh) - set(STAGE_NAMES))
+    if unknown:
+        raise ConfigError(f"--refresh {unknown}: unknown stage; choose from {list(STAGE_NAMES)}")
+    cloze_path(cfg)
+    for name, source in cfg.sources.items():
+        if source.kind == "local":
+            match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches
