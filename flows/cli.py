@@ -55,7 +55,9 @@ def run(
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)
-        preflight(cfg, refresh)
+        from infra.warehouse import Warehouse
+
+        preflight(cfg, refresh, Warehouse(layout.duckdb))
         if dry_run:
             _dry_run(cfg, layout)
             return

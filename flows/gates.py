@@ -42,24 +42,32 @@ def declare_gate(cfg: ExperimentConfig, warehouse: Warehouse, run_id: str = "") 
     return row
 
 
+def check_gate(cfg: ExperimentConfig, warehouse: Warehouse) -> pd.Series | None:
+    """The experiment's latest declaration, after checking the config's gate may run against it.
+
+    Raises:
+        GateError: the gate differs from the declared one and decisions were already made under the old one.
+    """
+    latest = latest_gate(warehouse, cfg.name)
+    current = gate_hash(cfg.gate)
+    if latest is not None and latest["gate_hash"] != current and has_decisions(warehouse, cfg.name, latest["gate_hash"]):
+        raise GateError(
+            f"the [gate] of '{cfg.name}' changed after results were seen (declared {latest['gate_hash'][:12]} "
+            f"at {latest['declared_at']}, config has {current[:12]}). Restore the declared gate, or declare the "
+            f"new one explicitly with `pretrain gate declare CONFIG` (the old record and its decisions are kept)."
+        )
+    return latest
+
+
 def record_gate(cfg: ExperimentConfig, warehouse: Warehouse, tracker: Tracker, parent_run_id: str) -> dict:
     """Ensure the config's gate is the experiment's declared gate before any CPT step; tag the parent run.
 
     Raises:
         GateError: the gate differs from the declared one and decisions were already made under the old one.
     """
-    current = gate_hash(cfg.gate)
-    latest = latest_gate(warehouse, cfg.name)
-    if latest is None:
-        record = declare_gate(cfg, warehouse, parent_run_id)
-    elif latest["gate_hash"] == current:
+    latest = check_gate(cfg, warehouse)
+    if latest is not None and latest["gate_hash"] == gate_hash(cfg.gate):
         record = latest.to_dict()
-    elif has_decisions(warehouse, cfg.name, latest["gate_hash"]):
-        raise GateError(
-            f"the [gate] of '{cfg.name}' changed after results were seen (declared {latest['gate_hash'][:12]} "
-            f"at {latest['declared_at']}, config has {current[:12]}). Restore the declared gate, or declare the "
-            f"new one explicitly with `pretrain gate declare CONFIG` (the old record and its decisions are kept)."
-        )
     else:
         record = declare_gate(cfg, warehouse, parent_run_id)
     tracker.set_tags(parent_run_id, {"gate_hash": record["gate_hash"], "gate_declared_at": record["declared_at"]})

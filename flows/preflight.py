@@ -1,7 +1,7 @@
 """Checks that need no Prefect, MLflow or training: run before anything starts, so a bad run fails in seconds.
 
 Covers what config validation cannot see on its own: ``--refresh`` stage names, the cloze file the gate
-reads, and local sources whose include patterns match no file.
+reads, local sources whose include patterns match no file, and a gate edited after decisions were made.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ from typing import Iterable
 
 from flows.config import ExperimentConfig
 from flows.graph import STAGE_NAMES, cloze_path
+from flows.gates import check_gate
 from infra.errors import ConfigError
+from infra.warehouse import Warehouse
 from tasks.sources.read import match_files
 
 
-def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = ()) -> None:
-    """Raise ``ConfigError``/``SourceError`` naming the problem; return silently when the run can start."""
+def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: Warehouse | None = None) -> None:
+    """Raise ``ConfigError``/``SourceError``/``GateError`` naming the problem; return silently when the run can start."""
     unknown = sorted(set(refresh) - set(STAGE_NAMES))
     if unknown:
         raise ConfigError(f"--refresh {unknown}: unknown stage; choose from {list(STAGE_NAMES)}")
@@ -23,3 +25,5 @@ def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = ()) -> None:
     for name, source in cfg.sources.items():
         if source.kind == "local":
             match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches
+    if warehouse is not None:
+        check_gate(cfg, warehouse)
