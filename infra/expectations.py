@@ -70,6 +70,11 @@ def check_kept_corpus(kept: pd.DataFrame, sources: Sequence[str], languages: Seq
     import great_expectations as gx
 
     E = gx.expectations
+    empty = sorted(set(sources) - set(kept["source"]))
+    if empty:
+        raise DataError(f"expectation suite 'kept_corpus' failed: sources with no kept document: {empty}. "
+                        "Every removal has a row in removals.parquet (rule, value, threshold) naming why; relax that "
+                        "source's thresholds with [corpus.source_overrides.<source>] or drop the source.")
     return validate_frame(
         "kept_corpus",
         kept[["doc_id", "source", "language", "text"]],
@@ -111,6 +116,8 @@ def check_heldout(table: pd.DataFrame) -> SuiteResult:
         table[["source", "loss_nats", "bits_per_byte", "tokens"]],
         [
             E.ExpectTableRowCountToBeBetween(min_value=1),
+            E.ExpectColumnValuesToNotBeNull(column="loss_nats"),  # NaN counts as null; range checks skip nulls
+            E.ExpectColumnValuesToNotBeNull(column="bits_per_byte"),
             E.ExpectColumnValuesToBeBetween(column="loss_nats", min_value=0.0, max_value=50.0),
             E.ExpectColumnValuesToBeBetween(column="bits_per_byte", min_value=0.0, max_value=100.0),
             E.ExpectColumnValuesToBeBetween(column="tokens", min_value=1),
