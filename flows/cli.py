@@ -17,6 +17,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from flows.config import load_config
 from flows.preflight import preflight
@@ -40,7 +41,7 @@ def _quiet_libraries() -> None:
 
 
 def _fail(err: PretrainError) -> None:
-    console.print(f"[bold red]error:[/] {type(err).__name__}: {err}")
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(str(err))}")
     raise typer.Exit(code=2)
 
 
@@ -99,7 +100,7 @@ def fetch(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
 
 @gate_app.command("declare")
 def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
-    """Record the config's [gate] as the experiment's gate from now on (earlier declarations are kept)."""
+    """Record the config's \\[gate] as the experiment's gate from now on (earlier declarations are kept)."""
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)

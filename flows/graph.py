@@ -37,7 +37,20 @@ def cloze_path(cfg: ExperimentConfig) -> Path:
 
 
 def _sources(cfg):
-    return {name: src.model_dump() for name, src in cfg.sources.items()}
+    """Source configs, plus a fingerprint (path, size, mtime) of local files so edited inputs rerun the chain."""
+    from tasks.sources.read import match_files
+
+    keyed = {}
+    for name, src in cfg.sources.items():
+        keyed[name] = src.model_dump()
+        if src.kind == "local":
+            files = match_files(src.include, None)
+            keyed[name]["files"] = _file_digest_list([(rel, p.stat().st_size, p.stat().st_mtime_ns) for rel, p in files])
+    return keyed
+
+
+def _file_digest_list(rows: list) -> str:
+    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
 
 
 def _run_sources(ctx, cfg):
