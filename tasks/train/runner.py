@@ -6,7 +6,6 @@ callbacks for MLflow metrics and periodic held-out evaluation, and scores held-o
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -21,16 +20,15 @@ from tasks.tokenizer.stage import TokenizedCorpus
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
 from tasks.train.loop import Callback, TrainResult, TrainState, train
+from tasks.train.loop import seed_everything as seed_generators
 from tasks.train.sections import RunBudget
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
 
 
 def seed_everything(seed: int, threads: int | None = None) -> None:
-    """Seed python, numpy and torch; CPU training is then bit-for-bit repeatable."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    """Seed python, numpy and torch (the loop's seeding) and optionally set torch's CPU thread count."""
+    seed_generators(seed)
     if threads:
         torch.set_num_threads(threads)
 
