@@ -70,7 +70,7 @@ def run(
         result = pipeline(str(config.resolve()), str(layout.root), list(refresh))
     except PretrainError as err:
         _fail(err)
-    print_summary(result, layout, console)
+    print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs)
 
 
 def _dry_run(cfg, layout: RunsLayout) -> None:
@@ -98,6 +98,36 @@ def fetch(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
         _fail(err)
 
 
+@app.command()
+def audit(
+    config: Path = typer.Argument(..., help="experiment TOML"),
+    source: list[str] = typer.Option([], "--source", help="source to audit (repeatable; default: every source)"),
+    runs_dir: Optional[Path] = RunsDir,
+    originals: Optional[int] = typer.Option(None, "--originals", help="first N documents per source (default 5000)"),
+    review: Optional[int] = typer.Option(None, "--review", help="removed documents listed per rule (default 5)"),
+) -> None:
+    """Audit the corpus filters on labelled junk injected into each source (SPEC §7 Lab 1)."""
+    layout = RunsLayout.resolve(runs_dir)
+    options = {k: v for k, v in {"num_originals": originals, "review_per_rule": review}.items() if v is not None}
+    try:
+        from infra.errors import ConfigError
+        from tasks.audit.config import AuditConfig
+
+        cfg = load_config(config)
+        AuditConfig(**options)
+        unknown = sorted(set(source) - set(cfg.sources))
+        if unknown:
+            raise ConfigError(f"--source {unknown} not in {config}; its sources are {list(cfg.sources)}")
+        layout.prepare_environment()
+        _quiet_libraries()
+        from flows.audit import audit as audit_flow, print_audit
+
+        result = audit_flow(str(config.resolve()), str(layout.root), list(source) or None, options)
+    except PretrainError as err:
+        _fail(err)
+    print_audit(result, console)
+
+
 @gate_app.command("declare")
 def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
     """Record the config's \\[gate] as the experiment's gate from now on (earlier declarations are kept)."""
@@ -107,10 +137,15 @@ def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
         from flows.gates import declare_gate
         from infra.warehouse import Warehouse
 
-        row = declare_gate(cfg, Warehouse(layout.duckdb))
+        row, added = declare_gate(cfg, Warehouse(layout.duckdb))
     except PretrainError as err:
         _fail(err)
-    console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2))
+    # The runs folder defaults to ./runs: say which one, so a declaration in the wrong place is noticed.
+    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    what = "declared" if added else f"already declared at {row['declared_at']}; nothing added"
+    console.print(escape(f"gate {row['gate_hash'][:12]} of '{cfg.name}' {what} (DuckDB table gates in "
+                         f"{layout.duckdb})"), soft_wrap=True)
+    console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2), soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -33,13 +33,23 @@ def has_decisions(warehouse: Warehouse, experiment: str, gate: str) -> bool:
     return int(rows["n"].iloc[0]) > 0
 
 
-def declare_gate(cfg: ExperimentConfig, warehouse: Warehouse, run_id: str = "") -> dict:
-    """Append a declaration of the config's gate; returns it."""
+def declare_gate(cfg: ExperimentConfig, warehouse: Warehouse, run_id: str = "") -> tuple[dict, bool]:
+    """Declare the config's gate unless it already is the experiment's latest declaration.
+
+    Declaring the latest gate again adds no row; declaring an earlier gate after another one appends it anew,
+    since the latest declaration is the one in force.
+
+    Returns:
+        (the declaration in force, whether a row was added now).
+    """
+    latest = latest_gate(warehouse, cfg.name)
+    if latest is not None and latest["gate_hash"] == gate_hash(cfg.gate):
+        return latest.to_dict(), False
     row = {"experiment": cfg.name, "gate_hash": gate_hash(cfg.gate),
            "declared_at": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),
            "gate_json": cfg.gate.model_dump_json(), "mlflow_parent_run_id": run_id}
     warehouse.append("gates", pd.DataFrame([row]))
-    return row
+    return row, True
 
 
 def check_gate(cfg: ExperimentConfig, warehouse: Warehouse) -> pd.Series | None:
@@ -65,11 +75,8 @@ def record_gate(cfg: ExperimentConfig, warehouse: Warehouse, tracker: Tracker, p
     Raises:
         GateError: the gate differs from the declared one and decisions were already made under the old one.
     """
-    latest = check_gate(cfg, warehouse)
-    if latest is not None and latest["gate_hash"] == gate_hash(cfg.gate):
-        record = latest.to_dict()
-    else:
-        record = declare_gate(cfg, warehouse, parent_run_id)
+    check_gate(cfg, warehouse)
+    record, _ = declare_gate(cfg, warehouse, parent_run_id)
     tracker.set_tags(parent_run_id, {"gate_hash": record["gate_hash"], "gate_declared_at": record["declared_at"]})
     tracker.log_params(parent_run_id, {"gate": cfg.gate.model_dump()})
     return record

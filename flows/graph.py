@@ -8,6 +8,7 @@ checkpoint intervals) stay out, so changing them reuses the cache.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -15,7 +16,7 @@ from typing import Any, Callable
 from evals.cloze import load_cloze_items
 from flows.config import ExperimentConfig
 from infra.errors import ConfigError
-from infra.expectations import check_heldout, check_kept_corpus, check_shards
+from infra.expectations import check_heldout, check_kept_corpus, check_ledger, check_shards
 from infra.stage import StageContext
 
 
@@ -58,14 +59,41 @@ def _run_sources(ctx, cfg):
     return run(ctx, cfg.sources)
 
 
+def eval_items(cfg: ExperimentConfig):
+    """Every evaluation text the platform reports on, for decontamination: the gate's cloze items (context plus
+    correct option) and the files in ``corpus.decontamination.eval_files``."""
+    from tasks.corpus.decontam import EvalItem, load_eval_files
+
+    path = cloze_path(cfg)
+    cloze = [EvalItem(f"cloze:{path.name}", item.item_id, item.context + item.options[item.answer])
+             for item in load_cloze_items(path)]
+    return cloze + load_eval_files(cfg.corpus.decontamination.eval_files)
+
+
+def _corpus_key(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Corpus settings (without how it is executed) and a digest of every evaluation text it is checked against."""
+    items = eval_items(cfg) if cfg.corpus.decontamination.enabled else []
+    digest = hashlib.sha256(json.dumps([[i.set_name, i.item_id, i.text] for i in items]).encode()).hexdigest()[:16]
+    return {"corpus": cfg.corpus.model_dump(exclude={"execution"}), "eval_items": digest}
+
+
 def _run_corpus(ctx, cfg):
     from tasks.corpus.stage import run
-    return run(ctx, cfg.corpus)
+    return run(ctx, cfg.corpus, eval_items=eval_items(cfg) if cfg.corpus.decontamination.enabled else [])
 
 
 def _check_corpus(out: Path, cfg: ExperimentConfig) -> None:
     import pandas as pd
-    check_kept_corpus(pd.read_parquet(out / "kept.parquet"), list(cfg.sources), cfg.corpus.languages)
+
+    from tasks.corpus.stage import manifest_rows
+
+    languages = cfg.corpus.languages + (["unknown"] if cfg.corpus.unknown_language == "keep" else [])
+    kept = pd.read_parquet(out / "kept.parquet", columns=["doc_id", "source", "language", "n_chars"])
+    check_kept_corpus(kept, list(cfg.sources), languages)
+    removals = pd.read_parquet(out / "removals.parquet", columns=["doc_id", "source", "stage", "rule"])
+    rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
+    removed = removals["source"].value_counts()
+    check_ledger(rows.assign(removed=[int(removed.get(s, 0)) for s in rows["source"]]), removals)
 
 
 def _run_tokenizer(ctx, cfg):
@@ -80,13 +108,9 @@ def _check_tokenizer(out: Path, cfg: ExperimentConfig) -> None:
     check_shards(pd.read_parquet(out / "shards.parquet"), meta["padded_vocab_size"])
 
 
-def _main_tokens(cfg):
-    return cfg.main.budget.steps * cfg.main.budget.batch_size * cfg.main.model.seq_len
-
-
 def _run_mixture(ctx, cfg):
     from tasks.mixture.stage import run
-    return run(ctx, cfg.mixture, cfg.proxy, general=cfg.general_sources, main_tokens=_main_tokens(cfg))
+    return run(ctx, cfg.mixture, cfg.proxy, general=cfg.general_sources)
 
 
 def _run_sweep(ctx, cfg):
@@ -96,7 +120,7 @@ def _run_sweep(ctx, cfg):
 
 def _run_main(ctx, cfg):
     from tasks.train.stage import run
-    return run(ctx, cfg.main, sources=cfg.general_sources + cfg.domain_sources)
+    return run(ctx, cfg.main, sources=cfg.general_sources + cfg.domain_sources, max_epochs=cfg.mixture.max_epochs)
 
 
 def _check_main(out: Path, cfg: ExperimentConfig) -> None:
@@ -121,12 +145,12 @@ def _file_digest(path: Path) -> str:
 STAGES: tuple[StageDef, ...] = (
     StageDef("sources", (), ("tasks.sources",), lambda c: {"sources": _sources(c)}, _run_sources),
     StageDef("corpus", ("sources",), ("tasks.corpus", "infra.expectations"),
-             lambda c: {"corpus": c.corpus.model_dump()}, _run_corpus, _check_corpus),
+             _corpus_key, _run_corpus, _check_corpus),
     StageDef("tokenizer", ("corpus",), ("tasks.tokenizer",),
              lambda c: {"tokenizer": c.tokenizer.model_dump()}, _run_tokenizer, _check_tokenizer),
     StageDef("mixture", ("tokenizer",), ("tasks.mixture", "tasks.train", "models", "evals.heldout"),
-             lambda c: {"mixture": c.mixture.model_dump(), "proxy": c.proxy.model_dump(), "seed": c.seed,
-                        "main_tokens": _main_tokens(c)}, _run_mixture),
+             lambda c: {"mixture": c.mixture.model_dump(exclude={"max_epochs"}), "proxy": c.proxy.model_dump(),
+                        "seed": c.seed}, _run_mixture),
     StageDef("sweep", ("tokenizer", "mixture"), ("tasks.sweep", "tasks.train", "models", "evals.heldout"),
              lambda c: {"sweep": c.sweep.model_dump(), "proxy": c.proxy.model_dump(), "seed": c.seed}, _run_sweep),
     StageDef("main", ("tokenizer", "mixture", "sweep"), ("tasks.train", "models", "evals.heldout"),

@@ -28,6 +28,7 @@ from flows.progress import RichProgress
 from flows.publish import publish
 from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version
 from infra.errors import DataError
+from infra.parallel import prefect_shard_map
 from infra.runs import RunsLayout
 from infra.stage import StageContext
 from infra.tracking import Tracker
@@ -67,6 +68,7 @@ def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], m
         torch_threads=env.cfg.torch_threads, progress=env.progress,
         log_metrics=lambda metrics, step: env.tracker.log_metrics(meta["mlflow_run_id"], metrics, step),
         log_child=lambda child, params, rows: _log_child(env, meta["mlflow_run_id"], child, params, rows),
+        shard_map_for=prefect_shard_map,
     )
     started = time.perf_counter()
     try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import pandas as pd
 
 from infra.artifacts import Artifact
+from tasks.mixture.candidates import epoch_warnings
 
 if TYPE_CHECKING:
     from flows.pipeline import Env
@@ -44,7 +45,9 @@ def _log_files(env: "Env", run_id: str, cached: bool, artifact: Artifact, *names
 
 
 def _corpus(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
-    manifest = pd.DataFrame(json.loads((artifact.path / "manifest.json").read_text())).assign(
+    from tasks.corpus.stage import manifest_rows
+
+    manifest = manifest_rows(json.loads((artifact.path / "manifest.json").read_text())).assign(
         experiment=env.cfg.name, tokens=pd.NA)
     env.warehouse.replace("manifest", manifest.astype({"tokens": "Int64"}), artifact.key)
     env.warehouse.replace("removals", pd.read_parquet(artifact.path / "removals.parquet"), artifact.key)
@@ -52,7 +55,13 @@ def _corpus(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     env.warehouse.replace("funnel", funnel, artifact.key)
     docs = {r["source"]: int(r["docs_out"]) for r in manifest.to_dict("records")}
     env.tracker.log_dataset(run_id, "kept_corpus", artifact.key, artifact.path / "kept.parquet", "training", docs)
-    _log_files(env, run_id, cached, artifact, "manifest.json", "funnel.parquet")
+    env.warehouse.replace("decontamination", pd.read_parquet(artifact.path / "decontamination.parquet"),
+                          artifact.key)
+    env.warehouse.replace("boilerplate", pd.read_parquet(artifact.path / "boilerplate.parquet").astype(
+        {"unit_hash": "string"}), artifact.key)
+    env.tracker.set_tags(run_id, {"manifest_hash": artifact.meta.get("summary", {}).get("manifest_hash", "")})
+    _log_files(env, run_id, cached, artifact, "manifest.json", "funnel.parquet", "decontamination.parquet",
+               "boilerplate.parquet")
 
 
 def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
@@ -83,6 +92,12 @@ def _main(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         run_id=artifact.meta.get("mlflow_run_id", run_id), stage="main")
     env.warehouse.replace("heldout_loss", frame, artifact.key)
     env.tracker.set_tags(run_id, {"checkpoint_path": str(artifact.path / "checkpoint")})
+    main_epochs = json.loads((artifact.path / "run.json").read_text()).get("epochs", {})
+    env.tracker.log_metrics(run_id, {f"epochs.{source}": e for source, e in main_epochs.items()}, step=0)
+    # The threshold is read from the current config, so a cached run is judged by today's limit.
+    warnings = epoch_warnings(main_epochs, env.cfg.mixture.max_epochs)
+    if warnings:
+        env.tracker.set_tags(run_id, {"epoch_warnings": " | ".join(warnings)})
     _log_files(env, run_id, cached, artifact, "run.json", "heldout.parquet")
 
 
@@ -102,16 +117,23 @@ def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     env.warehouse.replace("gate_decisions", table, artifact.key)
     env.tracker.set_tags(env.parent_run_id, {"gate_kept": decision["kept"], "gate_hash": decision["gate_hash"]})
     _log_files(env, run_id, cached, artifact, "decisions.parquet", "decision.json")
-    if not cached:
-        _register(decision, env, run_id)
+    # Cached or not: a cached gate may repeat an older decision after a different one moved the alias.
+    _register(decision, artifact.key, env, run_id)
 
 
-def _register(decision: dict, env: "Env", run_id: str) -> None:
-    """Register the kept checkpoint as a model version with alias ``kept`` (source: the artifact store path)."""
-    version = env.tracker.register_model(
-        f"{env.cfg.name}-base", run_id, source=decision["kept_checkpoint"], alias="kept",
+def _register(decision: dict, gate_key: str, env: "Env", run_id: str) -> None:
+    """Point the alias ``kept`` of ``<experiment>-base`` at this gate decision's kept checkpoint.
+
+    The version is looked up by the gate artifact key and the checkpoint path (its ``source`` in the artifact
+    store); it is created only the first time that decision is published.
+    """
+    name = f"{env.cfg.name}-base"
+    version, created = env.tracker.point_alias(
+        name, "kept", source=decision["kept_checkpoint"], run_id=run_id, identity={"gate_artifact_key": gate_key},
         tags={"candidate": decision["kept"], "gate_hash": decision["gate_hash"]})
-    env.tracker.set_tags(run_id, {"registered_model": f"{env.cfg.name}-base", "registered_version": version})
+    env.tracker.set_tags(run_id, {"registered_model": name, "registered_version": version,
+                                  "registered_version_created": str(created).lower()})
+    env.tracker.set_tags(env.parent_run_id, {"registered_version": version})
 
 
 PUBLISHERS: dict[str, Callable[[Artifact, "Env", str, bool], None]] = {

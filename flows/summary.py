@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.runs import RunsLayout
+from tasks.mixture.candidates import epoch_warnings
 
 
 def _fmt(value, floats: str) -> str:
@@ -33,7 +34,9 @@ def _table(title: str, frame: pd.DataFrame, floats: str = "{:.3f}") -> Table:
 
 
 def funnel_frame(corpus: Path) -> pd.DataFrame:
-    manifest = pd.DataFrame(json.loads((corpus / "manifest.json").read_text()))
+    from tasks.corpus.stage import manifest_rows
+
+    manifest = manifest_rows(json.loads((corpus / "manifest.json").read_text()))
     removals = pd.read_parquet(corpus / "removals.parquet")
     top = (removals.groupby(["source", "rule"]).size().rename("n").reset_index()
            .sort_values("n", ascending=False).groupby("source").head(3))
@@ -46,8 +49,23 @@ def funnel_frame(corpus: Path) -> pd.DataFrame:
     })
 
 
-def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console | None = None) -> None:
-    """Print the per-stage evidence and the pointers to MLflow, DuckDB and the artifacts."""
+def print_main_run(run: dict[str, Any], console: Console, max_epochs: float) -> None:
+    """The main run's resume point and epochs per source (w·D/U, SPEC §8), warning above ``max_epochs``."""
+    if run.get("resumed_from_step"):
+        console.print(f"  resumed from step {run['resumed_from_step']:,} of {run['steps']:,} (scratch checkpoint)")
+    main_epochs = run.get("epochs", {})
+    if main_epochs:
+        console.print("  epochs per source: " + ", ".join(f"{s} {e:.2f}" for s, e in main_epochs.items()))
+    for warning in epoch_warnings(main_epochs, max_epochs):
+        console.print(f"  [yellow]warning:[/] {warning}")
+
+
+def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console | None = None, *,
+                  max_epochs: float = 4.0) -> None:
+    """Print the per-stage evidence and the pointers to MLflow, DuckDB and the artifacts.
+
+    ``max_epochs`` is the config's ``mixture.max_epochs``: sources the main run repeats more often get a warning.
+    """
     console = console or Console()
     paths = {k: Path(v) for k, v in result["paths"].items()}
     cached = result["cached"]
@@ -68,14 +86,13 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     for row in choice.get("scores", []):
         if not row.get("eligible", True):
             console.print(f"  {row['candidate']}: ineligible ({row.get('reason', '')})")
-    for warning in choice.get("warnings", []):
-        console.print(f"  [yellow]warning:[/] {warning}")
     best = json.loads((paths["sweep"] / "best.json").read_text())
     console.print(f"[bold]Peak LR:[/] {best['best_lr']:.3e} (proxy held-out {best['best_value']:.4f} nats/token)")
     if best.get("warning"):
         console.print(f"  [yellow]warning:[/] {best['warning']}")
     heldout = pd.read_parquet(paths["main"] / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]
     console.print(_table("Main run held-out loss per source", heldout))
+    print_main_run(json.loads((paths["main"] / "run.json").read_text()), console, max_epochs)
     candidates = json.loads((paths["cpt"] / "candidates.json").read_text())
     cands = pd.DataFrame([{"candidate": k, "replay": d.get("replay_fraction"), "realised": d.get("realised_replay_fraction"),
                            "peak_lr": d.get("peak_lr"), "general nats": d["general_loss_nats"],

@@ -66,7 +66,10 @@ def _summarise(result: Any) -> dict[str, Any]:
 
 
 def check_kept_corpus(kept: pd.DataFrame, sources: Sequence[str], languages: Sequence[str]) -> SuiteResult:
-    """Kept-corpus suite: every source non-empty, no empty text, only configured languages, unique ids."""
+    """Kept-corpus suite: every source non-empty, no empty text, only configured languages, unique ids.
+
+    ``kept`` needs columns doc_id, source, language and n_chars (the text itself is not loaded).
+    """
     import great_expectations as gx
 
     E = gx.expectations
@@ -77,16 +80,37 @@ def check_kept_corpus(kept: pd.DataFrame, sources: Sequence[str], languages: Seq
                         "source's thresholds with [corpus.source_overrides.<source>] or drop the source.")
     return validate_frame(
         "kept_corpus",
-        kept[["doc_id", "source", "language", "text"]],
+        kept[["doc_id", "source", "language", "n_chars"]],
         [
             E.ExpectTableRowCountToBeBetween(min_value=1),
-            E.ExpectColumnValuesToNotBeNull(column="text"),
-            E.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1),
+            E.ExpectColumnValuesToNotBeNull(column="n_chars"),
+            E.ExpectColumnValuesToBeBetween(column="n_chars", min_value=1),
             E.ExpectColumnValuesToBeInSet(column="language", value_set=list(languages)),
             E.ExpectColumnDistinctValuesToContainSet(column="source", value_set=list(sources)),
             E.ExpectColumnValuesToBeUnique(column="doc_id"),
         ],
     )
+
+
+def check_ledger(per_source: pd.DataFrame, removals: pd.DataFrame) -> SuiteResult:
+    """Removal-ledger suite: per source, documents in = kept + removed; one removal row per removed document,
+    each naming its stage and rule.
+
+    ``per_source``: columns source, docs_in, docs_out, removed (one row per source).
+    """
+    import great_expectations as gx
+
+    E = gx.expectations
+    frame = per_source.assign(kept_plus_removed=per_source["docs_out"] + per_source["removed"])
+    validate_frame("ledger_counts", frame[["source", "docs_in", "kept_plus_removed"]], [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectColumnPairValuesToBeEqual(column_A="docs_in", column_B="kept_plus_removed"),
+    ])
+    return validate_frame("removals", removals[["doc_id", "stage", "rule"]], [
+        E.ExpectColumnValuesToBeUnique(column="doc_id"),
+        E.ExpectColumnValuesToNotBeNull(column="stage"),
+        E.ExpectColumnValuesToNotBeNull(column="rule"),
+    ])
 
 
 def check_shards(headers: pd.DataFrame, vocab_size: int) -> SuiteResult:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from infra.parallel import ShardMap, sequential_map
 from infra.runs import RunsLayout
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
@@ -40,6 +41,8 @@ class StageContext:
         log_metrics: metrics at an explicit step to this stage's MLflow run (step unit stated by the caller).
         log_child: one nested MLflow run under this stage (name, params, metric rows each with a "step").
         progress: progress bars.
+        shard_map_for: ``(task_runner, workers) → shard map`` running shard functions in parallel (Prefect task
+            runners in the pipeline; a sequential loop by default).
     """
 
     out: Path
@@ -52,6 +55,7 @@ class StageContext:
     log_metrics: MetricsFn = field(default=lambda metrics, step: None)
     log_child: ChildFn = field(default=lambda name, params, rows: None)
     progress: Progress = field(default_factory=Progress)
+    shard_map_for: Callable[[str, int], ShardMap] = field(default=lambda kind, workers: sequential_map)
 
     @property
     def scratch(self) -> Path:

@@ -103,10 +103,27 @@ class Tracker:
     def artifact_uri(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.artifact_uri
 
-    def register_model(self, name: str, run_id: str, source: str, alias: str, tags: Mapping[str, str]) -> int:
-        """Register ``source`` as a new version of ``name`` and point ``alias`` at it; returns the version."""
+    def point_alias(self, name: str, alias: str, *, source: str, run_id: str, identity: Mapping[str, str],
+                    tags: Mapping[str, str] | None = None) -> tuple[int, bool]:
+        """Point ``alias`` of the registered model ``name`` at the version identified by ``identity``.
+
+        A version matches when its ``source`` equals ``source`` and its tags hold every ``identity`` item. Only
+        when none matches is ``source`` registered as a new version (tags: ``identity`` plus ``tags``), so
+        publishing an older decision again moves the alias back to its version instead of adding a duplicate.
+
+        Returns:
+            (version number, whether it was created now).
+        """
         if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
             self.client.create_registered_model(name)
-        version = self.client.create_model_version(name, source=source, run_id=run_id, tags=dict(tags))
-        self.client.set_registered_model_alias(name, alias, version.version)
-        return int(version.version)
+        wanted = {k: str(v) for k, v in identity.items()}
+        matches = [int(v.version) for v in self.client.search_model_versions(f"name = '{name}'")
+                   if v.source == source and all(v.tags.get(k) == val for k, val in wanted.items())]
+        if matches:
+            version, created = min(matches), False
+        else:
+            created_version = self.client.create_model_version(
+                name, source=source, run_id=run_id, tags={**wanted, **{k: str(v) for k, v in (tags or {}).items()}})
+            version, created = int(created_version.version), True
+        self.client.set_registered_model_alias(name, alias, str(version))
+        return version, created

@@ -5,7 +5,7 @@ replaces earlier rows with the same key, so a rerun (cached or not) never duplic
 always mirror the artifact store. The connection is opened per write and closed at once, so the file can
 be inspected with ``duckdb runs/results.duckdb`` between runs.
 
-Tables: manifest, removals, funnel, tokenizer_report, mixture_trials, sweep_trials, heldout_loss,
+Tables: manifest, removals, funnel, decontamination, boilerplate, tokenizer_report, mixture_trials, sweep_trials, heldout_loss,
 cloze_results, gates, gate_decisions, stage_runs, train_steps.
 """
 
@@ -44,7 +44,7 @@ class Warehouse:
         frame = frame.assign(artifact_key=artifact_key)
         with self.connect() as con:
             con.register("frame", frame)
-            con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM frame LIMIT 0")
+            _ensure_table(con, table)
             con.execute(f"DELETE FROM {table} WHERE artifact_key = ?", [artifact_key])
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
         return len(frame)
@@ -53,7 +53,7 @@ class Warehouse:
         """Append rows (for logs such as ``gates`` and ``stage_runs`` that are never replaced)."""
         with self.connect() as con:
             con.register("frame", frame)
-            con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM frame LIMIT 0")
+            _ensure_table(con, table)
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
 
     def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
@@ -67,3 +67,12 @@ class Warehouse:
             "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = ?", [table]
         )
         return bool(len(found)) and int(found["n"].iloc[0]) > 0
+
+
+def _ensure_table(con: duckdb.DuckDBPyConnection, table: str) -> None:
+    """Create ``table`` from the registered ``frame``, or add the columns a newer version writes (older rows NULL)."""
+    con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM frame LIMIT 0")
+    have = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
+    for name, dtype, *_ in con.execute("DESCRIBE SELECT * FROM frame").fetchall():
+        if name not in have:
+            con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {dtype}')

@@ -1,214 +1,511 @@
-"""The corpus build: documents of several sources in, curated documents + one removal row per loss out (SPEC §7).
+"""The corpus build, by shards: memory bounded by shard size, shards in parallel, a crash resumes (SPEC §7).
 
-Stages, cheap → expensive: extract (HTML main text) → repair (ftfy) → empty → langid → quality (Gopher or Chinese
-rules, chosen by the identified language) → pii (placeholders) → dedup_exact → dedup_near (MinHash LSH).
-Invariant: for every source, input documents = kept + removed; ``funnel`` shows docs in/out per stage and source.
+Passes over a work directory (each shard's output is written under a temporary name and renamed when complete,
+so a rerun skips finished shards and never reads a partial one):
+
+1. ``split``: the raw documents are cut into input shards of ``execution.shard_docs`` documents, in corpus order.
+2. ``filter`` (per shard, parallel): the per-document stages of :mod:`tasks.corpus.filters`, plus the document
+   frequency of every line/paragraph (for boilerplate).
+3. global: units in ``boilerplate.min_docs`` documents or more, summed over shards with DuckDB (out of core).
+4. ``key`` (per shard, parallel): boilerplate cut, exact-dedup hash (xxh3-128 of the normal form), MinHash band
+   keys (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
+5. global: exact duplicates (first in corpus order kept), near duplicates (LSH on band keys per scope, exact Jaccard
+   on shingle sets re-read only for candidate documents, leader clustering against kept documents), families
+   (connected components of verified pairs, for document-aware held-out splits), decontamination.
+6. ``write``: kept documents streamed shard by shard into one Parquet file.
+
+Invariants: per source, documents in = kept + removed (one ledger row per removed document); the result does not
+depend on the shard size or the number of workers.
 """
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from __future__ import annotations
 
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
 
 from infra.errors import DataError
+from infra.parallel import ShardMap, sequential_map
+from tasks.corpus import minhash
+from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
-from tasks.corpus.dedup import exact_duplicates
-from tasks.corpus.extract import extract_many, one_line, repair, tidy
-from tasks.corpus.langid import identify
-from tasks.corpus.minhash import lsh_candidate_probability, lsh_threshold, near_duplicates
-from tasks.corpus.pii import redact
-from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count, quality
+from tasks.corpus.decontam import EvalIndex, EvalItem
+from tasks.corpus.dedup import normal_form
+from tasks.corpus.filters import (DOC_STAGES, FUNNEL_COLUMNS, INPUT_COLUMNS, REMOVAL_COLUMNS, Ledger,
+                                  filter_documents, sanitise)
+from tasks.corpus.quality import CHARACTER_LANGUAGES, cjk_count
 
-__all__ = ["build_corpus", "CorpusResult", "STAGES", "lsh_candidate_probability", "lsh_threshold"]
+__all__ = ["build_corpus", "curate", "CorpusResult", "STAGES", "KEPT_COLUMNS"]
 
-STAGES = ["extract", "repair", "empty", "langid", "quality", "pii", "dedup_exact", "dedup_near"]
-INPUT_COLUMNS = ["doc_id", "source", "language_hint", "content", "content_type"]
+STAGES = DOC_STAGES + ["boilerplate", "dedup_exact", "dedup_near", "decontam"]
 KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars", "n_bytes", "n_words",
-                "family_id", "pii_replacements", "fixes"]
-REMOVAL_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
-FUNNEL_COLUMNS = ["source", "stage", "docs_in", "docs_out"]
+                "family_id", "pii_replacements", "lines_dropped", "fixes"]
+HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
 Progress = Callable[[str, int, int], None]
-NAN = math.nan
 
 
 @dataclass
 class CorpusResult:
-    """``kept``: curated documents (``KEPT_COLUMNS``); ``removals``: one row per removed document
-    (``REMOVAL_COLUMNS``); ``funnel``: documents in/out per source and stage, in stage order (``FUNNEL_COLUMNS``)."""
+    """Paths and summaries of a finished build (all files under ``out``).
 
-    kept: pd.DataFrame
-    removals: pd.DataFrame
-    funnel: pd.DataFrame
+    ``kept``: kept.parquet (``KEPT_COLUMNS``); ``removals``: removals.parquet (``REMOVAL_COLUMNS``, exactly one row per
+    removed document); ``funnel``: funnel.parquet (docs and characters in/out per source and stage);
+    ``boilerplate``: the frequent units cut; ``hits``: decontamination hits (``HIT_COLUMNS``); ``near``: near-dedup
+    statistics per source.
+    """
 
+    out: Path
+    near: dict[str, dict[str, Any]]
+    boilerplate: pd.DataFrame
 
-class _Log:
-    """Collects removal rows and funnel counts as stages run."""
+    @property
+    def kept(self) -> pd.DataFrame:
+        return pd.read_parquet(self.out / "kept.parquet")
 
-    def __init__(self, sources: list[str], progress: Progress | None):
-        self.sources, self.progress = sources, progress
-        self.removals: list[dict] = []
-        self.funnel: list[dict] = []
+    @property
+    def removals(self) -> pd.DataFrame:
+        return pd.read_parquet(self.out / "removals.parquet")
 
-    def remove(self, doc_id: str, source: str, stage: str, reason: Reason) -> None:
-        self.removals.append(dict(doc_id=doc_id, source=source, stage=stage, rule=reason.rule,
-                                  value=reason.value, threshold=reason.threshold, detail=reason.detail))
+    @property
+    def funnel(self) -> pd.DataFrame:
+        return pd.read_parquet(self.out / "funnel.parquet")
 
-    def stage(self, stage: str, before: pd.DataFrame, after: pd.DataFrame) -> None:
-        n_in, n_out = before.source.value_counts(), after.source.value_counts()
-        for source in self.sources:
-            self.funnel.append(dict(source=source, stage=stage, docs_in=int(n_in.get(source, 0)),
-                                    docs_out=int(n_out.get(source, 0))))
-        self.tick(stage, len(before), len(before))
-
-    def tick(self, stage: str, done: int, total: int) -> None:
-        if self.progress is not None:
-            self.progress(stage, done, total)
+    @property
+    def hits(self) -> pd.DataFrame:
+        return pd.read_parquet(self.out / "decontamination.parquet")
 
 
-def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, progress: Progress | None = None,
-                 workers: int = 1) -> CorpusResult:
-    """Curate ``docs`` (the concatenated ``SourceDocs.docs`` frames) with ``cfg`` (SPEC §7).
+def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
+                 out: Path | None = None, progress: Progress | None = None) -> CorpusResult:
+    """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``): the sharded build run sequentially.
 
-    ``progress(stage, done, total)`` is called as stages advance (counts in documents); ``workers > 1`` extracts
-    HTML in a process pool. Document order decides which duplicate is kept (the first).
+    Outputs go to ``out`` (a new temporary directory when None). Document order decides which duplicate is kept.
 
     Raises:
-        DataError: a required column (``INPUT_COLUMNS``) is missing or ``doc_id`` values are not unique.
+        DataError: a required column is missing or ``doc_id`` values repeat.
     """
-    _check_input(docs)
-    log = _Log(sorted(docs.source.unique()), progress)
-    frame = docs[INPUT_COLUMNS].reset_index(drop=True)
-    for stage, step in _steps(cfg, workers):
-        log.tick(stage, 0, len(frame))
-        after = step(frame, log)
-        log.stage(stage, frame, after)
-        frame = after.reset_index(drop=True)
-    return CorpusResult(kept=_kept(frame), removals=pd.DataFrame(log.removals, columns=REMOVAL_COLUMNS),
-                        funnel=pd.DataFrame(log.funnel, columns=FUNNEL_COLUMNS))
+    out = Path(tempfile.mkdtemp(prefix="corpus-")) if out is None else out
+    work = out / "_work"
+    _split_frames([docs], work, cfg.execution.shard_docs)
+    return curate(work, out, cfg, eval_items=eval_items, progress=progress)
 
 
-def _check_input(docs: pd.DataFrame) -> None:
+def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
+    """Stream raw-document Parquet files (in order) into input shards of ``shard_docs`` rows; returns the count.
+
+    Memory holds one batch at a time. Skipped when a previous run finished splitting (``in/_DONE``).
+    """
+    if (work / "in" / "_DONE").exists():
+        return len(list((work / "in").glob("*.parquet")))
+    batches = (b.to_pandas() for f in files
+               for b in pq.ParquetFile(f).iter_batches(batch_size=shard_docs, columns=INPUT_COLUMNS))
+    return _split_frames(batches, work, shard_docs)
+
+
+def _split_frames(frames, work: Path, shard_docs: int) -> int:
+    shard_dir = work / "in"
+    if shard_dir.exists():
+        shutil.rmtree(shard_dir)
+    shard_dir.mkdir(parents=True)
+    seen: set[str] = set()
+    buffer: pd.DataFrame | None = None
+    n_shards = 0
+    for frame in frames:
+        _check_input(frame, seen)
+        frame = sanitise(frame[INPUT_COLUMNS])
+        buffer = frame if buffer is None else pd.concat([buffer, frame], ignore_index=True)
+        while len(buffer) >= shard_docs:
+            buffer.iloc[:shard_docs].to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
+            buffer, n_shards = buffer.iloc[shard_docs:], n_shards + 1
+    if buffer is not None and len(buffer):
+        buffer.to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
+        n_shards += 1
+    (shard_dir / "_DONE").touch()
+    return n_shards
+
+
+def _check_input(docs: pd.DataFrame, seen: set[str]) -> None:
     missing = [c for c in INPUT_COLUMNS if c not in docs.columns]
     if missing:
-        raise DataError(f"build_corpus input lacks columns {missing}; pass concatenated SourceDocs.docs frames")
-    dupes = docs.doc_id[docs.doc_id.duplicated()].unique()
-    if len(dupes):
-        raise DataError(f"doc_id values repeat (e.g. {list(dupes[:3])}); give each source a distinct name")
+        raise DataError(f"corpus input lacks columns {missing}; pass the sources stage's documents")
+    ids = docs.doc_id.astype(str)
+    repeated = ids[ids.duplicated() | ids.isin(seen)].unique()
+    if len(repeated):
+        raise DataError(f"doc_id values repeat (e.g. {list(repeated[:3])}); give each source a distinct name")
+    seen.update(ids)
 
 
-def _steps(cfg: CorpusConfig, workers: int) -> list[tuple[str, Callable[[pd.DataFrame, _Log], pd.DataFrame]]]:
-    return [
-        ("extract", lambda f, log: _extract(f, log, workers)),
-        ("repair", lambda f, log: _repair(f)),
-        ("empty", _empty),
-        ("langid", lambda f, log: _langid(f, log, cfg)),
-        ("quality", lambda f, log: _quality(f, log, cfg)),
-        ("pii", lambda f, log: _pii(f) if cfg.pii else f.assign(pii_replacements=0)),
-        ("dedup_exact", lambda f, log: _dedup_exact(f, log) if cfg.exact_dedup else f),
-        ("dedup_near", lambda f, log: _dedup_near(f, log, cfg, workers)),
-    ]
+def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
+           shard_map: ShardMap = sequential_map, progress: Progress | None = None) -> CorpusResult:
+    """Passes 2–6 over the input shards in ``work/in``; writes kept/removals/funnel/boilerplate/decontamination
+    Parquet files into ``out``. Finished shards of an earlier, interrupted call are reused."""
+    shards = sorted((work / "in").glob("*.parquet"))
+    cfg_json = cfg.model_dump_json()
+    tick = progress or (lambda stage, done, total: None)
+    tick("filter", 0, len(shards))
+    shard_map(filter_shard, [dict(in_path=str(p), out_dir=str(work / "filtered" / p.stem), cfg_json=cfg_json)
+                             for p in shards], "corpus-filter")
+    tick("filter", len(shards), len(shards))
+    frequent = _frequent(work, cfg)
+    index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
+    (work / "eval_index.pkl").write_bytes(pickle.dumps(index))
+    tick("key", 0, len(shards))
+    shard_map(key_shard, [dict(filtered_dir=str(work / "filtered" / p.stem), out_dir=str(work / "keyed" / p.stem),
+                               cfg_json=cfg_json, work=str(work)) for p in shards], "corpus-key")
+    tick("dedup", 0, 1)
+    keyed = [work / "keyed" / p.stem for p in shards]
+    decisions, near_stats = _decide(keyed, cfg, index)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_outputs(work, shards, keyed, decisions, out)
+    frequent.to_parquet(out / "boilerplate.parquet", index=False)
+    tick("dedup", 1, 1)
+    return CorpusResult(out=out, near=near_stats, boilerplate=frequent)
 
 
-def _filter(frame: pd.DataFrame, log: _Log, stage: str, verdicts: list[Reason | None]) -> pd.DataFrame:
-    """Log a removal for every row with a reason; return the rows without one."""
-    keep = [r is None for r in verdicts]
-    for doc_id, source, reason in zip(frame.doc_id, frame.source, verdicts):
-        if reason is not None:
-            log.remove(doc_id, source, stage, reason)
-    return frame[keep]
+def _atomic_dir(out_dir: Path, write: Callable[[Path], None]) -> bool:
+    """Write a shard's outputs into a temporary sibling and rename it into place; False when already done."""
+    if out_dir.exists():
+        return False
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    os.replace(tmp, out_dir)
+    return True
 
 
-def _extract(frame: pd.DataFrame, log: _Log, workers: int) -> pd.DataFrame:
-    is_html = (frame.content_type == "html").to_numpy()
-    extracted = extract_many(frame.content[is_html].tolist(), workers)
-    texts = frame.content.tolist()
-    for i, text in zip(is_html.nonzero()[0], extracted):
-        texts[i] = text
-    no_text = Reason("extract.no_main_text", NAN, NAN, "trafilatura found no main text in the HTML")
-    reasons = [None if isinstance(t, str) else no_text for t in texts]  # pandas may turn None into NaN
-    frame = frame.assign(text=[tidy(t) if isinstance(t, str) else "" for t in texts])
-    return _filter(frame, log, "extract", reasons)
+def filter_shard(in_path: str, out_dir: str, cfg_json: str) -> bool:
+    """Pass 2 on one shard: per-document stages; writes survivors, removals, funnel and unit counts."""
+    cfg = CorpusConfig.model_validate_json(cfg_json)
+
+    def write(tmp: Path) -> None:
+        ledger = Ledger()
+        survivors = filter_documents(pd.read_parquet(in_path), cfg, ledger)
+        survivors.to_parquet(tmp / "survivors.parquet", index=False)
+        removals, funnel = ledger.frames()
+        removals.to_parquet(tmp / "removals.parquet", index=False)
+        funnel.to_parquet(tmp / "funnel.parquet", index=False)
+        units = count_units(survivors.text, cfg.boilerplate.min_chars) if cfg.boilerplate.enabled else None
+        (units if units is not None else pd.DataFrame({"unit_hash": pd.Series(dtype="uint64"),
+                                                         "n_docs": pd.Series(dtype="int64"),
+                                                         "example": pd.Series(dtype=str)})
+         ).to_parquet(tmp / "units.parquet", index=False)
+
+    return _atomic_dir(Path(out_dir), write)
 
 
-def _repair(frame: pd.DataFrame) -> pd.DataFrame:
-    fixed = [repair(t) for t in frame.text]
-    return frame.assign(text=[t for t, _ in fixed], fixes=[f for _, f in fixed])
-
-
-def _empty(frame: pd.DataFrame, log: _Log) -> pd.DataFrame:
-    blank = Reason("empty.whitespace", 0.0, NAN, "no non-whitespace characters after extraction and repair")
-    return _filter(frame, log, "empty", [blank if not t.strip() else None for t in frame.text])
-
-
-def _langid(frame: pd.DataFrame, log: _Log, cfg: CorpusConfig) -> pd.DataFrame:
-    labels, scores, reasons = [], [], []
-    for text, hint in zip(frame.text, frame.language_hint):
-        label, score, reason = _language_of(one_line(text), hint, cfg)
-        labels.append(label)
-        scores.append(score)
-        reasons.append(reason)
-    return _filter(frame.assign(language=labels, lang_score=scores), log, "langid", reasons)
-
-
-def _language_of(line: str, hint: str | None, cfg: CorpusConfig) -> tuple[str, float, Reason | None]:
-    """(language, score, removal reason or None); short texts take the source's hint (score NaN)."""
-    kept = ", ".join(cfg.languages)
-    if len(line) < cfg.langid_min_chars:
-        if not isinstance(hint, str) or not hint:
-            return "unknown", NAN, Reason("langid.too_short", len(line), cfg.langid_min_chars,
-                                          f"{len(line)} chars is too short to identify and the source has no hint")
-        label, score = hint, NAN
+def _frequent(work: Path, cfg: CorpusConfig) -> pd.DataFrame:
+    """Units in ``min_docs`` or more documents over all shards, summed by DuckDB out of core."""
+    path = work / "frequent_units.parquet"
+    if not cfg.boilerplate.enabled or not list((work / "filtered").glob("*/units.parquet")):
+        frame = pd.DataFrame({"unit_hash": pd.Series(dtype="uint64"), "n_docs": pd.Series(dtype="int64"),
+                              "example": pd.Series(dtype=str)})
     else:
-        label, score = identify(line)
-        if score < cfg.langid_threshold:
-            return label, score, Reason("langid.low_score", score, cfg.langid_threshold,
-                                        f"top language {label} scored {score:.3f} < {cfg.langid_threshold}")
-    if label not in cfg.languages:
-        return label, score, Reason("langid.language", score, NAN, f"language {label} is not kept ({kept})")
-    return label, score, None
+        pattern = str(work / "filtered" / "*" / "units.parquet")
+        with duckdb.connect() as con:
+            frame = con.execute(
+                "SELECT unit_hash, sum(n_docs)::BIGINT AS n_docs, first(example) AS example "
+                "FROM read_parquet(?) GROUP BY unit_hash HAVING sum(n_docs) >= ? ORDER BY n_docs DESC, unit_hash",
+                [pattern, cfg.boilerplate.min_docs]).df()
+        frame = frame.astype({"unit_hash": "uint64"})
+    frame.to_parquet(path, index=False)
+    return frame
 
 
-def _quality(frame: pd.DataFrame, log: _Log, cfg: CorpusConfig) -> pd.DataFrame:
-    rules = {source: cfg.rules_for(source) for source in frame.source.unique()}
-    verdicts = [quality(t, lang, *rules[src])[1] for t, lang, src in zip(frame.text, frame.language, frame.source)]
-    return _filter(frame, log, "quality", verdicts)
+def _by_chars(languages: Sequence[str]) -> list[bool]:
+    return [lang in CHARACTER_LANGUAGES for lang in languages]
 
 
-def _pii(frame: pd.DataFrame) -> pd.DataFrame:
-    redacted = [redact(t) for t in frame.text]
-    return frame.assign(text=[t for t, _ in redacted], pii_replacements=[n for _, n in redacted])
+def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str) -> bool:
+    """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys and evaluation n-gram hits."""
+    cfg = CorpusConfig.model_validate_json(cfg_json)
+    frequent = set(pd.read_parquet(Path(work) / "frequent_units.parquet").unit_hash.astype("uint64").tolist())
+    index: EvalIndex = pickle.loads((Path(work) / "eval_index.pkl").read_bytes())
+
+    def write(tmp: Path) -> None:
+        docs = pd.read_parquet(Path(filtered_dir) / "survivors.parquet")
+        texts, n_cut = strip_units(docs.text.tolist(), frequent, cfg.boilerplate.min_chars)
+        before = docs
+        docs = docs.assign(text=texts, lines_dropped=docs.lines_dropped + np.asarray(n_cut, dtype=np.int64))
+        ledger = Ledger()
+        emptied = [not t.strip() for t in texts]
+        for doc_id, source, cut, empty in zip(docs.doc_id, docs.source, n_cut, emptied):
+            if empty:
+                ledger.remove(doc_id, source, "boilerplate", _reason(
+                    "dedup.boilerplate", cut, cfg.boilerplate.min_docs,
+                    f"all {cut} lines are boilerplate found in >= {cfg.boilerplate.min_docs} documents"))
+        docs = docs.loc[~np.array(emptied, dtype=bool)].reset_index(drop=True)
+        ledger.count("boilerplate", before, docs)
+        docs.to_parquet(tmp / "docs.parquet", index=False)
+        removals, funnel = ledger.frames()
+        removals.to_parquet(tmp / "removals.parquet", index=False)
+        funnel.to_parquet(tmp / "funnel.parquet", index=False)
+        _keys(docs, cfg).to_parquet(tmp / "keys.parquet", index=False)
+        hits = [(doc_id, length, h) for doc_id, text in zip(docs.doc_id, docs.text) for length, h in index.hits(text)]
+        pd.DataFrame(hits, columns=["doc_id", "length", "hash"]).astype(
+            {"length": "int64", "hash": "uint64"}).to_parquet(tmp / "hits.parquet", index=False)
+
+    return _atomic_dir(Path(out_dir), write)
 
 
-def _dedup_exact(frame: pd.DataFrame, log: _Log) -> pd.DataFrame:
-    firsts = exact_duplicates(frame.text.tolist())
-    ids = frame.doc_id.tolist()
-    reasons = [None if j is None else Reason("dedup.exact", 1.0, NAN, f"exact duplicate of {ids[j]}")
-               for j in firsts]
-    return _filter(frame, log, "dedup_exact", reasons)
+def _reason(rule: str, value: float, threshold: float, detail: str):
+    from tasks.corpus.quality import Reason
+
+    return Reason(rule, float(value), float(threshold), detail)
 
 
-def _dedup_near(frame: pd.DataFrame, log: _Log, cfg: CorpusConfig, workers: int) -> pd.DataFrame:
-    by_chars = [lang in CHARACTER_LANGUAGES for lang in frame.language]
-    found = near_duplicates(frame.text.tolist(), by_chars, cfg.near_dedup,
-                            progress=lambda d, t: log.tick("dedup_near", d, t))
-    ids = frame.doc_id.tolist()
-    frame = frame.assign(family_id=[ids[r] for r in found.representative])
-    reasons = [None if r == i else Reason("dedup.near", sim, cfg.near_dedup.jaccard_threshold,
-                                          f"near duplicate of {ids[r]} (Jaccard {sim:.3f})")
-               for i, (r, sim) in enumerate(zip(found.representative, found.jaccard_to_rep))]
-    return _filter(frame, log, "dedup_near", reasons)
+def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
+    """Per document: exact-dedup hash halves, characters, and the MinHash band keys (uint64 per band)."""
+    digests = [xxhash.xxh3_128_intdigest(normal_form(t).encode("utf-8")) for t in docs.text]
+    nd = cfg.near_dedup
+    frame = pd.DataFrame({
+        "doc_id": docs.doc_id, "source": docs.source, "n_chars": np.array([len(t) for t in docs.text], dtype=np.int64),
+        "h_hi": np.array([d >> 64 for d in digests], dtype=np.uint64),
+        "h_lo": np.array([d & (2**64 - 1) for d in digests], dtype=np.uint64),
+        "by_chars": _by_chars(docs.language.tolist()),
+    })
+    if nd.enabled and len(docs):
+        sigs, has = _signatures(docs.text.tolist(), frame.by_chars.tolist(), nd)
+        keys = minhash.band_keys(sigs, nd.bands, nd.rows)
+    else:
+        has = np.zeros(len(docs), dtype=bool)
+        keys = np.zeros((len(docs), nd.bands), dtype=np.uint64)
+    frame["has_shingles"] = has
+    for band in range(nd.bands):
+        frame[f"band_{band}"] = keys[:, band]
+    return frame
 
 
-def _kept(frame: pd.DataFrame) -> pd.DataFrame:
-    by_chars = frame.language.isin(CHARACTER_LANGUAGES)
-    frame = frame.assign(
-        n_chars=frame.text.str.len(),
-        n_bytes=[len(t.encode("utf-8")) for t in frame.text],
-        n_words=[_count_words(t, c) for t, c in zip(frame.text, by_chars)],
-        lang_score=frame.lang_score.astype(float),
-    )
-    return frame[KEPT_COLUMNS].reset_index(drop=True)
+def _signatures(texts: list[str], by_chars: list[bool], cfg) -> tuple[np.ndarray, np.ndarray]:
+    result = minhash.signatures(texts, by_chars, cfg)
+    if isinstance(result, tuple):
+        return result[0], np.asarray(result[1], dtype=bool)
+    return result.signatures, np.asarray(result.has_shingles, dtype=bool)
+
+
+@dataclass
+class _Decisions:
+    """Global decisions: doc_id → removal row (stage, rule, value, threshold, detail) and kept doc → family id."""
+
+    removed: dict[str, dict[str, Any]]
+    family: dict[str, str]
+    hits: pd.DataFrame
+    funnel: list[dict[str, Any]]
+
+
+def _decide(keyed: list[Path], cfg: CorpusConfig, index: EvalIndex) -> tuple[_Decisions, dict[str, dict[str, Any]]]:
+    if not keyed:
+        return _Decisions({}, {}, pd.DataFrame(columns=HIT_COLUMNS), []), {}
+    keys = pd.concat([pd.read_parquet(d / "keys.parquet").assign(shard=i) for i, d in enumerate(keyed)],
+                     ignore_index=True)
+    keys["row"] = keys.groupby("shard").cumcount()
+    removed: dict[str, dict[str, Any]] = {}
+    funnel: list[dict[str, Any]] = []
+    alive = np.ones(len(keys), dtype=bool)
+
+    def count(stage: str, before: np.ndarray, after: np.ndarray) -> None:
+        for source in sorted(keys.source.unique()):
+            mine = (keys.source == source).to_numpy()
+            funnel.append(dict(source=source, stage=stage, docs_in=int((before & mine).sum()),
+                               docs_out=int((after & mine).sum()), chars_in=int(keys.n_chars[before & mine].sum()),
+                               chars_out=int(keys.n_chars[after & mine].sum())))
+
+    # Exact duplicates: the first document in corpus order with the same normal form is kept.
+    before = alive.copy()
+    if cfg.exact_dedup and len(keys):
+        first = keys.groupby(["h_hi", "h_lo"], sort=False).cumcount() > 0
+        first_id = keys.groupby(["h_hi", "h_lo"], sort=False).doc_id.transform("first")
+        for i in np.flatnonzero(first.to_numpy()):
+            removed[keys.doc_id.iat[i]] = dict(stage="dedup_exact", rule="dedup.exact", value=1.0,
+                                               threshold=np.nan, detail=f"exact duplicate of {first_id.iat[i]}")
+        alive &= ~first.to_numpy()
+    count("dedup_exact", before, alive)
+
+    before = alive.copy()
+    family = keys.doc_id.tolist()
+    near_stats: dict[str, dict[str, Any]] = {}
+    if cfg.near_dedup.enabled and len(keys):
+        family, near_stats = _near(keys, keyed, alive, cfg, removed)
+        alive &= ~keys.doc_id.isin(removed).to_numpy()
+    count("dedup_near", before, alive)
+
+    before = alive.copy()
+    hits = _decontaminate(keys, keyed, alive, cfg, index, removed)
+    alive &= ~keys.doc_id.isin(removed).to_numpy()
+    count("decontam", before, alive)
+    return _Decisions(removed, dict(zip(keys.doc_id, family)), hits, funnel), near_stats
+
+
+def _near(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusConfig,
+          removed: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Near duplicates among ``alive`` documents; returns family ids (doc_id of the family's first member)."""
+    nd = cfg.near_dedup
+    idx = np.flatnonzero(alive & keys.has_shingles.to_numpy())
+    bands = keys[[f"band_{b}" for b in range(nd.bands)]].to_numpy(dtype=np.uint64)[idx]
+    groups = None
+    if nd.scope == "source":
+        groups = pd.factorize(keys.source.to_numpy()[idx])[0]
+    # Character- and word-shingled documents never match: separate groups.
+    by_chars = keys.by_chars.to_numpy()[idx].astype(np.int64)
+    groups = by_chars if groups is None else groups * 2 + by_chars
+    pairs = minhash.lsh_candidate_pairs(bands, np.ones(len(idx), dtype=bool), groups)
+    pairs = idx[pairs] if len(pairs) else np.empty((0, 2), dtype=np.int64)
+    shingle_sets = _shingle_sets(keys, keyed, np.unique(pairs), nd)
+    sims = {(int(i), int(j)): minhash.jaccard(shingle_sets[i], shingle_sets[j]) for i, j in pairs}
+    verified = sorted(p for p, s in sims.items() if s >= nd.jaccard_threshold)
+    # Leader clustering in corpus order: a document is removed only when it matches a document that is kept,
+    # so chains (A~B~C with A far from C) never remove C on B's account.
+    neighbours: dict[int, list[int]] = {}
+    for i, j in verified:
+        neighbours.setdefault(j, []).append(i)
+    removed_near: dict[int, int] = {}
+    for j in sorted(neighbours):
+        leaders = [i for i in sorted(neighbours[j]) if i not in removed_near]
+        if leaders:
+            removed_near[j] = leaders[0]
+    ids = keys.doc_id.tolist()
+    for j, i in removed_near.items():
+        removed[ids[j]] = dict(stage="dedup_near", rule="dedup.near", value=sims[(i, j)],
+                               threshold=nd.jaccard_threshold,
+                               detail=f"near duplicate of {ids[i]} (Jaccard {sims[(i, j)]:.3f})")
+    family = _families(len(keys), verified, ids)
+    return family, _near_stats(keys, alive, removed_near, verified, len(pairs), nd.max_removal_share)
+
+
+def _shingle_sets(keys: pd.DataFrame, keyed: list[Path], positions: np.ndarray, nd) -> dict[int, set[str]]:
+    """Shingle sets of the candidate documents only, read back shard by shard."""
+    sets: dict[int, set[str]] = {}
+    wanted = keys.iloc[positions] if len(positions) else keys.iloc[:0]
+    for shard, rows in wanted.groupby("shard"):
+        texts = pd.read_parquet(keyed[shard] / "docs.parquet", columns=["text"]).text
+        for pos, row, by_chars in zip(rows.index, rows.row, rows.by_chars):
+            sets[int(pos)] = minhash.shingles(texts.iat[row], nd.shingle_size, bool(by_chars))
+    return sets
+
+
+def _families(n: int, verified: list[tuple[int, int]], ids: list[str]) -> list[str]:
+    """Connected components of verified pairs (union-find, root = lowest index) as the root's doc_id."""
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in verified:
+        ri, rj = find(i), find(j)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+    return [ids[find(i)] for i in range(n)]
+
+
+def _near_stats(keys: pd.DataFrame, alive: np.ndarray, removed_near: dict[int, int], verified, n_candidates: int,
+                warn_share: float) -> dict[str, dict[str, Any]]:
+    stats = {}
+    leader_of = pd.Series(removed_near, dtype="int64")
+    for source in sorted(keys.source.unique()):
+        mine = (keys.source == source).to_numpy()
+        n_in = int((alive & mine).sum())
+        gone = [j for j in removed_near if mine[j]]
+        sizes = leader_of[leader_of.index.isin(gone)].value_counts() + 1 if gone else pd.Series(dtype="int64")
+        share = len(gone) / n_in if n_in else 0.0
+        stats[source] = {"docs_in": n_in, "removed": len(gone), "removal_share": share,
+                         "clusters": int(len(sizes)), "largest_cluster": int(sizes.max()) if len(sizes) else 1,
+                         "warning": (f"near dedup removed {share:.1%} of {source}, above {warn_share:.0%}"
+                                     if share > warn_share else "")}
+    stats["_all"] = {"candidate_pairs": int(n_candidates), "verified_pairs": len(verified)}
+    return stats
+
+
+def _decontaminate(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusConfig, index: EvalIndex,
+                   removed: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Remove surviving documents sharing a non-common evaluation n-gram; returns every hit (``HIT_COLUMNS``)."""
+    dc = cfg.decontamination
+    hits = pd.concat([pd.read_parquet(d / "hits.parquet") for d in keyed], ignore_index=True) if keyed else None
+    if hits is None or not len(hits) or not dc.enabled:
+        return pd.DataFrame(columns=HIT_COLUMNS)
+    hits = hits[hits.doc_id.isin(set(keys.doc_id[alive]))]
+    docs_per_gram = hits.groupby(["length", "hash"]).doc_id.transform("nunique")
+    hits = hits.assign(common=docs_per_gram >= dc.common_min_docs)
+    source_of = dict(zip(keys.doc_id, keys.source))
+    rows = []
+    for doc_id, length, h, common in zip(hits.doc_id, hits.length, hits.hash, hits.common):
+        text, item = index.describe(int(length), int(h))
+        rows.append(dict(doc_id=doc_id, source=source_of[doc_id], ngram=text, eval_set=item.set_name,
+                         item_id=item.item_id, common=bool(common)))
+    table = pd.DataFrame(rows, columns=HIT_COLUMNS)
+    for doc_id, mine in table[~table.common].groupby("doc_id", sort=False):
+        first = mine.iloc[0]
+        removed[doc_id] = dict(stage="decontam", rule="decontam.ngram_overlap", value=float(len(mine)),
+                               threshold=float(dc.ngram),
+                               detail=f"shares {dc.ngram}-gram {first.ngram!r} with {first.eval_set} item "
+                                      f"{first.item_id} ({len(mine)} hits)")
+    return table
+
+
+def _write_outputs(work: Path, shards: list[Path], keyed: list[Path], decisions: _Decisions, out: Path) -> None:
+    """kept.parquet streamed shard by shard; removals and funnel gathered from every pass."""
+    writer = None
+    removals, funnels = [], []
+    source_of: dict[str, str] = {}
+    try:
+        for shard, kdir in zip(shards, keyed):
+            fdir = work / "filtered" / shard.stem
+            removals += [pd.read_parquet(fdir / "removals.parquet"), pd.read_parquet(kdir / "removals.parquet")]
+            funnels += [pd.read_parquet(fdir / "funnel.parquet"), pd.read_parquet(kdir / "funnel.parquet")]
+            docs = pd.read_parquet(kdir / "docs.parquet")
+            source_of.update(zip(docs.doc_id, docs.source))
+            kept = _kept_frame(docs[~docs.doc_id.isin(decisions.removed)], decisions.family)
+            table = pa.Table.from_pandas(kept, schema=_KEPT_SCHEMA, preserve_index=False)
+            if writer is None:
+                writer = pq.ParquetWriter(out / "kept.parquet", _KEPT_SCHEMA)
+            writer.write_table(table)
+        if writer is None:
+            pq.write_table(_KEPT_SCHEMA.empty_table(), out / "kept.parquet")
+    finally:
+        if writer is not None:
+            writer.close()
+    global_rows = pd.DataFrame([dict(doc_id=d, source=source_of[d], **r) for d, r in decisions.removed.items()],
+                               columns=REMOVAL_COLUMNS)
+    pd.concat([*removals, global_rows], ignore_index=True).astype(
+        {"value": "float64", "threshold": "float64"}).to_parquet(out / "removals.parquet", index=False)
+    funnel = pd.concat([*funnels, pd.DataFrame(decisions.funnel, columns=FUNNEL_COLUMNS)], ignore_index=True)
+    funnel = funnel.groupby(["source", "stage"], sort=False, as_index=False).sum()
+    order = {stage: i for i, stage in enumerate(STAGES)}
+    funnel = funnel.sort_values(["source", "stage"], key=lambda s: s.map(order) if s.name == "stage" else s)
+    funnel.reset_index(drop=True).to_parquet(out / "funnel.parquet", index=False)
+    decisions.hits.to_parquet(out / "decontamination.parquet", index=False)
+
+
+_KEPT_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("language", pa.string()),
+                          ("lang_score", pa.float64()), ("text", pa.string()), ("n_chars", pa.int64()),
+                          ("n_bytes", pa.int64()), ("n_words", pa.int64()), ("family_id", pa.string()),
+                          ("pii_replacements", pa.int64()), ("lines_dropped", pa.int64()), ("fixes", pa.string())])
+
+
+def _kept_frame(docs: pd.DataFrame, family: dict[str, str]) -> pd.DataFrame:
+    by_chars = _by_chars(docs.language.tolist())
+    return docs.assign(
+        n_chars=np.array([len(t) for t in docs.text], dtype=np.int64),
+        n_bytes=[len(t.encode("utf-8")) for t in docs.text],
+        n_words=[_count_words(t, c) for t, c in zip(docs.text, by_chars)],
+        lang_score=docs.lang_score.astype(float),
+        family_id=[family[d] for d in docs.doc_id],
+    )[KEPT_COLUMNS]
 
 
 def _count_words(text: str, by_chars: bool) -> int:
@@ -216,3 +513,9 @@ def _count_words(text: str, by_chars: bool) -> int:
     if not by_chars:
         return len(text.split())
     return cjk_count(text) + sum(1 for tok in text.split() if cjk_count(tok) == 0)
+
+
+def removal_counts(out: Path) -> dict[str, Any]:
+    """Counts of the finished build in ``out``: per source, documents kept and removed by rule."""
+    removals = pd.read_parquet(out / "removals.parquet")
+    return json.loads(removals.groupby(["source", "rule"]).size().unstack(fill_value=0).to_json(orient="index"))

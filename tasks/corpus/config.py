@@ -5,9 +5,10 @@ Defaults are the published values: language-ID threshold 0.65 (FineWeb), Gopher 
 with 112 permutations as 14 bands × 8 rows over 5-gram shingles (FineWeb).
 """
 
-from typing import Any
+import importlib.util
+from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from infra.errors import ConfigError
 from infra.section import Section
@@ -33,8 +34,11 @@ class GopherConfig(Section):
     """Gopher quality and repetition thresholds (SPEC §7; Rae et al. 2021, App. A, Table A1).
 
     A document is removed when any rule fires. Word counts are whitespace tokens; shares are fractions in [0, 1].
+    ``max_dup_lines`` / ``max_dup_paragraphs``: max share of lines / paragraphs repeating an earlier one;
+    ``max_dup_line_chars`` / ``max_dup_paragraph_chars``: max share of characters in those repeats;
     ``top_ngram_max_share`` maps n → max character share of the most frequent word n-gram;
     ``dup_ngram_max_share`` maps n → max character share covered by word n-grams that occur more than once.
+    ``max_symbol_word_ratio`` bounds (# + ellipses) per word, a ratio of counts rather than a share.
     """
 
     min_words: int = 50
@@ -49,6 +53,8 @@ class GopherConfig(Section):
     stop_words: list[str] = ["the", "be", "to", "of", "and", "that", "have", "with"]
     max_dup_lines: float = 0.3
     max_dup_paragraphs: float = 0.3
+    max_dup_line_chars: float = 0.2
+    max_dup_paragraph_chars: float = 0.2
     top_ngram_max_share: dict[int, float] = {2: 0.20, 3: 0.18, 4: 0.16}
     dup_ngram_max_share: dict[int, float] = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
 
@@ -58,8 +64,10 @@ class GopherConfig(Section):
             raise ConfigError(f"gopher min_words={self.min_words} / max_words={self.max_words}: need 0 <= min <= max")
         if not 0 < self.min_mean_word_length <= self.max_mean_word_length:
             raise ConfigError("gopher min_mean_word_length must be > 0 and <= max_mean_word_length")
-        for name in ("max_symbol_word_ratio", "max_bullet_lines", "max_ellipsis_lines", "min_alpha_words",
-                     "max_dup_lines", "max_dup_paragraphs"):
+        if self.max_symbol_word_ratio < 0:
+            raise ConfigError(f"gopher max_symbol_word_ratio={self.max_symbol_word_ratio} must be >= 0")
+        for name in ("max_bullet_lines", "max_ellipsis_lines", "min_alpha_words", "max_dup_lines",
+                     "max_dup_paragraphs", "max_dup_line_chars", "max_dup_paragraph_chars"):
             _check_share(f"gopher.{name}", getattr(self, name))
         for table in ("top_ngram_max_share", "dup_ngram_max_share"):
             for n, share in getattr(self, table).items():
@@ -70,29 +78,77 @@ class GopherConfig(Section):
 
 
 class ChineseRulesConfig(Section):
-    """Character-based rules for Chinese, which has no spaces between words (SPEC §7 "Chinese").
+    """Character-based rules for languages without spaces between words (SPEC §7 "Chinese"): Chinese, and
+    Japanese with its own stop words.
 
-    ``min_chars``: non-whitespace characters; ``min_cjk_share``: CJK ideographs / non-whitespace characters;
-    ``max_repeated_ngram_share``: share of characters covered by character n-grams (n = ``repeated_ngram_size``)
-    occurring more than once — the character analogue of Gopher's duplicated n-gram rule;
-    ``min_stop_words``: occurrences of ``stop_words`` (function words such as 的, 是).
+    ``min_chars`` / ``max_chars``: non-whitespace characters (the maximum mirrors Gopher's 100,000 words);
+    ``min_cjk_share``: Han ideographs and kana / non-whitespace characters; ``max_repeated_ngram_share``: share of
+    characters covered by character n-grams (n = ``repeated_ngram_size``) occurring more than once — the character
+    analogue of Gopher's duplicated n-gram rule; ``min_stop_words``: occurrences of the language's stop words
+    (function words such as 的, 是): ``stop_words_by_language[language]`` when listed, else ``stop_words``.
     """
 
     min_chars: int = 50
+    max_chars: int = 200_000
     min_cjk_share: float = 0.3
     max_repeated_ngram_share: float = 0.3
     repeated_ngram_size: int = 10
     min_stop_words: int = 2
     stop_words: list[str] = ["的", "是", "了", "在", "不", "和", "有", "我", "他", "这"]
+    stop_words_by_language: dict[str, list[str]] = {"ja": ["の", "は", "が", "を", "に", "で", "と", "も", "た", "て"]}
 
     @model_validator(mode="after")
     def _check(self) -> "ChineseRulesConfig":
         if self.min_chars < 0 or self.min_stop_words < 0:
             raise ConfigError("chinese min_chars and min_stop_words must be >= 0")
+        if self.max_chars < self.min_chars:
+            raise ConfigError(f"chinese max_chars={self.max_chars} is below min_chars={self.min_chars}")
         if self.repeated_ngram_size < 2:
             raise ConfigError(f"chinese repeated_ngram_size={self.repeated_ngram_size} must be >= 2 characters")
+        for language, words in {"": self.stop_words, **self.stop_words_by_language}.items():
+            if self.min_stop_words > 0 and not any(words):
+                raise ConfigError(f"chinese stop words{f' for {language!r}' if language else ''} are empty "
+                                  f"while min_stop_words={self.min_stop_words}; list some or set min_stop_words=0")
         _check_share("chinese.min_cjk_share", self.min_cjk_share)
         _check_share("chinese.max_repeated_ngram_share", self.max_repeated_ngram_share)
+        return self
+
+    def stop_words_for(self, language: str) -> list[str]:
+        """Stop words counted for ``language`` (a lid.176 label)."""
+        return self.stop_words_by_language.get(language, self.stop_words)
+
+
+class C4Config(Section):
+    """C4 line rules, opt-in (SPEC §7 "C4"; Raffel et al. 2020, §2.2; defaults from TFDS ``c4_utils``).
+
+    Lines are kept only if they end in one of ``end_marks`` and have at least ``min_words_per_line`` whitespace
+    words and no word longer than ``max_word_length`` characters; lines containing one of ``line_substrings``
+    (case-insensitive) are dropped; the page is removed if a kept line contains one of ``page_substrings``
+    (case-insensitive), contains a ``blocklist`` word on its own (empty by default; C4 used the "List of Dirty,
+    Naughty, Obscene or Otherwise Bad Words"), or fewer than ``min_sentences`` sentences remain. Citation markers
+    ("[1]", "[edit]", "[citation needed]") are cut first when ``remove_citations``.
+    """
+
+    enabled: bool = False
+    end_marks: list[str] = [".", "?", "!", '"']
+    min_words_per_line: int = 5
+    max_word_length: int = 1000
+    min_sentences: int = 3
+    page_substrings: list[str] = ["lorem ipsum", "{"]
+    line_substrings: list[str] = ["javascript", "terms of use", "privacy policy", "cookie policy", "uses cookies",
+                                  "use of cookies", "use cookies"]
+    blocklist: list[str] = []
+    remove_citations: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> "C4Config":
+        if not self.end_marks or not all(self.end_marks):
+            raise ConfigError(f"c4 end_marks={self.end_marks!r} must be non-empty strings, e.g. ['.', '?', '!', '\"']")
+        if min(self.min_words_per_line, self.min_sentences, self.max_word_length) < 0:
+            raise ConfigError("c4 min_words_per_line, min_sentences and max_word_length must be >= 0 "
+                              "(max_word_length 0 disables that test)")
+        if not all(self.page_substrings) or not all(self.line_substrings) or not all(self.blocklist):
+            raise ConfigError("c4 page_substrings, line_substrings and blocklist must not contain empty strings")
         return self
 
 
@@ -100,15 +156,20 @@ class MinHashConfig(Section):
     """MinHash LSH near-duplicate detection (SPEC §7; FineWeb: 5-grams, 112 hashes as 14 bands × 8 rows).
 
     ``bands * rows`` hash functions are used out of ``num_perm``; candidates are kept when their exact Jaccard
-    similarity on shingle sets is >= ``jaccard_threshold``.
+    similarity on shingle sets is >= ``jaccard_threshold``. ``scope``: "source" compares documents of the same
+    source only (FineWeb found per-snapshot dedup better than global), "global" compares all documents.
+    ``max_removal_share``: a source losing a larger share of its documents to near dedup gets a warning.
     """
 
+    enabled: bool = True
     num_perm: int = 112
     bands: int = 14
     rows: int = 8
     shingle_size: int = 5
     jaccard_threshold: float = 0.8
     seed: int = 0
+    scope: Literal["source", "global"] = "source"
+    max_removal_share: float = 0.5
 
     @model_validator(mode="after")
     def _check(self) -> "MinHashConfig":
@@ -121,7 +182,62 @@ class MinHashConfig(Section):
             )
         if not 0.0 < self.jaccard_threshold <= 1.0:
             raise ConfigError(f"near_dedup jaccard_threshold={self.jaccard_threshold} must lie in (0, 1]")
+        if not 0.0 <= self.max_removal_share <= 1.0:
+            raise ConfigError(f"near_dedup max_removal_share={self.max_removal_share} is a share of a source's "
+                              "documents and must lie in [0, 1]")
         return self
+
+
+class BoilerplateConfig(Section):
+    """Cross-document boilerplate removal (SPEC §7 "also line/paragraph boilerplate across documents").
+
+    A line (or a multi-line paragraph) whose normal form (lower-cased, whitespace collapsed) has at least
+    ``min_chars`` characters and occurs in at least ``min_docs`` documents of the corpus is cut from every document
+    it occurs in (navigation bars, licence paragraphs, footers). A document left empty is removed with the rule
+    ``dedup.boilerplate``. Counts are over documents that survived the quality rules, across all shards.
+    """
+
+    enabled: bool = True
+    min_docs: int = Field(default=10, ge=2)
+    min_chars: int = Field(default=30, ge=1)
+
+
+class DecontaminationConfig(Section):
+    """Removal of training documents that overlap an evaluation set (SPEC §7 "Decontamination").
+
+    Texts are compared as word ``ngram``-grams after lower-casing and collapsing whitespace (so line wraps do not
+    hide a match). Evaluation sets: the gate's cloze items (context + correct option) and every file in
+    ``eval_files`` (JSONL with a ``text`` field, or plain text with one item per paragraph). An evaluation n-gram found
+    in ``common_min_docs`` or more training documents is treated as common phrasing (licence text, idioms) and ignored.
+    """
+
+    enabled: bool = True
+    ngram: int = Field(default=13, ge=3)
+    common_min_docs: int = Field(default=50, ge=2)
+    eval_files: list[str] = []
+
+
+class ExecutionConfig(Section):
+    """How the corpus build is executed; never part of the cache key (results do not depend on it).
+
+    ``shard_docs``: documents per shard (memory is bounded by shard size, not corpus size);
+    ``task_runner``: where shards run — ``sequential`` (in the stage's process), ``threads`` (Prefect
+    ThreadPoolTaskRunner), ``processes`` (Prefect tasks whose work runs in a pool of ``workers`` processes),
+    ``dask`` or ``ray`` (Prefect's prefect-dask / prefect-ray integrations, for a cluster).
+    """
+
+    shard_docs: int = Field(default=2000, ge=1)
+    task_runner: Literal["sequential", "threads", "processes", "dask", "ray"] = "processes"
+    workers: int = Field(default=2, ge=1)
+
+    @field_validator("task_runner")
+    @classmethod
+    def _check_runner(cls, v: str) -> str:
+        extra = {"dask": "prefect_dask", "ray": "prefect_ray"}.get(v)
+        if extra and importlib.util.find_spec(extra) is None:
+            raise ConfigError(f"task_runner={v!r} needs the {extra.replace('_', '-')} package: "
+                              f"pip install {extra.replace('_', '-')}")
+        return v
 
 
 class CorpusConfig(Section):
@@ -134,13 +250,19 @@ class CorpusConfig(Section):
 
     languages: list[str] = ["en", "zh"]
     langid_threshold: float = 0.65
+    langid_thresholds: dict[str, float] = {}
     langid_min_chars: int = 20
+    unknown_language: Literal["remove", "keep"] = "remove"
     gopher: GopherConfig = GopherConfig()
     chinese: ChineseRulesConfig = ChineseRulesConfig()
+    c4: C4Config = C4Config()
     source_overrides: dict[str, dict[str, Any]] = {}
     pii: bool = True
     exact_dedup: bool = True
     near_dedup: MinHashConfig = MinHashConfig()
+    boilerplate: BoilerplateConfig = BoilerplateConfig()
+    decontamination: DecontaminationConfig = DecontaminationConfig()
+    execution: ExecutionConfig = ExecutionConfig()
 
     @field_validator("languages")
     @classmethod
@@ -156,6 +278,20 @@ class CorpusConfig(Section):
         if not 0.0 <= v < 1.0:
             raise ConfigError(f"langid_threshold={v} must lie in [0, 1) (FineWeb uses 0.65)")
         return v
+
+    @field_validator("langid_thresholds")
+    @classmethod
+    def _check_thresholds(cls, v: dict[str, float]) -> dict[str, float]:
+        for code, threshold in v.items():
+            if code not in LID176_LABELS:
+                raise ConfigError(f"langid_thresholds[{code!r}]: not a lid.176 label; use codes like 'en', 'zh'")
+            if not 0.0 <= threshold < 1.0:
+                raise ConfigError(f"langid_thresholds[{code!r}]={threshold} must lie in [0, 1)")
+        return v
+
+    def langid_threshold_for(self, language: str) -> float:
+        """The minimum lid.176 score for ``language``: its own threshold if configured, else ``langid_threshold``."""
+        return self.langid_thresholds.get(language, self.langid_threshold)
 
     @field_validator("langid_min_chars")
     @classmethod

@@ -1,23 +1,61 @@
-"""Near-duplicate detection: MinHash signatures, LSH banding, exact-Jaccard verification, union-find (SPEC §7).
+"""Near-duplicate detection (SPEC §7): shingles, MinHash signatures, LSH band keys, candidate pairs, exact-Jaccard
+verification and leader clustering, vectorised over many documents at once.
 
-Shingles are word 5-grams (lower-cased whitespace tokens) or, for languages written without spaces, character
-5-grams. Each shingle is hashed to x in [0, p) with xxh64, and permutation i maps it to h_i(x) = (a_i·x + b_i) mod p
-with p = 2^31 − 1; since x, a_i < 2^31 the product stays below 2^62 and int64 arithmetic is exact. The signature
-is the per-permutation minimum. With b bands of r rows, a pair of Jaccard similarity s becomes a candidate with
-probability 1 − (1 − s^r)^b (Leskovec, Rajaraman & Ullman, "Mining of Massive Datasets", ch. 3).
+Pipeline and the shapes that travel between its steps (``n`` documents, ``k = num_perm``, ``b`` bands × ``r`` rows):
+
+1. :func:`shingle_hashes` / :func:`signatures`: word 5-grams of lower-cased whitespace tokens, or character 5-grams
+   for languages written without spaces, each hashed to a uint64 (word and character hashes never coincide: the
+   top bit tells them apart). A hash is reduced to ``x = hash mod p`` with ``p = 2^31 − 1`` and permutation ``i``
+   maps it to ``h_i(x) = (a_i·x + b_i) mod p``; the signature is the per-permutation minimum, an ``(n, k)`` uint32
+   matrix. Documents without shingles get the sentinel row ``EMPTY`` (2^32 − 1, above any value mod p).
+2. :func:`band_keys`: one uint64 per band and document, ``(n, b)`` — what a sharded build stores per document.
+3. :func:`lsh_candidate_pairs`: pairs that agree on at least one band, optionally within a group (a source).
+4. :func:`cluster`: greedy leader clustering with exact Jaccard, in index order.
+
+A pair of Jaccard similarity ``s`` becomes a candidate with probability ``1 − (1 − s^r)^b`` (Leskovec, Rajaraman &
+Ullman, "Mining of Massive Datasets", ch. 3). Signatures depend only on each document's text and the config's seed,
+so they are the same whatever batch or shard a document is processed in.
 """
 
-from collections import defaultdict
+from __future__ import annotations
+
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from typing import NamedTuple
 
 import numpy as np
-import xxhash
 
 from tasks.corpus.config import MinHashConfig
 
+log = logging.getLogger(__name__)
+
 MERSENNE_P = (1 << 31) - 1
+EMPTY = np.uint32((1 << 32) - 1)  # signature value of a document without shingles (every h_i(x) is < p)
+
+_U64 = np.uint64
+_MASK63 = _U64((1 << 63) - 1)
+_CHAR_BIT = _U64(1 << 63)  # set on character-shingle hashes, clear on word-shingle hashes
+# XXH64's avalanche constants (Collet, xxHash specification, "XXH64 avalanche").
+_PRIME64_2 = _U64(0xC2B2AE3D27D4EB4F)
+_PRIME64_3 = _U64(0x165667B19E3779F9)
+_UNIT_BASE = 0x9E3779B97F4A7C15  # odd: multiplier of the byte polynomial inside a word
+_NGRAM_BASE = _U64(0xD6E8FEB86659FD93)  # odd: multiplier combining unit hashes into an n-gram hash
+_WORD_SEED = _U64(0x6A09E667F3BCC908)
+_CHAR_SEED = _U64(0xBB67AE8584CAA73B)
+_SHORT_TAG = _U64(0x3C6EF372FE94F82B)  # marks the single shingle of a text shorter than the shingle size
+_BAND_SEED = _U64(0xA54FF53A5F1D36F1)
+_DELTA = 2.0**-33  # offset keeping a zero h_i(x) away from the float wrap-around, see _minhash_rows
+# Shingles per matrix block: a (k × block) float64 block stays in the L2 cache; not a power of two, whose row
+# stride would alias in the cache; small enough that OpenBLAS multiplies it on one thread (k <= 136).
+_BLOCK = 640
+_CHUNK_CHARS = 1 << 16  # characters of text hashed together (arrays stay in cache)
+_PIECE = 1 << 20  # characters per polynomial piece (bounds the cached power tables)
+_DEFAULT_MAX_LINKS = 32
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Candidate probabilities (SPEC §7)
 
 
 def lsh_candidate_probability(s: float, bands: int, rows: int) -> float:
@@ -30,19 +68,29 @@ def lsh_threshold(bands: int, rows: int) -> float:
     return (1.0 / bands) ** (1.0 / rows)
 
 
+def s_curve(bands: int, rows: int, points: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9)) -> list[tuple[float, float]]:
+    """``[(s, P(candidate | s)), ...]`` at the similarities ``points``, for logging a configuration's S-curve."""
+    return [(float(s), lsh_candidate_probability(float(s), bands, rows)) for s in points]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shingles
+
+
 def shingles(text: str, size: int, by_chars: bool) -> set[str]:
     """Shingle set of ``text``: word ``size``-grams, or character ``size``-grams when ``by_chars``.
 
-    A text shorter than ``size`` units is one shingle of all its units (so only an identical text can match it);
-    an empty text has no shingles.
+    Words are the whitespace tokens of the lower-cased text; characters are those of the lower-cased text with
+    whitespace removed. A text shorter than ``size`` units is one shingle of all its units (so only an identical
+    text can match it); an empty text has no shingles.
     """
-    units: Sequence[str] = "".join(text.lower().split()) if by_chars else text.lower().split()
-    if len(units) == 0:
-        return set()
-    sep = "" if by_chars else " "
-    if len(units) < size:
-        return {sep.join(units)}
-    return {sep.join(units[i:i + size]) for i in range(len(units) - size + 1)}
+    if by_chars:
+        chars = "".join(text.lower().split())
+        return {chars[i:i + size] for i in range(max(len(chars) - size, 0) + 1)} if chars else set()
+    words = text.lower().split()
+    if len(words) < size:
+        return {" ".join(words)} if words else set()
+    return set(map(" ".join, zip(*(words[i:] for i in range(size)))))
 
 
 def jaccard(a: set, b: set) -> float:
@@ -51,82 +99,450 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / union if union else 0.0
 
 
-class MinHasher:
-    """Signatures of shape (num_perm,) int64 for shingle sets, one fixed family of permutations per seed."""
+def jaccard_hashes(a: np.ndarray, b: np.ndarray) -> float:
+    """Jaccard similarity of two shingle sets given as sorted unique hash arrays (:func:`shingle_hashes`).
 
-    def __init__(self, num_perm: int, seed: int):
-        rng = np.random.default_rng(seed)
-        self.a = rng.integers(1, MERSENNE_P, size=num_perm, dtype=np.int64)
-        self.b = rng.integers(0, MERSENNE_P, size=num_perm, dtype=np.int64)
-
-    def signature(self, shingle_set: set[str]) -> np.ndarray | None:
-        """Per-permutation minimum of h_i over the set; None for an empty set (it gets no LSH buckets)."""
-        if not shingle_set:
-            return None
-        x = np.fromiter((xxhash.xxh64_intdigest(s.encode("utf-8")) % MERSENNE_P for s in shingle_set), dtype=np.int64,
-                        count=len(shingle_set))
-        return ((x[:, None] * self.a[None, :] + self.b[None, :]) % MERSENNE_P).min(axis=0)  # (n_shingles, k) → (k,)
+    Equal to :func:`jaccard` on the string sets unless two distinct shingles share a 64-bit hash.
+    """
+    if len(a) == 0 and len(b) == 0:
+        return 0.0
+    inter = len(np.intersect1d(a, b, assume_unique=True))
+    return inter / (len(a) + len(b) - inter)
 
 
-def lsh_candidates(signatures: list[np.ndarray | None], bands: int, rows: int) -> set[tuple[int, int]]:
-    """Index pairs (i < j) that agree on all ``rows`` values of at least one of ``bands`` bands."""
-    buckets: dict[tuple[int, bytes], list[int]] = defaultdict(list)
-    for idx, sig in enumerate(signatures):
-        if sig is None:
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    """XXH64's avalanche, in place on a uint64 array (a bijection, so it adds no collisions)."""
+    h ^= h >> _U64(33)
+    h *= _PRIME64_2
+    h ^= h >> _U64(29)
+    h *= _PRIME64_3
+    h ^= h >> _U64(32)
+    return h
+
+
+class _Powers:
+    """``base^m`` and ``base^-m`` modulo 2^64 for m < length, grown on demand."""
+
+    def __init__(self, base: int):
+        self.base, self.inverse = base, pow(base, -1, 1 << 64)
+        self.up = self.down = np.ones(0, dtype=np.uint64)
+
+    def get(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.up) < length:
+            size = 1 << max(length - 1, 1).bit_length()
+            steps = np.full((2, size), 1, dtype=np.uint64)
+            steps[0, 1:], steps[1, 1:] = self.base, self.inverse
+            self.up, self.down = np.cumprod(steps, axis=1)  # wraps modulo 2^64
+        return self.up[:length], self.down[:length]
+
+
+_UNIT_POWERS = _Powers(_UNIT_BASE)
+# str.split()'s whitespace (str.isspace); none lies above U+3000, which stands for every higher code point.
+_WHITESPACE = np.array([chr(c).isspace() for c in range(0x3001)] + [False])
+
+
+def _code_points(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Code points of the lower-cased ``texts`` joined by newlines (uint32), and the start of each text (n + 1)."""
+    lows = [t.lower() for t in texts]
+    lens = np.fromiter(map(len, lows), dtype=np.int64, count=len(lows))
+    cps = np.frombuffer("\n".join(lows).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return cps, np.concatenate([[0], np.cumsum(lens + 1)])
+
+
+def _unit_hashes(cps: np.ndarray, starts: np.ndarray, by_chars: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes (uint64) of the shingling units of the texts in ``cps`` and the number of units per text.
+
+    Units are the non-whitespace characters (``by_chars``) or the maximal runs of them (words), exactly the units
+    of :func:`shingles`. A character hashes to the avalanche of its code point; a word spanning positions
+    ``s..e`` to ``fmix64(Σ_m (cp_m + 1)·R^(m − s) mod 2^64)``, a polynomial hash evaluated for all words at once
+    from one product with a power table and a segmented sum.
+    """
+    space = _is_space(cps)
+    if by_chars:
+        pos = np.flatnonzero(~space)
+        units = cps[pos].astype(np.uint64)
+        units += _U64(1)
+        units *= _PRIME64_2
+    else:
+        edge = np.flatnonzero(np.diff(space, prepend=True, append=True))
+        pos, ends = edge[0::2], edge[1::2]  # word i spans pos[i]..ends[i] - 1
+        units = np.empty(len(pos), dtype=np.uint64)
+        # Pieces of about _PIECE characters, cut at word starts, bound the power tables.
+        cuts = np.unique(np.concatenate([[0], np.searchsorted(pos, np.arange(_PIECE, len(cps), _PIECE)),
+                                         [len(pos)]]))
+        for w0, w1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            lo, hi = int(pos[w0]), int(ends[w1 - 1])
+            up, down = _UNIT_POWERS.get(hi - lo)
+            prefix = np.empty(hi - lo + 1, dtype=np.uint64)
+            prefix[0] = 0
+            v = cps[lo:hi].astype(np.uint64)
+            v += _U64(1)
+            v *= up
+            np.cumsum(v, out=prefix[1:])
+            s0 = pos[w0:w1] - lo
+            sums = prefix[ends[w0:w1] - lo]
+            sums -= prefix[s0]
+            sums *= down[s0]
+            units[w0:w1] = sums
+    units ^= _CHAR_SEED if by_chars else _WORD_SEED
+    counts = np.diff(np.searchsorted(pos, starts))
+    return _fmix64(units), counts.astype(np.int64)
+
+
+def _is_space(cps: np.ndarray) -> np.ndarray:
+    """str.isspace() of each code point: arithmetic for ASCII, a table lookup for the few code points >= U+0085."""
+    space = (cps - np.uint32(9) <= 4) | (cps - np.uint32(28) <= 4)  # \t..\r and \x1c..' ' (wrapping compare)
+    high = np.flatnonzero(cps >= 0x85)
+    if len(high):
+        space[high] = _WHITESPACE[np.minimum(cps[high], len(_WHITESPACE) - 1)]
+    return space
+
+
+def _ngram_hashes(units: np.ndarray, counts: np.ndarray, size: int, by_chars: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Shingle hashes of consecutive documents whose unit hashes are concatenated in ``units``.
+
+    ``counts[d]`` units belong to document d. Returns (hashes, per-document shingle counts): ``counts[d] − size + 1``
+    n-grams, one shingle of all units when ``0 < counts[d] < size``, none when it is 0. An n-gram hashes to
+    ``fmix64(Σ_t u_t·M^(size−1−t) mod 2^64 ⊕ seed)`` (ordered: a permutation of the same words differs).
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    offs = np.concatenate([[0], np.cumsum(counts)])
+    n_sh = np.where(counts >= size, counts - size + 1, np.minimum(counts, 1))
+    out_offs = np.concatenate([[0], np.cumsum(n_sh)])
+    out = np.empty(int(out_offs[-1]), dtype=np.uint64)
+    full = np.flatnonzero(counts >= size)
+    if len(full):
+        span = len(units) - size + 1
+        g = units[:span].copy()
+        for t in range(1, size):
+            g *= _NGRAM_BASE
+            g += units[t:t + span]
+        lens = n_sh[full]
+        rel = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        out[np.repeat(out_offs[full], lens) + rel] = g[np.repeat(offs[full], lens) + rel]
+    for length in range(1, size):
+        short = np.flatnonzero(counts == length)
+        if len(short):
+            g = units[offs[short]].copy()
+            for t in range(1, length):
+                g *= _NGRAM_BASE
+                g += units[offs[short] + t]
+            g += _U64(int(_SHORT_TAG) * length % (1 << 64))
+            out[out_offs[short]] = g
+    out ^= _CHAR_SEED if by_chars else _WORD_SEED
+    _fmix64(out)
+    if by_chars:
+        out |= _CHAR_BIT
+    else:
+        out &= _MASK63
+    return out, n_sh
+
+
+def _batch_shingle_hashes(texts: Sequence[str], size: int, by_chars: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated shingle hashes (with repeats) of ``texts``, all shingled the same way, and per-text counts."""
+    if not len(texts):
+        return np.empty(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    units, counts = _unit_hashes(*_code_points(texts), by_chars)
+    return _ngram_hashes(units, counts, size, by_chars)
+
+
+def shingle_hash_sets(texts: Sequence[str], size: int, by_chars: bool | Sequence[bool]) -> list[np.ndarray]:
+    """:func:`shingle_hashes` of each of ``texts``, computed batch-wise (for verifying many candidates)."""
+    flags = _as_flags(by_chars, len(texts))
+    sets: list[np.ndarray] = [np.empty(0, dtype=np.uint64)] * len(texts)
+    for mode in (False, True):
+        mine = np.flatnonzero(flags == mode)
+        if len(mine):
+            hashes, counts = _batch_shingle_hashes([texts[i] for i in mine], size, mode)
+            for d, part in zip(mine.tolist(), np.split(hashes, np.cumsum(counts)[:-1])):
+                sets[d] = np.unique(part)
+    return sets
+
+
+def shingle_hashes(text: str, size: int, by_chars: bool) -> np.ndarray:
+    """Sorted unique uint64 hashes of ``shingles(text, size, by_chars)``; an empty array when it has none.
+
+    Word-shingle hashes have the top bit clear and character-shingle hashes have it set, so the two never collide.
+    Hashing is vectorised over a batch of texts: units (words or characters) get a 64-bit polynomial hash of their
+    code points mixed by XXH64's avalanche, and an n-gram combines its units' hashes with another polynomial and
+    the same avalanche (see ``_unit_hashes`` and ``_ngram_hashes``).
+    """
+    hashes, _ = _batch_shingle_hashes([text], size, by_chars)
+    return np.unique(hashes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Signatures
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``num_perm`` permutations h_i(x) = (a_i·x + b_i) mod p as int64 arrays (a in [1, p), b in [0, p))."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(1, MERSENNE_P, size=num_perm, dtype=np.int64)
+    b = rng.integers(0, MERSENNE_P, size=num_perm, dtype=np.int64)
+    return a, b
+
+
+class Signatures(NamedTuple):
+    """``signatures``: (n, num_perm) uint32, rows of documents without shingles all ``EMPTY``;
+    ``has_shingles``: (n,) bool."""
+
+    signatures: np.ndarray
+    has_shingles: np.ndarray
+
+
+def _coefficients(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(k, 3) float64 matrix C with C·(x >> 16, x & 0xffff, 1) = (a'·x_hi + a·x_lo + b)/p + δ, a' = a·2^16 mod p."""
+    a_shift = (a << 16) % MERSENNE_P
+    coef = np.stack([a_shift / MERSENNE_P, a / MERSENNE_P, b / MERSENNE_P + _DELTA], axis=1)
+    return np.ascontiguousarray(coef)
+
+
+def _minhash_rows(x: np.ndarray, counts: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Per-document minimum of h_i over consecutive runs of ``x`` (``counts[d] >= 1`` values for document d).
+
+    Returns (len(counts), k) uint32. Exact, evaluated in float64 without any integer product: since 2^31 ≡ 1
+    (mod p), a·x ≡ a'·x_hi + a·x_lo with a' = a·2^16 mod p, x = x_hi·2^16 + x_lo, so
+    h/p = frac(x_hi·a'/p + x_lo·a/p + b/p). One small matrix product gives F = that sum + δ for a block of
+    shingles and all permutations; F < 2^17, so its rounding error is below 2^-34, less than δ = 2^-33 (a zero h
+    cannot wrap to 1) and less than half the gap 1/p > 2^-31 between distinct values (the order of frac(F) is the
+    order of h). The block minimum of frac(F) is then converted back: h = round((f − δ)·p), error < 2^-3.
+    """
+    k, n_docs = coef.shape[0], len(counts)
+    offs = np.concatenate([[0], np.cumsum(counts)])
+    xs = np.empty((3, len(x)), dtype=np.float64)
+    xs[0] = x >> _U64(16)
+    xs[1] = x & _U64(0xFFFF)
+    xs[2] = 1.0
+    best = np.full((k, n_docs), 2.0)
+    f = np.empty((k, _BLOCK))
+    floor = np.empty((k, _BLOCK))
+    for lo in range(0, len(x), _BLOCK):
+        hi = min(lo + _BLOCK, len(x))
+        d0 = int(np.searchsorted(offs, lo, side="right")) - 1
+        d1 = int(np.searchsorted(offs, hi, side="left"))
+        fb, fl = f[:, :hi - lo], floor[:, :hi - lo]
+        np.matmul(coef, xs[:, lo:hi], out=fb)
+        np.floor(fb, out=fl)
+        fb -= fl
+        seg = np.maximum(offs[d0:d1], lo) - lo
+        mins = np.minimum.reduceat(fb, seg, axis=1)
+        np.minimum(best[:, d0:d1], mins, out=best[:, d0:d1])
+    return np.rint((best.T - _DELTA) * MERSENNE_P).astype(np.uint32)
+
+
+def _as_flags(by_chars: bool | Sequence[bool], n: int) -> np.ndarray:
+    if isinstance(by_chars, (bool, np.bool_)):
+        return np.full(n, bool(by_chars))
+    flags = np.asarray(by_chars, dtype=bool)
+    if flags.shape != (n,):
+        raise ValueError(f"by_chars has {flags.size} entries for {n} texts; pass one flag per text or a single bool")
+    return flags
+
+
+def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHashConfig,
+               progress: Callable[[int, int], None] | None = None) -> Signatures:
+    """MinHash signatures of ``texts`` with ``cfg.num_perm`` permutations of seed ``cfg.seed`` (SPEC §7).
+
+    ``by_chars``: one flag per text (character shingles when true) or one flag for all. Texts are processed in
+    chunks of about 65,000 characters; within a chunk, all shingle hashes are concatenated and evaluated as
+    (k × block) matrices with per-document minima (``np.minimum.reduceat``). ``progress(done, total)`` is called
+    about every 1,000 texts and at the end. Raises ValueError when ``by_chars`` does not match ``texts``.
+    """
+    n = len(texts)
+    flags = _as_flags(by_chars, n)
+    a, b = permutations(cfg.num_perm, cfg.seed)
+    coef = _coefficients(a, b)
+    sigs = np.full((n, cfg.num_perm), EMPTY, dtype=np.uint32)
+    has = np.zeros(n, dtype=bool)
+    start = reported = 0
+    while start < n:
+        end, chars = start, 0
+        while end < n and (end == start or chars < _CHUNK_CHARS):
+            chars += len(texts[end])
+            end += 1
+        for mode in (False, True):
+            idx = np.flatnonzero(flags[start:end] == mode) + start
+            if not len(idx):
+                continue
+            hashes, counts = _batch_shingle_hashes([texts[i] for i in idx], cfg.shingle_size, mode)
+            nonempty = counts > 0
+            if hashes.size:
+                rows = idx[nonempty]
+                sigs[rows] = _minhash_rows(hashes % _U64(MERSENNE_P), counts[nonempty], coef)
+                has[rows] = True
+        start = end
+        if progress and (end == n or end - reported >= 1000):
+            progress(end, n)
+            reported = end
+    return Signatures(sigs, has)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LSH
+
+
+def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n, bands) uint64: a 64-bit hash of each band's ``rows`` signature values (band j = columns j·rows ...).
+
+    Two documents agree on a band key exactly when they agree on the band's rows (up to 64-bit hash collisions).
+    The band index is mixed in, so equal rows in different bands give different keys. Pairs of uint32 rows are
+    packed losslessly into uint64 words and chained through XXH64's avalanche.
+    Raises ValueError when the signatures have fewer than ``bands * rows`` columns.
+    """
+    sigs = np.asarray(sigs)
+    if sigs.ndim != 2 or sigs.shape[1] < bands * rows:
+        raise ValueError(f"signatures of shape {sigs.shape} have fewer than bands*rows = {bands * rows} columns")
+    n = sigs.shape[0]
+    vals = sigs[:, :bands * rows].astype(np.uint64).reshape(n, bands, rows)
+    if rows % 2:
+        vals = np.concatenate([vals, np.zeros((n, bands, 1), dtype=np.uint64)], axis=2)
+    words = (vals[:, :, 0::2] << _U64(32)) | vals[:, :, 1::2]
+    key = np.broadcast_to(np.arange(bands, dtype=np.uint64) + _BAND_SEED, (n, bands)).copy()
+    for w in range(words.shape[2]):
+        key ^= words[:, :, w]
+        _fmix64(key)
+    return key
+
+
+def lsh_candidate_pairs(keys: np.ndarray, valid: np.ndarray, groups: np.ndarray | None = None,
+                        max_links: int = _DEFAULT_MAX_LINKS) -> np.ndarray:
+    """Unique index pairs (i < j) agreeing on at least one band key, as an (m, 2) int64 array sorted by (i, j).
+
+    ``keys``: (n, bands) from :func:`band_keys`. Documents with ``valid`` false (no shingles) get no bucket.
+    ``groups`` (n,) of ints: pairs only within a group (a source for scope "source", the shingling mode...).
+    Bucket cap: the members of a bucket, in index order, are each paired with the bucket's first ``max_links``
+    members only, so a bucket of L documents yields at most ``max_links·L`` pairs instead of L(L−1)/2; buckets
+    of up to ``max_links + 1`` members are complete. Leader clustering compares a document with lower-index
+    candidates, which the first members of its buckets are. Vectorised: one stable sort per band.
+    """
+    keys = np.asarray(keys, dtype=np.uint64)
+    n = keys.shape[0]
+    idx = np.flatnonzero(np.asarray(valid, dtype=bool))
+    if len(idx) < 2:
+        return np.empty((0, 2), dtype=np.int64)
+    grp = None if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)[idx]
+    codes = []
+    for band in range(keys.shape[1]):
+        key = keys[idx, band]
+        order = np.argsort(key, kind="stable") if grp is None else np.lexsort((key, grp))
+        k_sorted = key[order]
+        same = k_sorted[1:] == k_sorted[:-1]
+        if grp is not None:
+            g_sorted = grp[order]
+            same &= g_sorted[1:] == g_sorted[:-1]
+        if not same.any():
             continue
-        for band in range(bands):
-            buckets[(band, sig[band * rows:(band + 1) * rows].tobytes())].append(idx)
-    return {pair for members in buckets.values() if len(members) > 1 for pair in combinations(members, 2)}
+        pos = np.arange(len(order))
+        run_start = np.maximum.accumulate(np.where(np.concatenate([[True], ~same]), pos, 0))
+        rank = pos - run_start
+        links = np.minimum(rank, max_links)
+        total = int(links.sum())
+        member = np.repeat(pos, links)
+        partner = np.repeat(run_start, links) + (np.arange(total) - np.repeat(np.cumsum(links) - links, links))
+        i, j = idx[order[partner]], idx[order[member]]
+        codes.append(np.minimum(i, j) * n + np.maximum(i, j))
+    if not codes:
+        return np.empty((0, 2), dtype=np.int64)
+    code = np.unique(np.concatenate(codes))
+    return np.stack([code // n, code % n], axis=1).astype(np.int64)
 
 
-class UnionFind:
-    """Disjoint sets over 0..n-1 whose root is always the lowest index of the set."""
-
-    def __init__(self, n: int):
-        self.parent = list(range(n))
-
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def union(self, i: int, j: int) -> None:
-        ri, rj = self.find(i), self.find(j)
-        if ri != rj:
-            self.parent[max(ri, rj)] = min(ri, rj)
+# ---------------------------------------------------------------------------------------------------------------
+# Clustering
 
 
 @dataclass
 class NearDuplicates:
-    """``representative[i]``: lowest index of i's cluster (i itself if alone); ``jaccard_to_rep[i]``: exact
-    Jaccard between i and its representative (1.0 for representatives); candidate/verified pair counts."""
+    """Outcome of near-duplicate clustering over ``n`` documents.
+
+    ``representative[i]``: the kept document i is a near duplicate of (i itself when kept); ``jaccard_to_rep[i]``:
+    exact Jaccard between i and its representative (1.0 when kept); ``num_candidates``: LSH candidate pairs;
+    ``num_compared``: exact Jaccard evaluations; ``num_verified``: those at or above the threshold (one per
+    removed document); ``num_clusters``: kept documents with at least one near duplicate; ``largest_cluster``:
+    members of the largest cluster, its representative included (1 when nothing was removed).
+    """
 
     representative: list[int]
     jaccard_to_rep: list[float]
     num_candidates: int
     num_verified: int
+    num_compared: int = 0
+    num_clusters: int = 0
+    largest_cluster: int = 1
+
+    @property
+    def removed(self) -> list[int]:
+        """Indices of the documents removed as near duplicates, ascending."""
+        return [i for i, r in enumerate(self.representative) if r != i]
 
 
-def near_duplicates(texts: Sequence[str], by_chars: Sequence[bool], cfg: MinHashConfig,
-                    progress: Callable[[int, int], None] | None = None) -> NearDuplicates:
-    """Cluster near-duplicate ``texts`` (SPEC §7): LSH candidates verified by exact Jaccard >= threshold.
+def cluster(n: int, pairs: np.ndarray, similarity: Callable[[int, int], float], threshold: float) -> NearDuplicates:
+    """Greedy leader clustering of ``n`` documents in index order over candidate ``pairs`` ((m, 2), i < j).
 
-    ``by_chars[i]`` selects character shingles for text i. Two texts shingled differently never match.
+    Document j is compared, lowest index first, with the kept documents among its lower-index candidates and
+    with the representatives of its removed candidates; it is removed as a duplicate of the first of them with
+    ``similarity(i, j) >= threshold`` (exact Jaccard), otherwise it is kept. A document is thus only ever removed
+    on the strength of its own similarity to a kept representative: with A~B and B~C but A far from C, C stays.
+    Connected components (union-find) would chain and remove C; they are not used.
     """
-    hasher = MinHasher(cfg.num_perm, cfg.seed)
-    sets = [shingles(t, cfg.shingle_size, c) for t, c in zip(texts, by_chars)]
-    sigs = []
-    for i, s in enumerate(sets):
-        sigs.append(hasher.signature({f"{int(by_chars[i])}|{x}" for x in s}))  # char and word shingles never collide
-        if progress and (i % 1000 == 0 or i == len(sets) - 1):
-            progress(i + 1, len(sets))
-    candidates = lsh_candidates(sigs, cfg.bands, cfg.rows)
-    uf, verified = UnionFind(len(texts)), 0
-    for i, j in sorted(candidates):
-        if by_chars[i] == by_chars[j] and jaccard(sets[i], sets[j]) >= cfg.jaccard_threshold:
-            uf.union(i, j)
-            verified += 1
-    reps = [uf.find(i) for i in range(len(texts))]
-    sims = [1.0 if r == i else jaccard(sets[i], sets[r]) for i, r in enumerate(reps)]
-    return NearDuplicates(reps, sims, len(candidates), verified)
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    rep = list(range(n))
+    sim_to_rep = [1.0] * n
+    compared = verified = 0
+    if len(pairs):
+        lo, hi = pairs.min(axis=1), pairs.max(axis=1)
+        order = np.lexsort((lo, hi))
+        lo, hi = lo[order], hi[order]
+        bounds = np.flatnonzero(np.diff(hi)) + 1
+        for chunk_lo, j in zip(np.split(lo, bounds), hi[np.concatenate([[0], bounds])].tolist()):
+            tried: set[int] = set()
+            for leader in sorted({rep[i] for i in chunk_lo.tolist()}):
+                if leader in tried:
+                    continue
+                tried.add(leader)
+                compared += 1
+                s = similarity(leader, j)
+                if s >= threshold:
+                    rep[j], sim_to_rep[j] = leader, float(s)
+                    verified += 1
+                    break
+    sizes = np.bincount(np.asarray(rep, dtype=np.int64), minlength=n) if n else np.zeros(0, dtype=np.int64)
+    return NearDuplicates(rep, sim_to_rep, len(pairs), verified, compared, int((sizes > 1).sum()),
+                          int(sizes.max()) if n else 1)
+
+
+def near_duplicates(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHashConfig,
+                    groups: Sequence | np.ndarray | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> NearDuplicates:
+    """Near duplicates among in-memory ``texts`` (SPEC §7): signatures → band keys → candidate pairs → leader
+    clustering with exact Jaccard >= ``cfg.jaccard_threshold`` on the shingle sets.
+
+    ``by_chars`` as in :func:`signatures`; texts shingled differently are never paired. ``groups`` (one label per
+    text, e.g. the source) restricts pairs to the same label; None compares all texts (scope "global").
+    A group losing more than ``cfg.max_removal_share`` of its documents is logged as a warning. With
+    ``cfg.enabled`` false every document is kept.
+    """
+    n = len(texts)
+    if not cfg.enabled or n == 0:
+        return NearDuplicates(list(range(n)), [1.0] * n, 0, 0)
+    flags = _as_flags(by_chars, n)
+    sigs, has = signatures(texts, flags, cfg, progress=progress)
+    keys = band_keys(sigs, cfg.bands, cfg.rows)
+    labels = np.zeros(n, dtype=np.int64) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    labels = labels.reshape(-1) * 2 + flags
+    pairs = lsh_candidate_pairs(keys, has, labels)
+    docs = np.unique(pairs).tolist()
+    sets = dict(zip(docs, shingle_hash_sets([texts[i] for i in docs], cfg.shingle_size, flags[docs])))
+    found = cluster(n, pairs, lambda i, j: jaccard_hashes(sets[i], sets[j]), cfg.jaccard_threshold)
+    _warn_removal_share(found, labels // 2, groups, cfg.max_removal_share)
+    return found
+
+
+def _warn_removal_share(found: NearDuplicates, labels: np.ndarray, groups, limit: float) -> None:
+    removed = np.asarray(found.representative) != np.arange(len(found.representative))
+    total, gone = np.bincount(labels), np.bincount(labels, weights=removed, minlength=len(np.bincount(labels)))
+    names = np.unique(np.asarray(groups)) if groups is not None else ["all documents"]
+    for g in np.flatnonzero(gone > limit * total):
+        log.warning("near dedup removed %d of %d documents (%.1f%%) of %s, above max_removal_share %.0f%%",
+                    int(gone[g]), int(total[g]), 100 * gone[g] / total[g], names[g], 100 * limit)

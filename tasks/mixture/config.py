@@ -73,8 +73,8 @@ class MixtureConfig(Section):
         rule: ``min_token_weighted_bpb`` (held-out-token-weighted mean bits/byte over sources) or ``min_mean_bpb``.
         max_regression_bpb: δ in bits/byte; a candidate is ineligible when any source is worse than under the
             natural mixture by more than δ.
-        main_tokens: planned main-run tokens D, for the epochs check w·D/U (SPEC §8); None skips the check.
-        max_epochs: epochs per source above which a warning is raised (~4, SPEC §8).
+        max_epochs: epochs per source in the main run (w·D/U, D from ``[main]``'s budget) above which the main
+            stage warns (~4, SPEC §8). It only sets a warning threshold, so it is left out of every stage key.
 
     Raises:
         ConfigError: naming the field and the fix.
@@ -83,8 +83,15 @@ class MixtureConfig(Section):
     candidates: list[MixtureCandidate]
     rule: Literal["min_mean_bpb", "min_token_weighted_bpb"] = "min_token_weighted_bpb"
     max_regression_bpb: float = 0.05
-    main_tokens: int | None = None
     max_epochs: float = 4.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data):
+        if isinstance(data, dict) and "main_tokens" in data:
+            raise ConfigError("mixture.main_tokens is no longer read: the main run's tokens D come from [main] "
+                              "(steps · batch_size · seq_len); delete the line")
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "MixtureConfig":
@@ -100,8 +107,6 @@ class MixtureConfig(Section):
             )
         if not (math.isfinite(self.max_regression_bpb) and self.max_regression_bpb >= 0.0):
             raise ConfigError(f"mixture.max_regression_bpb = {self.max_regression_bpb}: must be ≥ 0 bits/byte")
-        if self.main_tokens is not None and self.main_tokens <= 0:
-            raise ConfigError(f"mixture.main_tokens = {self.main_tokens}: must be > 0 tokens, or omitted")
         if not (math.isfinite(self.max_epochs) and self.max_epochs > 0.0):
             raise ConfigError(f"mixture.max_epochs = {self.max_epochs}: must be > 0 (SPEC §8 suggests ~4)")
         return self

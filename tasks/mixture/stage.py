@@ -1,8 +1,9 @@
 """Mixture stage: one proxy model per candidate mixture, scored by held-out loss per general source.
 
 Outputs: ``trials.parquet`` (candidate, source, weight, loss_nats, bits_per_byte, heldout_tokens, proxy_tokens),
-``choice.json`` (the chosen mixture, the rule declared in the config, the margin to the runner-up, epochs
-per source in the main run and their warnings) and ``mixture_loss.png`` (per-source loss per candidate).
+``choice.json`` (the chosen mixture, the rule declared in the config, the margin to the runner-up) and
+``mixture_loss.png`` (per-source loss per candidate). The epochs each source gets in the main run depend on
+the main run's budget, so the main stage reports them; the mixture's key stays free of it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from infra.stage import StageContext  # noqa: E402
-from tasks.mixture.candidates import epoch_warnings, epochs, resolve_candidates  # noqa: E402
+from tasks.mixture.candidates import resolve_candidates  # noqa: E402
 from tasks.mixture.config import MixtureConfig  # noqa: E402
 from tasks.mixture.select import select_mixture  # noqa: E402
 from tasks.tokenizer.stage import TokenizedCorpus  # noqa: E402
@@ -27,8 +28,7 @@ from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_
 from tasks.train.sections import ProxyConfig  # noqa: E402
 
 
-def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: list[str],
-        main_tokens: int) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: list[str]) -> dict[str, Any]:
     """Train and score one proxy per candidate, then apply the declared selection rule."""
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     sizes = corpus.train_sizes(general)
@@ -55,12 +55,10 @@ def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: l
     chosen = next(c for c in candidates if c.name == choice.name)
     trials["chosen"] = trials["candidate"] == choice.name
     trials.to_parquet(ctx.out / "trials.parquet", index=False)
-    main_epochs = epochs(chosen.weights, main_tokens, sizes)
     record = {
         "name": choice.name, "weights": chosen.weights, "score": choice.score, "runner_up": choice.runner_up,
         "runner_up_score": choice.runner_up_score, "margin": choice.margin, "rule": choice.rule_text,
-        "natural": natural, "main_epochs": main_epochs, "warnings": epoch_warnings(main_epochs, cfg.max_epochs),
-        "scores": choice.scores.to_dict(orient="records"),
+        "natural": natural, "scores": choice.scores.to_dict(orient="records"),
     }
     (ctx.out / "choice.json").write_text(json.dumps(record, indent=2, default=str))
     plot_trials(trials, ctx.out / "mixture_loss.png")

@@ -40,7 +40,8 @@ class SourceConfig(Section):
         package: Debian package name; required for ``deb``, must be unset for ``local``.
         include: glob patterns (``**`` allowed); for ``deb`` relative to the unpacked package root, for ``local``
             absolute or relative to the working directory.
-        format: how to split files into documents; ``auto`` picks by file extension.
+        format: how to split files into documents; ``auto`` picks by file extension (``warc`` for
+            ``*.warc``/``*.warc.gz``, e.g. Common Crawl files).
         text_field: the text column/key for ``jsonl`` and ``parquet``.
         language: language hint (ISO 639-1 like ``"en"``), used when text is too short to identify.
         role: ``general`` text or ``domain`` text (for continued pretraining).
@@ -51,7 +52,7 @@ class SourceConfig(Section):
     kind: Literal["deb", "local"]
     package: str | None = None
     include: list[str]
-    format: Literal["auto", "html", "text", "fortune", "jsonl", "parquet"] = "auto"
+    format: Literal["auto", "html", "warc", "text", "fortune", "jsonl", "parquet"] = "auto"
     text_field: str = "text"
     language: str | None = None
     role: Literal["general", "domain"] = "general"

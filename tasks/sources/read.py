@@ -1,15 +1,23 @@
 """Turn a source's files into a table of documents, with a reject row for every input that could not be one.
 
-Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → html, .jsonl → jsonl,
-.parquet → parquet, anything else → text):
+Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → html, .warc/.warc.gz → warc,
+.jsonl → jsonl, .parquet → parquet, anything else → text):
 
-- html: one document per file, raw markup kept (``content_type="html"``) for the corpus extractor; decoded by BOM,
-  then ``<meta charset>``, then UTF-8 with replacement characters (noted in ``SourceDocs.notes``).
-- text: one document per file, UTF-8.
+- html: one document per file, raw markup kept (``content_type="html"``) for the corpus extractor; decoded by
+  BOM, UTF-8, declared charset, detection (``tasks.sources.encoding.decode_html``).
+- warc: one HTML document per 2xx HTML ``response`` record (``tasks.sources.warc``), decoded as html with the HTTP
+  header's charset; other records are counted in ``SourceDocs.skipped``; a truncated or unparseable record ends
+  its file with one reject row naming the file and the record's byte offset.
+- text: one document per file, UTF-8 (a file that is not UTF-8 is rejected).
 - fortune: BSD fortune files, one document per entry between lines that are exactly ``%``; ANSI colour escapes
   stripped; ``*.dat`` index files and symlinked duplicates (``*.u8``) skipped.
 - jsonl: one document per line, text under ``text_field``.
 - parquet: one document per row of column ``text_field``.
+
+Every document records how its bytes became text (``encoding``, ``encoding_from``: bom/declared/utf8/detected/
+fallback) and the damage repaired: ``num_replaced`` (undecodable bytes and lone surrogates → U+FFFD) and
+``num_nul_removed`` (NUL characters stripped). Each input unit (file, entry, line, row, WARC record) ends as one
+document, one reject row (stage ``"read"``, with a rule and a detail naming the file) or a counted skip.
 """
 
 import glob
@@ -21,29 +29,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infra.errors import SourceError
 from tasks.sources.config import SourceConfig
 from tasks.sources.deb import fetch_deb
+from tasks.sources.encoding import Decoded, Rejected, decode_html, scrub
+from tasks.sources.warc import WarcPage, WarcProblem, is_warc, iter_warc
 
-DOC_COLUMNS = ["doc_id", "source", "path", "language_hint", "content", "content_type", "licence", "snapshot"]
+DOC_COLUMNS = ["doc_id", "source", "path", "url", "language_hint", "content", "content_type", "encoding",
+               "encoding_from", "num_replaced", "num_nul_removed", "licence", "snapshot"]
 REJECT_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_META_CHARSET_RE = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
-_BOMS = [(b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16")]
 
 
 @dataclass
 class SourceDocs:
     """Documents of one source (``docs``, columns ``DOC_COLUMNS``) and the inputs rejected while reading
-    (``rejects``, columns ``REJECT_COLUMNS``, stage ``"read"``). ``notes`` lists recoverable oddities."""
+    (``rejects``, columns ``REJECT_COLUMNS``, stage ``"read"``). ``notes`` lists recoverable oddities;
+    ``skipped`` counts input units that are not documents by kind (WARC ``not_response``, ``http_status``,
+    ``not_html`` records)."""
 
     docs: pd.DataFrame
     rejects: pd.DataFrame
     snapshot: str
     licence: str
     notes: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,10 +67,13 @@ class _Acc:
     docs: list[dict] = field(default_factory=list)
     rejects: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
 
-    def doc(self, doc_id: str, rel: str, content: str, content_type: str) -> None:
-        self.docs.append(dict(doc_id=doc_id, source=self.cfg.name, path=rel, language_hint=self.cfg.language,
-                              content=content, content_type=content_type))
+    def doc(self, doc_id: str, rel: str, text: Decoded, content_type: str, url: str | None = None) -> None:
+        self.docs.append(dict(doc_id=doc_id, source=self.cfg.name, path=rel, url=url, language_hint=self.cfg.language,
+                              content=text.text, content_type=content_type, encoding=text.encoding,
+                              encoding_from=text.decided_by, num_replaced=text.num_replaced,
+                              num_nul_removed=text.num_nul_removed))
 
     def reject(self, doc_id: str, rule: str, detail: str) -> None:
         self.rejects.append(dict(doc_id=doc_id, source=self.cfg.name, stage="read", rule=rule,
@@ -76,7 +92,8 @@ def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
 
     Raises:
         SourceError: no file matches the patterns, a parquet file lacks ``text_field``, or the package cannot
-            be fetched (see ``fetch_deb``).
+            be fetched (see ``fetch_deb``). Damaged content (bad bytes, bad JSON, broken Parquet or WARC files)
+            never raises: it becomes reject rows.
     """
     if cfg.kind == "deb":
         pkg = fetch_deb(cfg.package, cache_dir)
@@ -90,10 +107,10 @@ def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
         if acc.full():
             break
         _read_file(acc, rel, path)
-    docs = pd.DataFrame(acc.docs[: cfg.max_docs], columns=DOC_COLUMNS[:6])
+    docs = pd.DataFrame(acc.docs[: cfg.max_docs], columns=DOC_COLUMNS[:-2])
     docs["licence"], docs["snapshot"] = licence, snapshot
     return SourceDocs(docs=docs[DOC_COLUMNS], rejects=pd.DataFrame(acc.rejects, columns=REJECT_COLUMNS),
-                      snapshot=snapshot, licence=licence, notes=acc.notes)
+                      snapshot=snapshot, licence=licence, notes=acc.notes, skipped=acc.skipped)
 
 
 def match_files(patterns: list[str], root: Path | None) -> list[tuple[str, Path]]:
@@ -137,6 +154,8 @@ def _local_snapshot(files: list[tuple[str, Path]]) -> str:
 def _format_of(cfg: SourceConfig, path: Path) -> str:
     if cfg.format != "auto":
         return cfg.format
+    if is_warc(path):
+        return "warc"
     ext = path.suffix.lower()
     return {".html": "html", ".htm": "html", ".jsonl": "jsonl", ".parquet": "parquet"}.get(ext, "text")
 
@@ -145,41 +164,55 @@ def _read_file(acc: _Acc, rel: str, path: Path) -> None:
     fmt = _format_of(acc.cfg, path)
     doc_id = f"{acc.cfg.name}/{rel}"
     if fmt == "html":
-        acc.doc(doc_id, rel, _decode_html(path.read_bytes(), acc, rel), "html")
+        _add_html(acc, doc_id, rel, decode_html(path.read_bytes()))
+    elif fmt == "warc":
+        _read_warc(acc, rel, path)
     elif fmt == "parquet":
         _read_parquet(acc, rel, path)
     elif fmt == "fortune" and path.suffix == ".dat":
         return  # strfile index, binary
     else:
-        text = _decode_utf8(path.read_bytes(), acc, doc_id)
+        text = _decode_utf8(path.read_bytes(), acc, doc_id, rel)
         if text is None:
             return
         {"text": _read_text, "fortune": _read_fortunes, "jsonl": _read_jsonl}[fmt](acc, rel, text)
 
 
-def _decode_utf8(raw: bytes, acc: _Acc, doc_id: str) -> str | None:
+def _decode_utf8(raw: bytes, acc: _Acc, doc_id: str, rel: str) -> str | None:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        acc.reject(doc_id, "read.undecodable", f"not UTF-8 at byte {e.start}: {e.reason}")
+        acc.reject(doc_id, "read.undecodable", f"{rel}: not UTF-8 at byte {e.start}: {e.reason}")
         return None
 
 
-def _decode_html(raw: bytes, acc: _Acc, rel: str) -> str:
-    for bom, codec in _BOMS:
-        if raw.startswith(bom):
-            return raw.decode(codec, errors="replace")
-    m = _META_CHARSET_RE.search(raw[:4096])
-    codec = m.group(1).decode("ascii").lower() if m else "utf-8"
-    try:
-        return raw.decode(codec)
-    except (LookupError, UnicodeDecodeError) as e:
-        acc.notes.append(f"{rel}: could not decode as {codec} ({e.__class__.__name__}); used UTF-8 with replacement")
-        return raw.decode("utf-8", errors="replace")
+def _add_html(acc: _Acc, doc_id: str, rel: str, decoded: Decoded | Rejected, url: str | None = None) -> None:
+    if isinstance(decoded, Rejected):
+        acc.reject(doc_id, decoded.rule, f"{rel}: {decoded.detail}")
+    else:
+        acc.doc(doc_id, rel, decoded, "html", url)
+
+
+def _read_warc(acc: _Acc, rel: str, path: Path) -> None:
+    """HTML responses of one WARC file; ids are the WARC-Record-ID, else the URL, else the byte offset."""
+    seen: set[str] = set()
+    for item in iter_warc(path):
+        if isinstance(item, WarcProblem):
+            acc.reject(f"{acc.cfg.name}/{rel}@{item.offset}", item.rule, f"{rel}: {item.detail}")
+        elif isinstance(item, WarcPage):
+            key = item.record_id or item.url or f"@{item.offset}"
+            key = key if key not in seen else f"{key}@{item.offset}"  # ids repeat only in malformed files
+            seen.add(key)
+            _add_html(acc, f"{acc.cfg.name}/{rel}#{key}", rel, decode_html(item.body, item.http_content_type),
+                      item.url)
+            if acc.full():
+                return
+        else:
+            acc.skipped[f"warc.{item.kind}"] = acc.skipped.get(f"warc.{item.kind}", 0) + 1
 
 
 def _read_text(acc: _Acc, rel: str, text: str) -> None:
-    acc.doc(f"{acc.cfg.name}/{rel}", rel, text, "text")
+    acc.doc(f"{acc.cfg.name}/{rel}", rel, scrub(text), "text")
 
 
 def _read_fortunes(acc: _Acc, rel: str, text: str) -> None:
@@ -188,7 +221,7 @@ def _read_fortunes(acc: _Acc, rel: str, text: str) -> None:
         entries.pop()  # the piece after the closing '%' is a file-format artefact, not an entry
     # a blank entry between two '%' lines is still a document: the corpus stage removes it with a reason
     for i, entry in enumerate(entries):
-        acc.doc(f"{acc.cfg.name}/{rel}#{i}", rel, entry, "text")
+        acc.doc(f"{acc.cfg.name}/{rel}#{i}", rel, scrub(entry), "text")
 
 
 def strip_ansi(text: str) -> str:
@@ -210,23 +243,35 @@ def _read_jsonl(acc: _Acc, rel: str, text: str) -> None:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            acc.reject(doc_id, "read.bad_json", f"line {i + 1}: {e.msg} at column {e.colno}")
+            acc.reject(doc_id, "read.bad_json", f"{rel} line {i + 1}: {e.msg} at column {e.colno}")
             continue
         value = record.get(field_name) if isinstance(record, dict) else None
         if not isinstance(value, str):
-            acc.reject(doc_id, "read.missing_field", f"line {i + 1}: no string field {field_name!r}")
+            acc.reject(doc_id, "read.missing_field", f"{rel} line {i + 1}: no string field {field_name!r}")
             continue
-        acc.doc(doc_id, rel, value, "text")
+        acc.doc(doc_id, rel, scrub(value), "text")  # JSON "\ud800" escapes give lone surrogates
 
 
 def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
-    columns = pq.read_schema(path).names
+    """Rows of column ``text_field``. A missing column raises (every file of the source would need the same
+    fix); a file that is not Parquet at all is one reject row."""
+    try:
+        columns = pq.read_schema(path).names
+    except (pa.ArrowException, OSError) as e:
+        acc.reject(f"{acc.cfg.name}/{rel}", "read.bad_parquet", f"{rel}: not a readable Parquet file ({e})")
+        return
     if acc.cfg.text_field not in columns:
         raise SourceError(f"{path}: no column text_field={acc.cfg.text_field!r}; it has {columns}; set text_field")
-    values = pq.read_table(path, columns=[acc.cfg.text_field]).column(0).to_pylist()
+    try:
+        values = pq.read_table(path, columns=[acc.cfg.text_field]).column(0).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        acc.reject(f"{acc.cfg.name}/{rel}", "read.bad_parquet",
+                   f"{rel}: column {acc.cfg.text_field!r} unreadable ({e})")
+        return
     for i, value in enumerate(values):
         doc_id = f"{acc.cfg.name}/{rel}#{i}"
         if isinstance(value, str):
-            acc.doc(doc_id, rel, value, "text")
+            acc.doc(doc_id, rel, scrub(value), "text")
         else:
-            acc.reject(doc_id, "read.missing_field", f"row {i}: {acc.cfg.text_field!r} is {type(value).__name__}")
+            acc.reject(doc_id, "read.missing_field",
+                       f"{rel} row {i}: {acc.cfg.text_field!r} is {type(value).__name__}")

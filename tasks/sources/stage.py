@@ -29,7 +29,7 @@ def run(ctx: StageContext, sources: Mapping[str, SourceConfig]) -> dict[str, Any
             described[name] = {
                 "kind": cfg.kind, "package": cfg.package, "role": cfg.role, "language": cfg.language,
                 "snapshot": read.snapshot, "licence": read.licence,
-                "docs_read": len(read.docs), "rejects": len(read.rejects),
+                "docs_read": len(read.docs), "rejects": len(read.rejects), "skipped": dict(read.skipped),
             }
             advance(1)
     pd.concat(rejects, ignore_index=True).to_parquet(ctx.out / "rejects.parquet", index=False)

@@ -2,7 +2,9 @@
 
 Storage is Optuna's journal (an append-only log file guarded by a file lock), so workers on one file system never hit
 SQLite's "database is locked". Every trial is tagged with its worker (``host:pid``); on start, a RUNNING trial whose
-worker process on this host is gone is marked FAIL with a ``fail_reason`` and counts towards ``n_trials``.
+worker process on this host is gone is marked FAIL with a ``fail_reason`` and counts towards ``n_trials``. A trial
+stopped by Ctrl-C (KeyboardInterrupt) is marked FAIL with ``interrupted`` and a ``fail_reason``, does not count, and is
+queued again (same peak LR and seed), so the next run redoes it.
 
 Run from Python (several shells may run the same line at once on one study)::
 
@@ -91,14 +93,16 @@ def run_sweep(
         objective: ``objective(peak_lr, trial_seed, report) -> final held-out loss`` (nats/token). It should call
             ``report(step, held_out_loss)`` every ``cfg.report_every`` steps and let ``optuna.TrialPruned`` propagate.
             Any other exception, or a non-finite loss, marks the trial FAIL with ``fail_reason`` and the sweep goes on.
+            A KeyboardInterrupt marks it FAIL and ``interrupted``, queues it again and stops the sweep (re-raised).
         cfg: the sweep section.
         storage_path: directory holding the journal shared by all workers of the study.
         study_name: the study; loaded if it exists.
         worker: distinct per concurrent process, so that workers' samplers do not draw the same LRs.
 
-    Trials already in the study (finished, or running in another live worker) count towards ``n_trials``; under a race
-    between workers a trial numbered ≥ ``n_trials`` is closed at once as FAIL ("surplus"). When other workers still
-    run trials, the returned table shows them RUNNING.
+    Trials already in the study (finished, or running in another live worker) count towards ``n_trials``, except
+    interrupted ones (``counts_towards_n_trials``); under a race between workers a trial that already has ``n_trials``
+    counted or queued trials before it is closed at once as FAIL ("surplus"). When other workers still run trials,
+    the returned table shows them RUNNING.
 
     Raises:
         ConfigError: ``worker`` < 0.
@@ -116,9 +120,17 @@ def run_sweep(
     )
     fail_stale_trials(study)
     run_trial = _trial_runner(objective, cfg)
-    while len(study.get_trials(deepcopy=False)) < cfg.n_trials:
+    # A queued retry (WAITING) is not counted, so the loop goes on until it has run (optimize takes it first).
+    while sum(counts_towards_n_trials(t) for t in study.get_trials(deepcopy=False)) < cfg.n_trials:
         study.optimize(run_trial, n_trials=1, catch=(Exception,))
     return sweep_result(study)
+
+
+def counts_towards_n_trials(trial: FrozenTrial) -> bool:
+    """Finished trials (an interrupted one excepted) and running ones count; queued and interrupted ones do not."""
+    if trial.state == TrialState.WAITING:
+        return False
+    return not (trial.state == TrialState.FAIL and trial.user_attrs.get("interrupted"))
 
 
 def load_sweep(storage_path: Path, study_name: str) -> SweepResult:
@@ -144,25 +156,55 @@ def _worker_tag() -> str:
 
 def _trial_runner(objective: Objective, cfg: SweepConfig) -> Callable[[Trial], float]:
     def run(trial: Trial) -> float:
-        trial.set_user_attr("worker", _worker_tag())
-        if trial.number >= cfg.n_trials:
-            trial.set_user_attr("fail_reason", f"surplus: the study already had {cfg.n_trials} trials")
-            raise DataError(f"trial {trial.number} is surplus to n_trials = {cfg.n_trials}")
-        seed = trial_seed(cfg.seed, trial.number)
-        trial.set_user_attr("seed", seed)
-        peak_lr = trial.suggest_float("peak_lr", cfg.lr_min, cfg.lr_max, log=True)
         try:
-            value = float(objective(peak_lr, seed, _reporter(trial)))
-            if not math.isfinite(value):
-                raise DataError(f"objective returned a non-finite held-out loss {value} at peak_lr {peak_lr:.3g}")
-        except optuna.TrialPruned:
+            return _run_trial(trial, objective, cfg)
+        except KeyboardInterrupt:
+            _requeue_interrupted(trial)
             raise
-        except Exception as err:
-            trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
-            raise
-        return value
 
     return run
+
+
+def _run_trial(trial: Trial, objective: Objective, cfg: SweepConfig) -> float:
+    trial.set_user_attr("worker", _worker_tag())
+    earlier = [t for t in trial.study.get_trials(deepcopy=False)
+               if t.number < trial.number and (counts_towards_n_trials(t) or t.state == TrialState.WAITING)]
+    if len(earlier) >= cfg.n_trials:  # several workers asked for the last trial at once
+        trial.set_user_attr("fail_reason", f"surplus: the study already had {cfg.n_trials} trials")
+        raise DataError(f"trial {trial.number} is surplus to n_trials = {cfg.n_trials}")
+    # A retry keeps the seed of the trial it redoes (copied into its user attrs when queued).
+    seed = trial.user_attrs.get("seed", trial_seed(cfg.seed, trial.number))
+    trial.set_user_attr("seed", seed)
+    peak_lr = trial.suggest_float("peak_lr", cfg.lr_min, cfg.lr_max, log=True)
+    try:
+        value = float(objective(peak_lr, seed, _reporter(trial)))
+        if not math.isfinite(value):
+            raise DataError(f"objective returned a non-finite held-out loss {value} at peak_lr {peak_lr:.3g}")
+    except optuna.TrialPruned:
+        raise
+    except Exception as err:
+        trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
+        raise
+    return value
+
+
+def _requeue_interrupted(trial: Trial) -> None:
+    """Record why ``trial`` stopped and queue a copy (same peak LR, seed and grid point) for the next run.
+
+    Optuna then marks the trial FAIL; ``counts_towards_n_trials`` leaves it out, so the copy takes its place.
+    A trial interrupted before its LR was drawn has nothing to copy: the next run draws a fresh one instead.
+    """
+    frozen = trial.study._storage.get_trial(trial._trial_id)
+    last = max(frozen.intermediate_values, default=None)
+    at = f" after step {last:,}" if last is not None else ""
+    trial.set_user_attr("interrupted", True)
+    trial.set_user_attr("fail_reason", f"interrupted (KeyboardInterrupt){at}; not counted, redone on the next run")
+    if "peak_lr" not in frozen.params:
+        return
+    user_attrs = {"retry_of": frozen.number, **{k: v for k, v in frozen.user_attrs.items() if k == "seed"}}
+    trial.study.add_trial(optuna.trial.create_trial(
+        state=TrialState.WAITING, params=frozen.params, distributions=frozen.distributions, user_attrs=user_attrs,
+        system_attrs={k: v for k, v in frozen.system_attrs.items() if k in ("grid_id", "search_space")}))
 
 
 def _reporter(trial: Trial) -> Report:

@@ -6,14 +6,21 @@ multiple of 64/128, SPEC §8), so ``ModelShape.build(vocab_size)`` makes the ful
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from infra.section import Section
 from models.config import ModelConfig
 
 
 class ModelShape(Section):
-    """Decoder shape without the vocabulary (SPEC §2)."""
+    """Decoder shape without the vocabulary (SPEC §2).
+
+    Checked when the config is loaded, so a shape no stage could build fails before anything runs.
+
+    Raises:
+        ValueError (reported by ``load_config`` as ConfigError under ``<section>.model.<field>``): d_model not
+            divisible by n_heads, an odd head_dim (RoPE rotates pairs), or n_kv_heads not dividing n_heads.
+    """
 
     n_layers: int = Field(gt=0)
     d_model: int = Field(gt=0)
@@ -24,8 +31,36 @@ class ModelShape(Section):
     tied_embeddings: bool = True
     qk_norm: bool = False
 
+    @field_validator("n_heads")
+    @classmethod
+    def _heads_divide_width(cls, n_heads: int, info: ValidationInfo) -> int:
+        d_model = info.data.get("d_model")
+        if d_model is None:  # d_model itself failed; its own error is reported
+            return n_heads
+        if d_model % n_heads:
+            raise ValueError(f"{n_heads} does not divide d_model = {d_model}; use one of {_divisors(d_model)}")
+        if (d_model // n_heads) % 2:
+            even = [h for h in _divisors(d_model) if (d_model // h) % 2 == 0]
+            fix = f"use one of {even}" if even else "make d_model even"
+            raise ValueError(f"head_dim = d_model / n_heads = {d_model // n_heads} is odd and RoPE needs it "
+                             f"even; {fix}")
+        return n_heads
+
+    @field_validator("n_kv_heads")
+    @classmethod
+    def _kv_heads_divide_heads(cls, n_kv_heads: int, info: ValidationInfo) -> int:
+        n_heads = info.data.get("n_heads")
+        if n_heads is not None and n_heads % n_kv_heads:
+            raise ValueError(f"{n_kv_heads} does not divide n_heads = {n_heads} (each KV head serves a whole group "
+                             f"of query heads); use one of {_divisors(n_heads)}")
+        return n_kv_heads
+
     def build(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **self.model_dump())
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
 
 
 class RunBudget(Section):

@@ -4,7 +4,8 @@ Writes resumable checkpoints to the stage's scratch folder every ``main.checkpoi
 resumes from the newest complete one (a corrupt one is skipped with a warning); the final full-state checkpoint goes into the artifact.
 
 Outputs: ``checkpoint/`` (model.safetensors, optimizer.pt, state.json, checksums.json), ``heldout.parquet``
-(held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing).
+(held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing,
+the step it resumed from, and the epochs of each mixture source e_s = w_s · D / U_s, SPEC §8).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 
 from infra.errors import CheckpointError
 from infra.stage import StageContext
+from tasks.mixture.candidates import epoch_warnings, epochs
 from tasks.mixture.stage import load_choice
 from tasks.sweep.stage import load_best
 from tasks.tokenizer.stage import TokenizedCorpus
@@ -30,8 +32,12 @@ from tasks.train.runner import (MetricsToTracker, PeriodicEval, build_model, eva
 from tasks.train.sections import MainConfig
 
 
-def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str]) -> dict[str, Any]:
-    """Train the main model and score it on every source's held-out split."""
+def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: float = 4.0) -> dict[str, Any]:
+    """Train the main model and score it on every source's held-out split.
+
+    Before training, prints a warning for each mixture source the planned run repeats more than ``max_epochs``
+    times (w·D/U, SPEC §8); the threshold only shapes that message, so it is not part of the stage key.
+    """
     seed_everything(ctx.seed, ctx.torch_threads)
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     choice = load_choice(ctx.inputs["mixture"])
@@ -42,7 +48,12 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str]) -> dict[str, 
     sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,
                            batch_size=cfg.budget.batch_size, seed=ctx.seed)
     extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "mixture": choice["weights"], "peak_lr": peak_lr}
+    main_epochs = planned_epochs(cfg, choice["weights"], corpus)
+    for warning in epoch_warnings(main_epochs, max_epochs):
+        print(f"warning: main run: {warning}")
     state = _resume(ctx.scratch, model, optimizer, sampler)
+    # Training advances ``state`` in place: read the resume point before it moves.
+    resumed_from_step = state.step if state else 0
 
     def report(step: int, tokens_seen: int, evals) -> None:
         ctx.log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
@@ -67,10 +78,19 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str]) -> dict[str, 
     summary = {"peak_lr": peak_lr, "steps": result.state.step, "tokens_seen": result.state.tokens_seen,
                "train_wall_s": wall_s, "mixture": choice["name"],
                "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,
-               "resumed_from_step": state.step if state else 0}
+               "resumed_from_step": resumed_from_step, "epochs": main_epochs}
     (ctx.out / "run.json").write_text(json.dumps(summary, indent=2))
     shutil.rmtree(ctx.scratch, ignore_errors=True)
     return summary
+
+
+def planned_epochs(cfg: MainConfig, weights: dict[str, float], corpus: TokenizedCorpus) -> dict[str, float]:
+    """Epochs of each mixture source over the planned run, e_s = w_s · D / U_s (SPEC §8).
+
+    D = steps · batch_size · seq_len tokens (the ``[main]`` budget); U_s = the source's training-split tokens.
+    """
+    tokens = cfg.budget.steps * cfg.budget.batch_size * cfg.model.seq_len
+    return epochs(weights, tokens, corpus.train_sizes(list(weights)))
 
 
 def _resume(folder: Path, model, optimizer, sampler):
@@ -82,7 +102,7 @@ def _resume(folder: Path, model, optimizer, sampler):
             print(f"warning: skipping unusable checkpoint {candidate.name}: {err}")
             continue
         sampler.load_state_dict(saved["sampler_state"])
-        print(f"resuming {folder.parent.name} from {candidate.name}")
+        print(f"{folder.parent.name}: resuming from step {saved['state'].step:,} ({candidate})")
         return saved["state"]
     return None
 

@@ -40,6 +40,18 @@ def test_cosmetic_fields_keep_the_key_and_result_fields_change_it():
     assert _key("cpt", cfg) != _key("cpt", replay)
 
 
+def test_main_budget_and_epoch_limit_leave_mixture_and_sweep_keys_alone():
+    """Epochs per source (w·D/U) are reported by the main stage, so D never keys the proxy stages."""
+    cfg = load_config(ROOT / "configs/smoke.toml")
+    budget = cfg.main.budget.model_copy(update={"steps": cfg.main.budget.steps * 10, "batch_size": 3})
+    bigger = cfg.model_copy(update={"main": cfg.main.model_copy(update={"budget": budget})})
+    looser = cfg.model_copy(update={"mixture": cfg.mixture.model_copy(update={"max_epochs": 40.0})})
+    for stage in ("mixture", "sweep"):
+        assert _key(stage, cfg) == _key(stage, bigger) == _key(stage, looser)
+    assert _key("main", cfg) != _key("main", bigger)
+    assert _key("main", cfg) == _key("main", looser)
+
+
 def test_downstream_closure_follows_the_graph():
     assert downstream({"cpt"}) == {"cpt", "gate"}
     assert downstream({"mixture"}) == {"mixture", "sweep", "main", "cpt", "gate"}

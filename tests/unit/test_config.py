@@ -93,3 +93,31 @@ def test_preflight_rejects_bad_refresh_missing_cloze_and_unmatched_local_source(
     src = cfg.sources["handbook_en"].model_copy(update={"include": [str(tmp_path / "*.html")]})
     with pytest.raises(SourceError, match="no file matches"):
         preflight(cfg.model_copy(update={"sources": {**cfg.sources, "handbook_en": src}}))
+
+
+def test_heads_not_dividing_width_fail_at_load_with_path_and_fix():
+    raw = _raw()
+    raw["main"]["model"].update(d_model=32, n_heads=3)
+    with pytest.raises(ConfigError, match=r"main\.model\.n_heads: .*3 does not divide d_model = 32; use one of"):
+        parse_config(raw)
+
+
+def test_kv_heads_not_dividing_heads_fail_at_load_with_path_and_fix():
+    raw = _raw()
+    raw["proxy"]["model"].update(d_model=32, n_heads=4, n_kv_heads=3)
+    with pytest.raises(ConfigError, match=r"proxy\.model\.n_kv_heads: .*use one of \[1, 2, 4\]"):
+        parse_config(raw)
+
+
+def test_odd_head_dim_fails_at_load():
+    raw = _raw()
+    raw["main"]["model"].update(d_model=24, n_heads=8, n_kv_heads=8)
+    with pytest.raises(ConfigError, match=r"main\.model\.n_heads: .*head_dim .* = 3 is odd"):
+        parse_config(raw)
+
+
+def test_removed_mixture_main_tokens_says_where_d_comes_from():
+    raw = _raw()
+    raw["mixture"]["main_tokens"] = 1_000_000
+    with pytest.raises(ConfigError, match=r"mixture\.main_tokens .*\[main\]"):
+        parse_config(raw)

@@ -4,12 +4,12 @@ import pandas as pd
 import pytest
 
 from infra.errors import DataError
-from infra.expectations import check_heldout, check_kept_corpus
+from infra.expectations import check_heldout, check_kept_corpus, check_ledger
 
 
 def _kept(**overrides) -> pd.DataFrame:
     frame = pd.DataFrame({"doc_id": ["a/1", "b/1"], "source": ["a", "b"], "language": ["en", "zh"],
-                          "text": ["some text", "一些文字"]})
+                          "n_chars": [9, 4]})
     return frame.assign(**overrides)
 
 
@@ -22,8 +22,20 @@ def test_kept_corpus_passes_and_names_an_empty_source():
 def test_kept_corpus_names_the_failing_expectation():
     with pytest.raises(DataError, match="expect_column_values_to_be_in_set"):
         check_kept_corpus(_kept(language=["en", "fr"]), ["a", "b"], ["en", "zh"])
-    with pytest.raises(DataError, match="expect_column_value_lengths_to_be_between"):
-        check_kept_corpus(_kept(text=["", "x"]), ["a", "b"], ["en", "zh"])
+    with pytest.raises(DataError, match="expect_column_values_to_be_between"):
+        check_kept_corpus(_kept(n_chars=[0, 1]), ["a", "b"], ["en", "zh"])
+
+
+def test_ledger_suite_fails_on_unreconciled_counts_and_empty_batches():
+    per_source = pd.DataFrame({"source": ["a", "b"], "docs_in": [5, 3], "docs_out": [3, 3], "removed": [2, 0]})
+    removals = pd.DataFrame({"doc_id": ["a/1", "a/2"], "stage": ["quality", "langid"], "rule": ["x", "y"]})
+    assert check_ledger(per_source, removals).success
+    with pytest.raises(DataError, match="expect_column_pair_values_to_be_equal"):
+        check_ledger(per_source.assign(docs_in=[6, 3]), removals)
+    with pytest.raises(DataError, match="expect_table_row_count_to_be_between"):
+        check_ledger(per_source.iloc[:0], removals)
+    with pytest.raises(DataError, match="expect_column_values_to_be_unique"):
+        check_ledger(per_source, pd.concat([removals, removals]))
 
 
 def test_heldout_rejects_non_finite_loss():

@@ -68,3 +68,32 @@ def test_warehouse_replace_is_idempotent_per_artifact_key(tmp_path):
     warehouse.replace("heldout_loss", rows.head(1), "k2")
     counts = warehouse.query("SELECT artifact_key, count(*) AS n FROM heldout_loss GROUP BY 1 ORDER BY 1")
     assert counts.to_dict("records") == [{"artifact_key": "k1", "n": 2}, {"artifact_key": "k2", "n": 1}]
+
+
+def test_cli_gate_declare_names_the_runs_folder_and_declares_once(tmp_path, monkeypatch):
+    """Without --runs-dir the declaration lands in ./runs; the command says so, and repeating it adds nothing."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from infra.runs import RUNS_ENV
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(RUNS_ENV, raising=False)
+    runner = CliRunner()
+    first = runner.invoke(app, ["gate", "declare", str(ROOT / "configs/smoke.toml")], terminal_width=200)
+    again = runner.invoke(app, ["gate", "declare", str(ROOT / "configs/smoke.toml")], terminal_width=200)
+    assert first.exit_code == 0 and again.exit_code == 0, first.output + again.output
+    runs = (tmp_path / "runs").resolve()
+    assert f"runs folder: {runs}" in first.output and f"runs folder: {runs}" in again.output
+    assert "already declared" not in first.output and "already declared" in again.output
+    gates = Warehouse(runs / "results.duckdb").query("SELECT * FROM gates")
+    assert len(gates) == 1
+
+
+def test_redeclaring_an_earlier_gate_after_another_appends_it(stores):
+    warehouse, _ = stores
+    cfg = load_config(ROOT / "configs/smoke.toml")
+    assert declare_gate(cfg, warehouse)[1] and declare_gate(_changed_gate(cfg), warehouse)[1]
+    row, added = declare_gate(cfg, warehouse)
+    assert added and row["gate_hash"] == gate_hash(cfg.gate)
+    assert len(warehouse.query("SELECT * FROM gates")) == 3

@@ -1,11 +1,17 @@
-"""Source configs, Debian fetching errors and the file readers (fortune, JSONL, Parquet, HTML, text)."""
+"""Source configs, Debian fetching errors and the file readers (fortune, JSONL, Parquet, HTML, WARC, text)."""
 
+import gzip
+import io
 import os
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from warcio.recordloader import ArcWarcRecord
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
 
 from infra.errors import ConfigError, SourceError
 from tasks.sources.config import SourceConfig
@@ -75,7 +81,8 @@ def test_html_charset_text_files_max_docs_and_undecodable(tmp_path):
     out = read_source(local(tmp_path, ["*"]), tmp_path)
     assert out.docs.content_type.tolist() == ["html", "text"]
     assert "café" in out.docs.content.iloc[0]
-    assert out.rejects.rule.tolist() == ["read.undecodable"]
+    assert out.docs[["encoding", "encoding_from"]].values.tolist() == [["cp1252", "declared"], ["utf-8", "utf8"]]
+    assert out.rejects.rule.tolist() == ["read.undecodable"] and out.rejects.detail.iloc[0].startswith("c.txt:")
     assert len(read_source(local(tmp_path, ["*"], max_docs=1), tmp_path).docs) == 1
 
 
@@ -103,3 +110,92 @@ def test_real_fortunes_zh_package():
     assert len(out.docs) > 1000 and out.rejects.empty
     assert not out.docs.content.str.contains("\x1b").any()
     assert out.docs.doc_id.is_unique and out.docs.content.str.contains("[\u4e00-\u9fff]").mean() > 0.95
+
+
+def response(url: str, body: bytes, content_type: str = "text/html; charset=utf-8", status: str = "200 OK",
+             extra: list[tuple[str, str]] = ()) -> tuple[str, str, bytes, StatusAndHeaders]:
+    return ("response", url, body, StatusAndHeaders(status, [("Content-Type", content_type), *extra],
+                                                    protocol="HTTP/1.1"))
+
+
+def write_warc(path: Path, records: list[tuple], compress: bool) -> list[int]:
+    """Write records (kind, url, payload, http headers or None) with warcio; returns each record's byte offset
+    (warcinfo first)."""
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=compress)
+    offsets = [0]
+    writer.write_record(writer.create_warcinfo_record(path.name, {"software": "test"}))
+    for kind, url, payload, http in records:
+        offsets.append(buf.tell())
+        writer.write_record(writer.create_warc_record(url, kind, payload=io.BytesIO(payload), http_headers=http))
+    path.write_bytes(buf.getvalue())
+    return offsets
+
+
+RU_PAGE = "<html><body><p>Привет, мир! Это страница в кодировке windows-1251.</p></body></html>"
+WARC_RECORDS = [
+    response("http://a.example/", b"<html><body><p>First page.</p></body></html>"),
+    ("request", "http://a.example/", b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n", None),
+    response("http://b.example/", RU_PAGE.encode("cp1251"), "text/html; charset=windows-1251"),
+    response("http://c.example/x.png", b"\x89PNG\r\n", "image/png"),
+    response("http://d.example/missing", b"<html><p>Not found</p></html>", status="404 Not Found"),
+    response("http://e.example/", gzip.compress(b"<html><body><p>Gzipped body.</p></body></html>"),
+             extra=[("Content-Encoding", "gzip")]),
+    ("metadata", "http://e.example/", b"fetchTimeMs: 12\r\n", None),
+]
+
+
+@pytest.mark.parametrize("name, fmt", [("crawl.warc.gz", "auto"), ("crawl.warc", "auto"), ("crawl.bin", "warc")])
+def test_warc_html_responses_become_html_documents(tmp_path, name, fmt):
+    write_warc(tmp_path / name, WARC_RECORDS, compress=name.endswith(".gz"))
+    out = read_source(local(tmp_path, [name], format=fmt, language="en"), tmp_path)
+    docs = out.docs
+    assert docs.url.tolist() == ["http://a.example/", "http://b.example/", "http://e.example/"]
+    assert (docs.content_type == "html").all() and docs.doc_id.str.match(rf"src/{name}#urn:uuid:[0-9a-f-]+$").all()
+    assert "Привет, мир!" in docs.content.iloc[1]  # charset from the HTTP header, no <meta> in the page
+    assert docs[["encoding", "encoding_from"]].iloc[1].tolist() == ["cp1251", "declared"]
+    assert "Gzipped body." in docs.content.iloc[2]  # Content-Encoding undone
+    assert out.rejects.empty and list(docs.columns) == DOC_COLUMNS
+    assert out.skipped == {"warc.not_response": 3, "warc.not_html": 1, "warc.http_status": 1}
+    assert len(docs) + len(out.rejects) + sum(out.skipped.values()) == len(WARC_RECORDS) + 1  # + warcinfo
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_truncated_warc_record_rejects_the_rest_of_the_file_with_its_offset(tmp_path, compress):
+    name = "cut.warc.gz" if compress else "cut.warc"
+    offsets = write_warc(tmp_path / name, WARC_RECORDS, compress)
+    cut = offsets[3] + (offsets[4] - offsets[3]) // 2  # halfway through the windows-1251 page
+    (tmp_path / name).write_bytes((tmp_path / name).read_bytes()[:cut])
+    (tmp_path / "whole.warc").write_bytes(b"")  # an empty file is an empty crawl, not an error
+    out = read_source(local(tmp_path, ["*.warc*"]), tmp_path)
+    assert out.docs.url.tolist() == ["http://a.example/"]
+    assert out.rejects.rule.tolist() == ["read.warc_truncated"]
+    assert out.rejects.doc_id.tolist() == [f"src/{name}@{offsets[3]}"]
+    assert out.rejects.detail.iloc[0].startswith(f"{name}: record at byte offset {offsets[3]:,} is truncated")
+
+
+def test_unreadable_warc_and_undecodable_bodies_are_rejects(tmp_path, monkeypatch):
+    (tmp_path / "fake.warc").write_text("<html>not a WARC file</html>")
+    # warcio hands over a body it cannot gunzip as it is; the decoder then rejects the bytes as binary
+    broken_gzip = response("http://x.example/", b"\x1f\x8bnot gzip", extra=[("Content-Encoding", "gzip")])
+    write_warc(tmp_path / "mixed.warc", [broken_gzip, WARC_RECORDS[0]], compress=False)
+    out = read_source(local(tmp_path, ["*.warc"]), tmp_path)
+    assert out.rejects.rule.tolist() == ["read.warc_broken", "read.binary"]
+    assert out.rejects.detail.iloc[0].startswith("fake.warc: record at byte offset 0 is truncated or damaged")
+    assert "Unknown archive format" in out.rejects.detail.iloc[0]
+    assert out.docs.url.tolist() == ["http://a.example/"]  # the record after the bad body is still read
+
+    def fail(self):
+        raise zlib.error("invalid stored block lengths")
+
+    monkeypatch.setattr(ArcWarcRecord, "content_stream", fail)
+    out = read_source(local(tmp_path, ["mixed.warc"]), tmp_path)
+    assert out.rejects.rule.tolist() == ["read.warc_bad_record"] * 2 and out.docs.empty
+    assert out.rejects.detail.iloc[0].startswith("mixed.warc: record at byte offset ")
+    assert "invalid stored block lengths" in out.rejects.detail.iloc[0]
+
+
+def test_warc_reading_stops_at_max_docs(tmp_path):
+    write_warc(tmp_path / "a.warc.gz", WARC_RECORDS, compress=True)
+    assert read_source(local(tmp_path, ["*.warc.gz"], max_docs=2), tmp_path).docs.url.tolist() == [
+        "http://a.example/", "http://b.example/"]

@@ -132,6 +132,40 @@ def test_resume_after_kill_fails_orphan_and_runs_the_rest(tmp_path: Path):
     assert set(trials["state"]) <= FINISHED
 
 
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_ctrl_c_trial_is_recorded_and_redone_on_resume(tmp_path: Path, sampler: str):
+    """Ctrl-C in the second trial: it keeps a reason, does not count, and the rerun redoes its LR and seed."""
+    cfg = _cfg(n_trials=4, sampler=sampler)
+    first_calls = []
+
+    def interrupted(peak_lr, seed, report):
+        first_calls.append((peak_lr, seed))
+        if len(first_calls) == 2:
+            report(10, 2.0)
+            raise KeyboardInterrupt
+        return bowl(peak_lr, seed, report)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(interrupted, cfg, storage_path=tmp_path, study_name="ctrl-c")
+    stopped = load_sweep(tmp_path, "ctrl-c").trials.set_index("number").loc[1]
+    assert stopped["state"] == "FAIL"
+    assert stopped["fail_reason"].startswith("interrupted (KeyboardInterrupt) after step 10")
+
+    calls = []
+
+    def objective(peak_lr, seed, report):
+        calls.append((peak_lr, seed))
+        return bowl(peak_lr, seed, report)
+
+    result = run_sweep(objective, cfg, storage_path=tmp_path, study_name="ctrl-c")
+    assert len(calls) == 3  # the interrupted trial again, plus the two never started
+    assert calls[0] == first_calls[1]
+    done = result.trials[result.trials["state"] != "FAIL"]
+    assert len(done) == 4 and set(done["state"]) <= {"COMPLETE", "PRUNED"}
+    if sampler == "grid":
+        assert sorted(done["peak_lr"]) == pytest.approx(grid_lrs(cfg))  # every grid point once
+
+
 def _worker(storage: str, worker: int) -> None:
     run_sweep(bowl, _cfg(n_trials=9), storage_path=Path(storage), study_name="shared", worker=worker)
 

@@ -1,0 +1,134 @@
+"""Peak memory of the corpus build at 1×, 4× and 16× the demo corpus: flat when memory is bounded by shard size.
+
+    python benchmarks/corpus_memory.py                         # whole demo corpus (fetched into --runs-dir)
+    python benchmarks/corpus_memory.py --base-docs 3000        # a proportional sample as the 1× corpus
+
+Each scale k replicates every document k times; copies get random word edits (rate ``--edit-rate``, text between
+HTML tags only) so they are new documents to the filters and mostly not near duplicates. Each build runs in a fresh
+child process, sequentially, with the default shard size; its peak resident set size (ru_maxrss) is reported with
+the ratio to the 1× build. Target: every ratio ≤ 1.20.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+_TEXT_RE = re.compile(r">([^<]+)<")
+_WORD_RE = re.compile(r"[A-Za-z]{3,}")
+
+
+def _edit(text: str, rng: random.Random, rate: float, vocab: list[str]) -> str:
+    return _WORD_RE.sub(lambda m: rng.choice(vocab) if rng.random() < rate else m.group(0), text)
+
+
+def edited(content: str, content_type: str, rng: random.Random, rate: float, vocab: list[str]) -> str:
+    """``content`` with words replaced at ``rate``; in HTML only text between tags is touched."""
+    if content_type == "html":
+        return _TEXT_RE.sub(lambda m: ">" + _edit(m.group(1), rng, rate, vocab) + "<", content)
+    return _edit(content, rng, rate, vocab)
+
+
+def demo_documents(runs_dir: Path, base_docs: int | None):
+    import pandas as pd
+
+    from flows.config import load_config
+    from tasks.sources.deb import fetch_deb
+    from tasks.sources.read import read_source
+
+    cfg = load_config(ROOT / "configs" / "demo.toml")
+    cache = runs_dir / "cache" / "sources"
+    frames = []
+    for src in cfg.sources.values():
+        if src.kind == "deb":
+            fetch_deb(src.package, cache)
+        frames.append(read_source(src, cache).docs)
+    docs = pd.concat(frames, ignore_index=True)
+    if base_docs and base_docs < len(docs):
+        share = base_docs / len(docs)
+        docs = docs.groupby("source", sort=False, group_keys=False).apply(
+            lambda g: g.iloc[:max(1, round(len(g) * share))])
+    return docs.reset_index(drop=True)
+
+
+def write_scaled(docs, scale: int, path: Path, rate: float, seed: int) -> int:
+    """Write ``scale`` copies of ``docs`` (copy 0 unedited) to one Parquet file, one copy at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+    vocab = sorted({w.lower() for t in docs.content.head(200) for w in _WORD_RE.findall(t)})[:5000] or ["word"]
+    writer = None
+    for copy in range(scale):
+        part = docs if copy == 0 else docs.assign(
+            doc_id=docs.doc_id + f"#{copy}",
+            content=[edited(c, t, rng, rate, vocab) for c, t in zip(docs.content, docs.content_type)])
+        table = pa.Table.from_pandas(part, preserve_index=False)
+        writer = writer or pq.ParquetWriter(path, table.schema)
+        writer.write_table(table)
+    writer.close()
+    return len(docs) * scale
+
+
+def child(parquet: str, out: str) -> None:
+    """Build the corpus of one Parquet file sequentially; print docs, seconds and peak RSS as JSON."""
+    from tasks.corpus.build import curate, split_sources
+    from tasks.corpus.config import CorpusConfig
+
+    cfg = CorpusConfig(execution={"task_runner": "sequential"})
+    started = time.perf_counter()
+    work = Path(out) / "_work"
+    split_sources([Path(parquet)], work, cfg.execution.shard_docs)
+    result = curate(work, Path(out), cfg)
+    print(json.dumps({"seconds": time.perf_counter() - started, "kept": len(result.kept),
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--base-docs", type=int, default=None, help="sample this many demo documents as 1×")
+    parser.add_argument("--edit-rate", type=float, default=0.3)
+    parser.add_argument("--runs-dir", type=Path, default=Path(os.environ.get("PRETRAIN_RUNS_DIR", "runs")))
+    parser.add_argument("--child", nargs=2, metavar=("PARQUET", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    docs = demo_documents(args.runs_dir, args.base_docs)
+    print(f"1× corpus: {len(docs):,} documents, {docs.content.str.len().sum() / 1e6:.1f} M characters")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="corpus-mem-") as tmp:
+        for scale in args.scales:
+            path = Path(tmp) / f"x{scale}.parquet"
+            n = write_scaled(docs, scale, path, args.edit_rate, seed=scale)
+            proc = subprocess.run([sys.executable, __file__, "--child", str(path), str(Path(tmp) / f"out{scale}")],
+                                  capture_output=True, text=True, cwd=ROOT)
+            if proc.returncode:
+                sys.exit(f"scale {scale} failed:\n{proc.stderr[-3000:]}")
+            stats = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append((scale, n, stats))
+            path.unlink()
+    base = rows[0][2]["peak_rss_mb"]
+    print(f"{'scale':>5} {'docs':>9} {'kept':>9} {'seconds':>8} {'docs/s':>7} {'peak RSS MB':>11} {'ratio':>6}")
+    for scale, n, s in rows:
+        print(f"{scale:>4}× {n:>9,} {s['kept']:>9,} {s['seconds']:>8.1f} {n / s['seconds']:>7.0f} "
+              f"{s['peak_rss_mb']:>11.0f} {s['peak_rss_mb'] / base:>6.2f}")
+    worst = max(s["peak_rss_mb"] for _, _, s in rows) / base
+    print(f"largest peak / 1× peak = {worst:.2f} (target ≤ 1.20): {'PASS' if worst <= 1.2 else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

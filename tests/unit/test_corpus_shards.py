@@ -1,0 +1,189 @@
+"""The sharded corpus build: same result whatever the shard size, crash resume, boilerplate, decontamination."""
+
+import random
+import shutil
+
+import pandas as pd
+import pytest
+
+from infra.errors import DataError
+from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
+from tasks.corpus.build import build_corpus, curate, filter_shard, split_sources
+from tasks.corpus.config import CorpusConfig
+from tasks.corpus.decontam import EvalIndex, EvalItem, window_hashes
+from tasks.corpus.stage import reconcile
+
+WORDS = ("river stone garden window paper letter morning evening bridge market village harbour forest meadow "
+         "kitchen teacher student doctor engine signal winter summer autumn spring coffee bread butter").split()
+FUNCTION = "the of and to with that have be in on for a is was".split()
+NAV = "Home | Products | Support | Contact us | Sign in to your account | Privacy policy"
+LICENCE = ("This page is licensed under the Creative Commons Attribution Share Alike licence, version four, "
+           "and may be copied freely.")
+
+
+def prose(rng: random.Random, n_words: int) -> str:
+    """English-like sentences that pass Gopher rules (stop words, word lengths, no repetition)."""
+    sentences = []
+    while sum(len(s.split()) for s in sentences) < n_words:
+        words = [rng.choice(FUNCTION if i % 2 else WORDS) for i in range(rng.randint(8, 14))]
+        sentences.append(" ".join(words).capitalize() + ".")
+    return " ".join(sentences)
+
+
+def docs_frame(n: int, seed: int = 0) -> pd.DataFrame:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        body = prose(rng, 120)
+        if i % 3 == 0:
+            body = f"{NAV}\n\n{body}\n\n{LICENCE}"
+        rows.append(dict(doc_id=f"web/{i}", source="web" if i % 2 else "news", language_hint="en", content=body,
+                         content_type="text"))
+    # Exact and near copies at fixed positions so shards split them.
+    rows.append(dict(rows[5], doc_id="web/copy5"))
+    near = rows[7]["content"].split()
+    near[10] = "lighthouse"
+    rows.append(dict(rows[7], doc_id="web/near7", content=" ".join(near)))
+    return pd.DataFrame(rows)
+
+
+CFG = dict(boilerplate={"min_docs": 5}, near_dedup={"scope": "global"})
+
+
+@pytest.fixture(scope="module")
+def one_shard(tmp_path_factory):
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 10_000})
+    return build_corpus(docs_frame(60), cfg, out=tmp_path_factory.mktemp("one"))
+
+
+def test_result_does_not_depend_on_shard_size(one_shard, tmp_path):
+    small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution={"shard_docs": 7}), out=tmp_path)
+    pd.testing.assert_frame_equal(one_shard.kept, small.kept)
+    key = ["doc_id"]
+    pd.testing.assert_frame_equal(one_shard.removals.sort_values(key).reset_index(drop=True),
+                                  small.removals.sort_values(key).reset_index(drop=True))
+    pd.testing.assert_frame_equal(one_shard.funnel, small.funnel)
+
+
+def test_copies_removed_across_shards(one_shard):
+    removals = one_shard.removals.set_index("doc_id")
+    assert removals.loc["web/copy5", "rule"] == "dedup.exact"
+    assert "web/5" in removals.loc["web/copy5", "detail"]
+    assert removals.loc["web/near7", "rule"] == "dedup.near"
+    kept = one_shard.kept.set_index("doc_id")
+    assert "web/5" in kept.index and "web/7" in kept.index
+
+
+def test_boilerplate_cut_from_every_page(one_shard):
+    texts = one_shard.kept.text
+    assert not texts.str.contains("Sign in to your account", regex=False).any()
+    assert not texts.str.contains("Creative Commons", regex=False).any()
+    cut = one_shard.boilerplate.example.tolist()
+    assert NAV in cut and LICENCE in cut
+    assert (one_shard.kept.lines_dropped > 0).sum() >= 15
+
+
+def test_ledger_reconciles(one_shard):
+    docs = docs_frame(60)
+    reconcile(docs[["doc_id", "source"]], pd.DataFrame(columns=["doc_id", "source"]), one_shard.kept,
+              one_shard.removals)
+    funnel = one_shard.funnel
+    for source, rows in funnel.groupby("source", sort=False):
+        assert (rows.docs_out.iloc[:-1].to_numpy() == rows.docs_in.iloc[1:].to_numpy()).all()
+        assert rows.docs_in.iloc[0] - rows.docs_out.iloc[-1] == (one_shard.removals.source == source).sum()
+
+
+def test_reconcile_refuses_lost_and_double_counted():
+    docs = pd.DataFrame({"doc_id": ["a", "b"], "source": ["s", "s"]})
+    kept = pd.DataFrame({"doc_id": ["a"]})
+    empty = pd.DataFrame(columns=["doc_id", "source"])
+    with pytest.raises(DataError, match="neither kept nor removed"):
+        reconcile(docs, empty, kept, pd.DataFrame({"doc_id": []}))
+    with pytest.raises(DataError, match="more than one removal"):
+        reconcile(docs, empty, kept, pd.DataFrame({"doc_id": ["b", "b"]}))
+    with pytest.raises(DataError, match="both kept and removed"):
+        reconcile(docs, empty, kept, pd.DataFrame({"doc_id": ["a", "b"]}))
+
+
+def test_crash_resume_skips_finished_shards(tmp_path):
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 10})
+    docs = docs_frame(40)
+    docs.to_parquet(tmp_path / "docs.parquet", index=False)
+    work, out = tmp_path / "work", tmp_path / "out"
+    assert split_sources([tmp_path / "docs.parquet"], work, 10) == 5
+    # A first run died after two filtered shards, one of them half-written.
+    for shard in sorted((work / "in").glob("*.parquet"))[:2]:
+        assert filter_shard(str(shard), str(work / "filtered" / shard.stem), cfg.model_dump_json())
+    (work / "filtered" / "00002.tmp").mkdir()
+    (work / "filtered" / "00002.tmp" / "survivors.parquet").write_text("truncated")
+    stamp = (work / "filtered" / "00000" / "survivors.parquet").stat().st_mtime_ns
+    calls = []
+
+    def spy(fn, kwargs_list, label):
+        calls.append((label, [fn(**kw) for kw in kwargs_list]))
+        return calls[-1][1]
+
+    resumed = curate(work, out, cfg, shard_map=spy)
+    assert calls[0] == ("corpus-filter", [False, False, True, True, True])
+    assert (work / "filtered" / "00000" / "survivors.parquet").stat().st_mtime_ns == stamp
+    fresh = build_corpus(docs, cfg, out=tmp_path / "fresh")
+    pd.testing.assert_frame_equal(resumed.kept, fresh.kept)
+
+
+def test_strip_units_keeps_rare_and_short_lines():
+    texts = [f"Intro {i} is a unique opening line for page number {i}.\n{NAV}\nOK" for i in range(4)]
+    counts = count_units(texts, min_chars=10)
+    frequent = frequent_units(pd.concat([counts, counts]), min_docs=6)
+    assert frequent.example.tolist() == [NAV]
+    stripped, cut = strip_units(texts, set(frequent.unit_hash.astype("uint64").tolist()), 10)
+    assert cut == [1, 1, 1, 1]
+    assert stripped[0] == "Intro 0 is a unique opening line for page number 0.\nOK"
+
+
+def test_window_hash_equals_rehash_of_slice():
+    words = "a b c d e f g h".split()
+    assert window_hashes(words, 3)[2] == window_hashes(words[2:5], 3)[0]
+    assert len(window_hashes(words, 9)) == 0
+
+
+def test_decontamination_removes_overlap_across_line_wraps(tmp_path):
+    rng = random.Random(3)
+    item = ("the committee approved the new budget for the harbour bridge repairs after a long and "
+            "heated debate on tuesday")
+    docs = pd.DataFrame([
+        dict(doc_id="d/0", source="d", language_hint="en", content_type="text",
+             content=prose(rng, 80) + " The committee approved the new budget\nfor the harbour bridge repairs, "
+                     "after a long and heated debate. " + prose(rng, 40)),
+        dict(doc_id="d/1", source="d", language_hint="en", content_type="text", content=prose(rng, 120)),
+    ])
+    items = [EvalItem("heldout:news", "item-1", item), EvalItem("cloze:x", "c1", "too short to check")]
+    res = build_corpus(docs, CorpusConfig(), eval_items=items, out=tmp_path)
+    removal = res.removals.set_index("doc_id").loc["d/0"]
+    assert removal.rule == "decontam.ngram_overlap" and "item-1" in removal.detail
+    assert res.kept.doc_id.tolist() == ["d/1"]
+    hits = res.hits
+    assert set(hits.item_id) == {"item-1"} and len(hits.ngram.iloc[0].split()) == 13
+    index = EvalIndex.build(items, 13)
+    assert index.unchecked == [("cloze:x", "c1")]
+
+
+def test_common_ngrams_do_not_decontaminate(tmp_path):
+    rng = random.Random(5)
+    phrase = "all rights reserved by the authors and the publishers of this fine little volume of essays"
+    docs = pd.DataFrame([dict(doc_id=f"d/{i}", source="d", language_hint="en", content_type="text",
+                              content=prose(rng, 100) + " " + phrase.capitalize() + ".") for i in range(4)])
+    cfg = CorpusConfig(decontamination={"common_min_docs": 3}, boilerplate={"enabled": False})
+    res = build_corpus(docs, cfg, eval_items=[EvalItem("eval", "e1", phrase)], out=tmp_path)
+    assert len(res.kept) == 4
+    assert res.hits.common.all() and res.hits.doc_id.nunique() == 4
+
+
+def test_shard_input_errors(tmp_path):
+    docs = docs_frame(8)
+    with pytest.raises(DataError, match="repeat"):
+        build_corpus(pd.concat([docs, docs]), CorpusConfig(), out=tmp_path / "a")
+    with pytest.raises(DataError, match="lacks columns"):
+        build_corpus(docs.drop(columns="content_type"), CorpusConfig(), out=tmp_path / "b")
+    empty = build_corpus(docs.iloc[:0], CorpusConfig(), out=tmp_path / "c")
+    assert len(empty.kept) == 0 and len(empty.removals) == 0
+    shutil.rmtree(tmp_path)

@@ -1,0 +1,67 @@
+"""Publishing the gate: the registered model's alias ``kept`` follows the decision of the gate just published."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from flows.config import load_config
+from flows.publish import publish
+from infra.artifacts import ArtifactStore
+from infra.tracking import Tracker
+from infra.warehouse import Warehouse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def env(tmp_path):
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "mlartifacts", "smoke")
+    return SimpleNamespace(cfg=load_config(ROOT / "configs/smoke.toml"), tracker=tracker,
+                           warehouse=Warehouse(tmp_path / "results.duckdb"), store=ArtifactStore(tmp_path / "artifacts"),
+                           parent_run_id=tracker.start_run("pipeline"), flow_run_id="flow-1", root=tmp_path)
+
+
+def _gate_artifact(env, key: str, kept: str):
+    """A completed gate artifact whose decision keeps ``kept`` (a candidate folder that exists)."""
+    checkpoint = env.root / "artifacts" / "cpt" / f"cpt-{key}" / "candidates" / kept
+    checkpoint.mkdir(parents=True)
+    tmp = env.store.begin("gate", key)
+    (tmp / "decision.json").write_text(json.dumps(
+        {"gate_hash": "g1", "kept": kept, "kept_checkpoint": str(checkpoint), "summary": f"keep {kept}"}))
+    pd.DataFrame([{"candidate": kept, "decision": "pass"}]).to_parquet(tmp / "decisions.parquet", index=False)
+    return env.store.commit("gate", key, tmp, {"mlflow_run_id": "", "summary": {"kept": kept}})
+
+
+def _publish(env, artifact, cached: bool) -> str:
+    run_id = env.tracker.start_run("gate", parent_id=env.parent_run_id)
+    publish("gate", artifact, env, run_id, cached=cached)
+    return run_id
+
+
+def test_cached_gate_moves_kept_back_to_its_own_decision(env):
+    """Gate A keeps c1, a later gate B keeps c2; rerunning the config of A (gate cached) must point kept at c1."""
+    client = env.tracker.client
+    first = _gate_artifact(env, "gate-a", "c1")
+    second = _gate_artifact(env, "gate-b", "c2")
+    _publish(env, first, cached=False)
+    _publish(env, second, cached=False)
+    assert client.get_model_version_by_alias("smoke-base", "kept").tags["candidate"] == "c2"
+
+    run_id = _publish(env, first, cached=True)
+    kept = client.get_model_version_by_alias("smoke-base", "kept")
+    assert kept.tags["candidate"] == "c1"
+    assert kept.source == json.loads((first.path / "decision.json").read_text())["kept_checkpoint"]
+    assert len(client.search_model_versions("name = 'smoke-base'")) == 2  # moved, not registered again
+    assert client.get_run(run_id).data.tags["registered_version"] == str(kept.version)
+
+
+def test_republishing_the_same_gate_adds_no_version(env):
+    artifact = _gate_artifact(env, "gate-a", "base")
+    for cached in (False, True, True):
+        _publish(env, artifact, cached=cached)
+    versions = env.tracker.client.search_model_versions("name = 'smoke-base'")
+    assert [int(v.version) for v in versions] == [1]
+    assert int(env.tracker.client.get_model_version_by_alias("smoke-base", "kept").version) == 1

@@ -1,0 +1,70 @@
+"""The main-run stage on a tiny synthetic token corpus: resume after an interruption, epochs per source (SPEC §8)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from infra.runs import RunsLayout
+from infra.stage import StageContext
+from tasks.tokenizer.shards import write_shard
+from tasks.train.sections import MainConfig, ModelShape, RunBudget
+from tasks.train.stage import run
+
+VOCAB, TOKENIZER_HASH = 64, "synthetic"
+TRAIN_TOKENS = {"a": 400, "b": 40}  # unique training tokens U_s
+CFG = MainConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, seq_len=8),
+                 budget=RunBudget(steps=6, batch_size=2, warmup_steps=1, eval_tokens=64), peak_lr=1e-3,
+                 log_every=1, checkpoint_every=2)
+
+
+@pytest.fixture
+def inputs(tmp_path) -> dict[str, Path]:
+    """A tokenizer artifact (shards + headers, no tokenizer file needed) and a mixture choice of a and b."""
+    tokenizer, mixture = tmp_path / "tokenizer", tmp_path / "mixture"
+    rng, rows = np.random.default_rng(0), []
+    for source, n_train in TRAIN_TOKENS.items():
+        for split, n_tokens in (("train", n_train), ("heldout", 80)):
+            path = tokenizer / "shards" / source / split
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_shard(path, rng.integers(1, VOCAB, n_tokens), vocab_size=VOCAB, eos_id=0,
+                        tokenizer_hash=TOKENIZER_HASH, n_bytes=4 * n_tokens, doc_offsets=np.array([0]))
+            rows.append({"source": source, "split": split, "n_tokens": n_tokens, "n_bytes": 4 * n_tokens})
+    pd.DataFrame(rows).to_parquet(tokenizer / "shards.parquet", index=False)
+    (tokenizer / "tokenizer.meta.json").write_text(json.dumps(
+        {"tokenizer_hash": TOKENIZER_HASH, "padded_vocab_size": VOCAB, "eos_id": 0}))
+    mixture.mkdir()
+    (mixture / "choice.json").write_text(json.dumps({"name": "natural", "weights": {"a": 0.5, "b": 0.5}}))
+    return {"tokenizer": tokenizer, "mixture": mixture}
+
+
+def _context(tmp_path: Path, inputs: dict[str, Path], attempt: str, log_metrics=lambda metrics, step: None):
+    out = tmp_path / "runs" / "artifacts" / "main" / f".tmp-{attempt}"
+    out.mkdir(parents=True)
+    return StageContext(out=out, inputs=inputs, layout=RunsLayout(tmp_path / "runs"), key="k1", experiment="t",
+                        torch_threads=1, log_metrics=log_metrics)
+
+
+def test_resumed_run_reports_the_step_it_resumed_from(tmp_path, inputs, capsys):
+    def interrupt_at_step_5(metrics, step):
+        if step == 5:
+            raise KeyboardInterrupt  # Ctrl-C after the step-4 checkpoint was written
+
+    with pytest.raises(KeyboardInterrupt):
+        run(_context(tmp_path, inputs, "first", interrupt_at_step_5), CFG, sources=["a", "b"])
+    summary = run(_context(tmp_path, inputs, "second"), CFG, sources=["a", "b"])
+    assert summary["steps"] == 6
+    assert summary["resumed_from_step"] == 4
+    assert json.loads((tmp_path / "runs/artifacts/main/.tmp-second/run.json").read_text())["resumed_from_step"] == 4
+    assert "main: resuming from step 4" in capsys.readouterr().out
+
+
+def test_fresh_run_reports_epochs_per_source_and_warns_above_the_limit(tmp_path, inputs, capsys):
+    """D = 6 steps · 2 rows · 8 tokens = 96; e_s = 0.5 · 96 / U_s gives a 0.12, b 1.2 (SPEC §8)."""
+    summary = run(_context(tmp_path, inputs, "only"), CFG, sources=["a", "b"], max_epochs=1.0)
+    assert summary["resumed_from_step"] == 0
+    assert summary["epochs"] == pytest.approx({"a": 0.12, "b": 1.2})
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "'b' is repeated 1.20 epochs (> 1)" in warnings[0]
