@@ -5,7 +5,7 @@
 
 Each scale k replicates every document k times; copies get random word edits (rate ``--edit-rate``, text between
 HTML tags only) so they are new documents to the filters and mostly not near duplicates. Each build runs in a fresh
-child process, sequentially, with the default shard size; its peak resident set size (ru_maxrss) is reported with
+child process, sequentially, with the demo config's ``[corpus]`` settings and shard size; its peak resident set size (ru_maxrss) is reported with
 the ratio to the 1× build. Target: every ratio ≤ 1.20.
 """
 
@@ -58,8 +58,7 @@ def demo_documents(runs_dir: Path, base_docs: int | None):
     docs = pd.concat(frames, ignore_index=True)
     if base_docs and base_docs < len(docs):
         share = base_docs / len(docs)
-        docs = docs.groupby("source", sort=False, group_keys=False).apply(
-            lambda g: g.iloc[:max(1, round(len(g) * share))])
+        docs = pd.concat([g.iloc[:max(1, round(len(g) * share))] for _, g in docs.groupby("source", sort=False)])
     return docs.reset_index(drop=True)
 
 
@@ -84,10 +83,11 @@ def write_scaled(docs, scale: int, path: Path, rate: float, seed: int) -> int:
 
 def child(parquet: str, out: str) -> None:
     """Build the corpus of one Parquet file sequentially; print docs, seconds and peak RSS as JSON."""
+    from flows.config import load_config
     from tasks.corpus.build import curate, split_sources
-    from tasks.corpus.config import CorpusConfig
 
-    cfg = CorpusConfig(execution={"task_runner": "sequential"})
+    demo = load_config(ROOT / "configs" / "demo.toml").corpus
+    cfg = demo.model_copy(update={"execution": demo.execution.model_copy(update={"task_runner": "sequential"})})
     started = time.perf_counter()
     work = Path(out) / "_work"
     split_sources([Path(parquet)], work, cfg.execution.shard_docs)

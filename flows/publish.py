@@ -59,12 +59,20 @@ def _corpus(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
                           artifact.key)
     env.warehouse.replace("boilerplate", pd.read_parquet(artifact.path / "boilerplate.parquet").astype(
         {"unit_hash": "string"}), artifact.key)
-    env.tracker.set_tags(run_id, {"manifest_hash": artifact.meta.get("summary", {}).get("manifest_hash", "")})
+    body = json.loads((artifact.path / "manifest.json").read_text())
+    env.tracker.set_tags(run_id, {"manifest_hash": body["manifest_hash"]})
+    near = body["near_dedup"]
+    env.tracker.log_params(run_id, {"near_dedup.implied_threshold": round(near["implied_threshold"], 4)})
+    # The LSH S-curve: P(candidate) at Jaccard s, logged with step = round(100·s) (step unit: Jaccard percent).
+    for s, p in near["s_curve"]:
+        env.tracker.log_metrics(run_id, {"near_dedup.p_candidate": p}, step=int(round(100 * s)))
     _log_files(env, run_id, cached, artifact, "manifest.json", "funnel.parquet", "decontamination.parquet",
                "boilerplate.parquet")
 
 
 def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    if (artifact.path / "removals.parquet").exists():  # held-out decontamination joins the one removal ledger
+        env.warehouse.replace("removals", pd.read_parquet(artifact.path / "removals.parquet"), artifact.key)
     env.warehouse.replace("tokenizer_report", pd.read_parquet(artifact.path / "report.parquet"), artifact.key)
     headers = pd.read_parquet(artifact.path / "shards.parquet")
     tokens = {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}

@@ -72,6 +72,14 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     console.rule(f"[bold]pretrain · {result['experiment']}")
     console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()), soft_wrap=True)
     console.print(_table("Corpus funnel per source", funnel_frame(paths["corpus"])))
+    corpus_manifest = json.loads((paths["corpus"] / "manifest.json").read_text())
+    console.print(f"  manifest {corpus_manifest['manifest_hash'][:12]} · boilerplate units cut "
+                  f"{corpus_manifest['boilerplate_units']:,} · near-dup candidate pairs "
+                  f"{corpus_manifest['near_dedup'].get('candidate_pairs', 0):,} (LSH threshold "
+                  f"{corpus_manifest['near_dedup']['implied_threshold']:.2f})")
+    for name, info in corpus_manifest["sources"].items():
+        for warning in info["warnings"]:
+            console.print(f"  [yellow]warning:[/] {warning}")
     report = pd.read_parquet(paths["tokenizer"] / "report.parquet")
     lang = report[report["group_by"] == "language"][["group", "n_docs", "n_tokens", "chars_per_token",
                                                       "tokens_per_word", "word_unit"]]

@@ -20,7 +20,6 @@ depend on the shard size or the number of workers.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -40,13 +39,13 @@ import xxhash
 from infra.errors import DataError
 from infra.parallel import ShardMap, sequential_map
 from tasks.corpus import minhash
-from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
+from tasks.corpus.boilerplate import count_units, strip_units
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.decontam import EvalIndex, EvalItem
 from tasks.corpus.dedup import normal_form
 from tasks.corpus.filters import (DOC_STAGES, FUNNEL_COLUMNS, INPUT_COLUMNS, REMOVAL_COLUMNS, Ledger,
                                   filter_documents, sanitise)
-from tasks.corpus.quality import CHARACTER_LANGUAGES, cjk_count
+from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count
 
 __all__ = ["build_corpus", "curate", "CorpusResult", "STAGES", "KEPT_COLUMNS"]
 
@@ -244,8 +243,8 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str) -> bool
         emptied = [not t.strip() for t in texts]
         for doc_id, source, cut, empty in zip(docs.doc_id, docs.source, n_cut, emptied):
             if empty:
-                ledger.remove(doc_id, source, "boilerplate", _reason(
-                    "dedup.boilerplate", cut, cfg.boilerplate.min_docs,
+                ledger.remove(doc_id, source, "boilerplate", Reason(
+                    "dedup.boilerplate", float(cut), float(cfg.boilerplate.min_docs),
                     f"all {cut} lines are boilerplate found in >= {cfg.boilerplate.min_docs} documents"))
         docs = docs.loc[~np.array(emptied, dtype=bool)].reset_index(drop=True)
         ledger.count("boilerplate", before, docs)
@@ -259,12 +258,6 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str) -> bool
             {"length": "int64", "hash": "uint64"}).to_parquet(tmp / "hits.parquet", index=False)
 
     return _atomic_dir(Path(out_dir), write)
-
-
-def _reason(rule: str, value: float, threshold: float, detail: str):
-    from tasks.corpus.quality import Reason
-
-    return Reason(rule, float(value), float(threshold), detail)
 
 
 def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
@@ -513,9 +506,3 @@ def _count_words(text: str, by_chars: bool) -> int:
     if not by_chars:
         return len(text.split())
     return cjk_count(text) + sum(1 for tok in text.split() if cjk_count(tok) == 0)
-
-
-def removal_counts(out: Path) -> dict[str, Any]:
-    """Counts of the finished build in ``out``: per source, documents kept and removed by rule."""
-    removals = pd.read_parquet(out / "removals.parquet")
-    return json.loads(removals.groupby(["source", "rule"]).size().unstack(fill_value=0).to_json(orient="index"))

@@ -24,6 +24,7 @@ from infra.stage import StageContext
 from tasks.corpus.build import STAGES, curate, split_sources
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.decontam import EvalItem
+from tasks.corpus.minhash import lsh_threshold, s_curve
 
 MANIFEST_VERSION = 2
 
@@ -130,7 +131,9 @@ def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, k
     body = {
         "version": MANIFEST_VERSION, "stages": STAGES, "sources": sources,
         "boilerplate_units": int(len(result.boilerplate)),
-        "near_dedup": result.near.get("_all", {}),
+        "near_dedup": {**result.near.get("_all", {}),
+                       "implied_threshold": lsh_threshold(cfg.near_dedup.bands, cfg.near_dedup.rows),
+                       "s_curve": [[s, p] for s, p in s_curve(cfg.near_dedup.bands, cfg.near_dedup.rows)]},
         "eval_sets": sorted({item.set_name for item in eval_items}),
         "eval_items": len(eval_items),
     }

@@ -61,7 +61,8 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
                                   callbacks=callbacks, min_lr_ratio=cfg.min_lr_ratio)
             save_checkpoint(ctx.out / "candidates" / name, model=model, optimizer=result.optimizer,
                             state=result.state, sampler_state=sampler.state_dict(),
-                            extra={"tokenizer_hash": corpus.meta["tokenizer_hash"], "replay_weights": weights})
+                            extra={"tokenizer_hash": corpus.meta["tokenizer_hash"], "replay_weights": weights,
+                                   "manifest_hash": corpus.meta.get("manifest_hash", "")})
             realised = sampler.realised_fractions()
             params = {"replay_fraction": fraction, "peak_lr": peak_lr,
                       "realised_replay_fraction": float(sum(realised.get(g, 0.0) for g in general))}

@@ -5,7 +5,7 @@ Sources: SPEC §8 (tokenizer, padding) and §10 (held-out splits).
 
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from infra.section import Section
 
@@ -24,6 +24,9 @@ class TokenizerConfig(Section):
         min_heldout_docs: held-out documents required per source (SPEC §10: held-out loss per source).
         sample_max_chars: cap on the tokenizer fit sample, in characters.
         seed: seeds the split hash and the fit sample.
+        decontam_ngram: training documents sharing a word n-gram of this length with any held-out document are
+            removed before fitting (SPEC §7 decontamination; 0 turns it off).
+        decontam_common_docs: an n-gram held by this many training documents or more is common phrasing, ignored.
 
     Raises:
         pydantic.ValidationError: a field is invalid; the message names the field and the fix.
@@ -36,6 +39,8 @@ class TokenizerConfig(Section):
     min_heldout_docs: int = 1
     sample_max_chars: int = 5_000_000
     seed: int = 0
+    decontam_ngram: int = Field(default=13, ge=0)
+    decontam_common_docs: int = Field(default=50, ge=2)
 
     @field_validator("special_tokens")
     @classmethod

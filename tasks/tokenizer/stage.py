@@ -1,5 +1,8 @@
 """Tokenizer stage: split held-out documents, fit BPE on the training split, pack token shards, report.
 
+Training documents sharing a 13-gram with a held-out document of any source are removed before fitting
+(``removals.parquet``, same columns as the corpus ledger, stage ``decontam_heldout``).
+
 Outputs: ``tokenizer.json``, ``splits.parquet`` (doc_id, source, split), ``shards/<source>/<split>.{bin,json,idx.npy}``,
 ``shards.parquet`` (one header row per shard), ``report.parquet`` (chars/token and tokens/word by language and
 source), ``tokenizer.meta.json`` (hash, EOS id, vocab sizes, the fit sample drawn per source).
@@ -15,7 +18,8 @@ import pandas as pd
 from tokenizers import Tokenizer
 
 from infra.stage import StageContext
-from tasks.corpus.stage import load_kept
+from tasks.corpus.stage import load_kept, manifest_hash
+from tasks.tokenizer.decontam import decontaminate_train
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer, padded_vocab_size, sample_texts, tokenizer_hash
 from tasks.tokenizer.report import tokenizer_report
@@ -27,6 +31,8 @@ def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
     """Split → fit on train only → pack every (source, split) → report; returns vocab and token counts."""
     kept = load_kept(ctx.inputs["corpus"])
     kept = kept.assign(split=assign_splits(kept, cfg).values)
+    kept, removals = decontaminate_train(kept, ngram=cfg.decontam_ngram, common_min_docs=cfg.decontam_common_docs)
+    removals.to_parquet(ctx.out / "removals.parquet", index=False)
     kept[["doc_id", "source", "family_id", "split"]].to_parquet(ctx.out / "splits.parquet", index=False)
     train = kept[kept["split"] == "train"]
     by_source = {name: list(group["text"]) for name, group in train.groupby("source", sort=True)}
@@ -40,13 +46,13 @@ def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
     meta = {
         "tokenizer_hash": tokenizer_hash(tok), "eos_id": eos_id(tok), "vocab_size": tok.get_vocab_size(),
         "padded_vocab_size": padded_vocab_size(tok, cfg.pad_multiple), "fit_sample_chars": sample_chars,
-        "fit_sample_docs": len(sample),
+        "fit_sample_docs": len(sample), "manifest_hash": manifest_hash(ctx.inputs["corpus"]),
     }
     headers = _pack(ctx, tok, kept, meta)
     (ctx.out / "tokenizer.meta.json").write_text(json.dumps(meta, indent=2))
     report = pd.concat([tokenizer_report(tok, kept, by=by).assign(group_by=by) for by in ("language", "source")])
     report.to_parquet(ctx.out / "report.parquet", index=False)
-    return {**{k: v for k, v in meta.items() if k != "fit_sample_chars"},
+    return {**{k: v for k, v in meta.items() if k != "fit_sample_chars"}, "decontaminated_train_docs": len(removals),
             "tokens": {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}}
 
 
@@ -60,7 +66,8 @@ def _pack(ctx: StageContext, tok: Tokenizer, kept: pd.DataFrame, meta: dict) -> 
             path.parent.mkdir(parents=True, exist_ok=True)
             write_shard(path, tokens, vocab_size=meta["padded_vocab_size"], eos_id=meta["eos_id"],
                         tokenizer_hash=meta["tokenizer_hash"], n_bytes=int(group["n_bytes"].sum()),
-                        doc_offsets=offsets, extra={"source": source, "split": split})
+                        doc_offsets=offsets,
+                        extra={"source": source, "split": split, "manifest_hash": meta["manifest_hash"]})
             rows.append({"source": source, "split": split, "n_tokens": int(len(tokens)), "n_docs": len(group),
                          "n_bytes": int(group["n_bytes"].sum()), "vocab_size": meta["padded_vocab_size"],
                          "dtype": str(tokens.dtype)})

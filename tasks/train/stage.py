@@ -47,7 +47,7 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
     sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,
                            batch_size=cfg.budget.batch_size, seed=ctx.seed)
-    extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "mixture": choice["weights"], "peak_lr": peak_lr}
+    extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "manifest_hash": corpus.meta.get("manifest_hash", ""), "mixture": choice["weights"], "peak_lr": peak_lr}
     main_epochs = planned_epochs(cfg, choice["weights"], corpus)
     for warning in epoch_warnings(main_epochs, max_epochs):
         print(f"warning: main run: {warning}")

@@ -141,3 +141,37 @@ def test_deleting_an_artifact_reruns_that_stage(smoke_runs, tmp_path):
     status = _stage_status(_pretrain("run", "configs/smoke.toml", runs=runs).stdout)
     assert status["gate"] == "ran"
     assert all(status[s] == "cached" for s in STAGE_NAMES if s != "gate")
+
+
+def test_corpus_shards_ran_as_prefect_tasks(smoke_runs):
+    import sqlite3
+
+    dbs = list((smoke_runs["runs"] / "prefect").rglob("*.db"))
+    assert dbs, "no Prefect database under the runs folder"
+    con = sqlite3.connect(dbs[0])
+    try:
+        rows = con.execute("SELECT name, state_type FROM task_run WHERE name LIKE 'corpus-%'").fetchall()
+    finally:
+        con.close()
+    names = {name for name, _ in rows}
+    assert {"corpus-filter-0", "corpus-key-0"} <= names
+    assert {state for _, state in rows} == {"COMPLETED"}
+
+
+def test_ledger_reconciles_and_manifest_hash_travels(smoke_runs):
+    import json
+
+    runs = smoke_runs["runs"]
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        bad = con.execute(
+            "SELECT m.source, m.docs_in, m.docs_out, count(r.doc_id) AS removed FROM manifest m "
+            "LEFT JOIN removals r ON r.source = m.source AND r.artifact_key = m.artifact_key "
+            "GROUP BY ALL HAVING m.docs_in <> m.docs_out + count(r.doc_id)").fetchall()
+        manifest_hash = con.execute("SELECT DISTINCT manifest_hash FROM manifest").fetchall()
+    finally:
+        con.close()
+    assert bad == []
+    assert len(manifest_hash) == 1
+    tokenizer = next((runs / "artifacts" / "tokenizer").iterdir())
+    assert json.loads((tokenizer / "tokenizer.meta.json").read_text())["manifest_hash"] == manifest_hash[0][0]
