@@ -159,9 +159,22 @@ class MinHashConfig(Section):
     similarity on shingle sets is >= ``jaccard_threshold``. ``scope``: "source" compares documents of the same
     source only (FineWeb found per-snapshot dedup better than global), "global" compares all documents.
     ``max_removal_share``: a source losing a larger share of its documents to near dedup gets a warning.
+
+    ``family``: how the ``num_perm`` signature values are drawn from a document's 64-bit shingle hashes.
+
+    * "oph" (default): one-permutation hashing with optimal densification (Li, Owen & Zhang, "One Permutation
+      Hashing", NIPS 2012; Shrivastava, "Optimal Densification for Fast and Accurate Minwise Hashing", ICML 2017).
+      Each shingle is hashed once and falls into one of ``num_perm`` bins; a bin's value is the minimum there, and
+      an empty bin copies the value of the first non-empty bin along a fixed pseudo-random probe sequence.
+      P(values agree) = Jaccard, as with ``num_perm`` permutations, at the cost of one hash per shingle.
+    * "universal": SPEC §7's ``num_perm`` permutations h_i(x) = (a_i·x + b_i) mod (2^31 − 1), the minimum of each;
+      ``num_perm`` hashes per shingle.
+
+    The two families give different signatures: band keys stored by a build are comparable only within a family.
     """
 
     enabled: bool = True
+    family: Literal["oph", "universal"] = "oph"
     num_perm: int = 112
     bands: int = 14
     rows: int = 8

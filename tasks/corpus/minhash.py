@@ -4,10 +4,20 @@ verification and leader clustering, vectorised over many documents at once.
 Pipeline and the shapes that travel between its steps (``n`` documents, ``k = num_perm``, ``b`` bands × ``r`` rows):
 
 1. :func:`shingle_hashes` / :func:`signatures`: word 5-grams of lower-cased whitespace tokens, or character 5-grams
-   for languages written without spaces, each hashed to a uint64 (word and character hashes never coincide: the
-   top bit tells them apart). A hash is reduced to ``x = hash mod p`` with ``p = 2^31 − 1`` and permutation ``i``
-   maps it to ``h_i(x) = (a_i·x + b_i) mod p``; the signature is the per-permutation minimum, an ``(n, k)`` uint32
-   matrix. Documents without shingles get the sentinel row ``EMPTY`` (2^32 − 1, above any value mod p).
+   for languages written without spaces, each hashed to a uint64 by polynomial hashing of code points and
+   XXH64's avalanche, vectorised over a batch of texts (one xxhash call per shingle costs more than the whole
+   batch pass); word and character hashes never coincide: the top bit tells them apart. The signature is an
+   ``(n, k)`` uint32 matrix of values below 2^31, from one of two families (``MinHashConfig.family``):
+
+   * "oph" (default), one-permutation hashing with optimal densification (Li, Owen & Zhang, NIPS 2012;
+     Shrivastava, ICML 2017): each shingle hash is mixed once with the seed; its top 32 bits pick one of ``k``
+     bins, 31 other bits are its value, and a bin keeps its minimum. An empty bin ``i`` copies the value of the
+     first non-empty bin among ``probe(i, 1), probe(i, 2), ...``, a 2-universal hash of (bin, attempt) shared by
+     all documents, which keeps P(values agree) = Jaccard. One hash per shingle instead of ``k``.
+   * "universal", SPEC §7's family: a hash is reduced to ``x = hash mod p`` with ``p = 2^31 − 1`` and permutation
+     ``i`` maps it to ``h_i(x) = (a_i·x + b_i) mod p``; the signature is the per-permutation minimum.
+
+   Documents without shingles get the sentinel row ``EMPTY`` (2^32 − 1, above any value of either family).
 2. :func:`band_keys`: one uint64 per band and document, ``(n, b)`` — what a sharded build stores per document.
 3. :func:`lsh_candidate_pairs`: pairs that agree on at least one band, optionally within a group (a source).
 4. :func:`cluster`: greedy leader clustering with exact Jaccard, in index order.
@@ -19,6 +29,7 @@ so they are the same whatever batch or shard a document is processed in.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,11 +56,13 @@ _WORD_SEED = _U64(0x6A09E667F3BCC908)
 _CHAR_SEED = _U64(0xBB67AE8584CAA73B)
 _SHORT_TAG = _U64(0x3C6EF372FE94F82B)  # marks the single shingle of a text shorter than the shingle size
 _BAND_SEED = _U64(0xA54FF53A5F1D36F1)
+_OPH_SEED = _U64(0x510E527FADE682D1)  # mixed with cfg.seed into the one-permutation hash
+_OPH_RANDOM_PROBES = 4  # random densification probes per bin, in multiples of k, before the cyclic sweep
 _DELTA = 2.0**-33  # offset keeping a zero h_i(x) away from the float wrap-around, see _minhash_rows
 # Shingles per matrix block: a (k × block) float64 block stays in the L2 cache; not a power of two, whose row
 # stride would alias in the cache; small enough that OpenBLAS multiplies it on one thread (k <= 136).
 _BLOCK = 640
-_CHUNK_CHARS = 1 << 16  # characters of text hashed together (arrays stay in cache)
+_CHUNK_CHARS = 1 << 19  # characters of text hashed together: fewer numpy calls per document
 _PIECE = 1 << 20  # characters per polynomial piece (bounds the cached power tables)
 _DEFAULT_MAX_LINKS = 32
 
@@ -141,23 +154,58 @@ _UNIT_POWERS = _Powers(_UNIT_BASE)
 _WHITESPACE = np.array([chr(c).isspace() for c in range(0x3001)] + [False])
 
 
+_CONTEXTUAL = np.uint32(0xFFFFFFFF)  # lower-case table entry of Σ (final-sigma rule) and İ (two characters)
+
+
+@functools.lru_cache(maxsize=1)
+def _lower_table() -> np.ndarray:
+    """(65536,) uint32: ``ord(chr(c).lower())`` for each BMP code point c, 0x20 for every whitespace code point
+    (str.isspace), ``_CONTEXTUAL`` for U+03A3 and U+0130.
+
+    str.lower() maps every code point to one code point independently of its neighbours except capital sigma
+    (σ or final ς by context) and U+0130 (two code points); the astral code points map one to one as well and none
+    is whitespace. Shingles never contain whitespace, so folding it into one code point loses nothing.
+    """
+    table = np.array([ord(low) if len(low := chr(c).lower()) == 1 else c for c in range(1 << 16)], dtype=np.uint32)
+    table[np.flatnonzero(_WHITESPACE[:-1])] = 0x20
+    table[[0x3A3, 0x130]] = _CONTEXTUAL
+    return table
+
+
 def _code_points(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Code points of the lower-cased ``texts`` joined by newlines (uint32), and the start of each text (n + 1)."""
-    lows = [t.lower() for t in texts]
-    lens = np.fromiter(map(len, lows), dtype=np.int64, count=len(lows))
-    cps = np.frombuffer("\n".join(lows).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    """Code points of the lower-cased ``texts`` joined by spaces, every whitespace code point as U+0020 (uint32),
+    and the start of each text (n + 1).
+
+    Lower-cases by a table lookup on the code points (str.lower() on millions of non-ASCII characters costs
+    several times as much); a batch with Σ or İ, whose lower case depends on context or changes the length, goes
+    through str.lower() itself.
+    """
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    raw = np.frombuffer("\n".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    astral = raw.size and int(raw.max()) > 0xFFFF
+    cps = _lower_table()[np.minimum(raw, np.uint32(0xFFFF)) if astral else raw]
+    if astral:
+        pos = np.flatnonzero(raw > 0xFFFF)
+        uniq, inv = np.unique(raw[pos], return_inverse=True)
+        cps[pos] = np.array([ord(chr(c).lower()) for c in uniq.tolist()], dtype=np.uint32)[inv]
+    if cps.size and (cps == _CONTEXTUAL).any():
+        lows = [t.lower() for t in texts]
+        lens = np.fromiter(map(len, lows), dtype=np.int64, count=len(lows))
+        cps = np.frombuffer("\n".join(lows).encode("utf-32-le", "surrogatepass"), dtype=np.uint32).copy()
+        cps[_is_space(cps)] = 0x20
     return cps, np.concatenate([[0], np.cumsum(lens + 1)])
 
 
 def _unit_hashes(cps: np.ndarray, starts: np.ndarray, by_chars: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Hashes (uint64) of the shingling units of the texts in ``cps`` and the number of units per text.
+    """Hashes (uint64) of the shingling units of the texts in ``cps`` (from :func:`_code_points`) and the number
+    of units per text.
 
     Units are the non-whitespace characters (``by_chars``) or the maximal runs of them (words), exactly the units
     of :func:`shingles`. A character hashes to the avalanche of its code point; a word spanning positions
     ``s..e`` to ``fmix64(Σ_m (cp_m + 1)·R^(m − s) mod 2^64)``, a polynomial hash evaluated for all words at once
     from one product with a power table and a segmented sum.
     """
-    space = _is_space(cps)
+    space = cps == np.uint32(0x20)  # _code_points folds all whitespace into U+0020
     if by_chars:
         pos = np.flatnonzero(~space)
         units = cps[pos].astype(np.uint64)
@@ -175,9 +223,8 @@ def _unit_hashes(cps: np.ndarray, starts: np.ndarray, by_chars: bool) -> tuple[n
             up, down = _UNIT_POWERS.get(hi - lo)
             prefix = np.empty(hi - lo + 1, dtype=np.uint64)
             prefix[0] = 0
-            v = cps[lo:hi].astype(np.uint64)
-            v += _U64(1)
-            v *= up
+            v = np.multiply(cps[lo:hi], up, dtype=np.uint64)  # (cp + 1)·R^m as cp·R^m + R^m: no cast pass
+            v += up
             np.cumsum(v, out=prefix[1:])
             s0 = pos[w0:w1] - lo
             sums = prefix[ends[w0:w1] - lo]
@@ -217,9 +264,15 @@ def _ngram_hashes(units: np.ndarray, counts: np.ndarray, size: int, by_chars: bo
         for t in range(1, size):
             g *= _NGRAM_BASE
             g += units[t:t + span]
-        lens = n_sh[full]
-        rel = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        out[np.repeat(out_offs[full], lens) + rel] = g[np.repeat(offs[full], lens) + rel]
+        # Boolean compaction instead of per-shingle index arithmetic: a window is dropped when it starts in the
+        # last size − 1 units of its document (it would cross into the next), which covers every short document.
+        keep = np.ones(span, dtype=bool)
+        tail = offs[1:, None] - np.arange(1, size)[None, :]
+        tail = tail[(tail >= offs[:-1, None]) & (tail < span)]
+        keep[tail] = False
+        slots = np.ones(len(out), dtype=bool)
+        slots[out_offs[:-1][(counts > 0) & (counts < size)]] = False  # the one shingle of each short document
+        out[slots] = g[keep]
     for length in range(1, size):
         short = np.flatnonzero(counts == length)
         if len(short):
@@ -254,8 +307,17 @@ def shingle_hash_sets(texts: Sequence[str], size: int, by_chars: bool | Sequence
         mine = np.flatnonzero(flags == mode)
         if len(mine):
             hashes, counts = _batch_shingle_hashes([texts[i] for i in mine], size, mode)
-            for d, part in zip(mine.tolist(), np.split(hashes, np.cumsum(counts)[:-1])):
-                sets[d] = np.unique(part)
+            # Sort each text's run in place, then drop repeats for the whole batch at once: np.unique per text
+            # costs several times as much in call overhead.
+            ends = np.cumsum(counts)
+            for part in np.split(hashes, ends[:-1]):
+                part.sort()
+            first = np.ones(len(hashes), dtype=bool)
+            first[1:] = hashes[1:] != hashes[:-1]
+            first[ends[:-1][counts[1:] > 0]] = True  # a text's first hash is kept even if it equals the last one
+            bounds = np.concatenate([[0], np.cumsum(first)])[ends[:-1]]  # kept hashes before each text
+            for d, part in zip(mine.tolist(), np.split(hashes[first], bounds)):
+                sets[d] = part
     return sets
 
 
@@ -292,7 +354,7 @@ class Signatures(NamedTuple):
 
 
 def _coefficients(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(k, 3) float64 matrix C with C·(x >> 16, x & 0xffff, 1) = (a'·x_hi + a·x_lo + b)/p + δ, a' = a·2^16 mod p."""
+    """(k, 3) float64 C with C·(x >> 16, x & 0xffff, 1) = (a'·x_hi + a·x_lo + b)/p + δ, a' = a·2^16 mod p."""
     a_shift = (a << 16) % MERSENNE_P
     coef = np.stack([a_shift / MERSENNE_P, a / MERSENNE_P, b / MERSENNE_P + _DELTA], axis=1)
     return np.ascontiguousarray(coef)
@@ -331,6 +393,84 @@ def _minhash_rows(x: np.ndarray, counts: np.ndarray, coef: np.ndarray) -> np.nda
     return np.rint((best.T - _DELTA) * MERSENNE_P).astype(np.uint32)
 
 
+def _oph_seed(seed: int) -> np.uint64:
+    """64-bit key of the one-permutation hash for ``seed`` (any int, reduced modulo 2^64)."""
+    return _fmix64(np.array([seed % (1 << 64)], dtype=np.uint64) ^ _OPH_SEED)[0]
+
+
+@functools.lru_cache(maxsize=16)
+def oph_probes(num_perm: int, seed: int) -> np.ndarray:
+    """Densification probe table, (k, 4k + k − 1) int64 with k = ``num_perm``: row i lists the bins an empty bin i
+    tries, in order (Shrivastava 2017, "optimal densification").
+
+    Columns t < 4k: ``((a·(i·4k + t mod p) + b) mod p) mod k`` with p = 2^31 − 1 and a in [1, p), b in [0, p) drawn
+    from ``seed`` — a 2-universal (Carter–Wegman) hash of (bin, attempt). The remaining k − 1 columns are
+    i + 1, i + 2, ... (mod k): a document with at least one non-empty bin resolves every bin by the end of the row,
+    while random probes miss the single non-empty bin of a one-bin document 4k times in a row with probability
+    ≈ e^-4 only. The table is read-only (shared by callers).
+    """
+    k, attempts = num_perm, _OPH_RANDOM_PROBES * num_perm
+    rng = np.random.default_rng([seed % (1 << 64), 0x0F0F])
+    a = int(rng.integers(1, MERSENNE_P))
+    b = int(rng.integers(0, MERSENNE_P))
+    i = np.arange(k, dtype=np.int64)[:, None]
+    key = (i * attempts + np.arange(attempts, dtype=np.int64)[None, :]) % MERSENNE_P  # injective for k < 23,000
+    random_part = ((a * key + b) % MERSENNE_P) % k  # a·key < 2^62: no int64 overflow
+    sweep = (i + np.arange(1, k, dtype=np.int64)[None, :]) % k
+    table = np.concatenate([random_part, sweep], axis=1)
+    table.flags.writeable = False
+    return table
+
+
+def _oph_rows(h: np.ndarray, counts: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """One-permutation MinHash rows of consecutive runs of shingle hashes ``h`` (uint64, repeats allowed).
+
+    ``counts[d] >= 1`` hashes belong to document d. Returns (len(counts), k) uint32, values below 2^31.
+    Each hash is mixed once, ``g = fmix64(h ⊕ seed key)``; bin ``(g_hi32 · k) >> 32`` (Lemire's multiply-shift
+    range reduction on the top 32 bits), value bits 1..31 of g. Bin minima for the whole batch at once:
+    ``np.minimum.at`` on the flat (document, bin) index. Empty bins are then densified with :func:`oph_probes`.
+    """
+    n = len(counts)
+    g = h ^ _oph_seed(seed)
+    _fmix64(g)
+    flat = np.repeat(np.arange(n, dtype=np.uint64) * _U64(k), counts)
+    flat += ((g >> _U64(32)) * _U64(k)) >> _U64(32)
+    vals = (g & _U64(0xFFFFFFFF)).astype(np.uint32)
+    vals >>= np.uint32(1)
+    sig = np.full(n * k, EMPTY, dtype=np.uint32)
+    np.minimum.at(sig, flat.astype(np.intp), vals)
+    sig = sig.reshape(n, k)
+    return _densify(sig, oph_probes(k, seed))
+
+
+def _densify(sig: np.ndarray, probes: np.ndarray) -> np.ndarray:
+    """Fill the ``EMPTY`` entries of ``sig`` ((n, k) uint32, C order, each row with a non-empty bin) in place,
+    and return it.
+
+    Entry (d, i) takes ``sig[d, probes[i, t]]`` for the first t where that bin of d was non-empty before filling
+    (Shrivastava 2017). Vectorised over all empty entries with flat indices, a doubling window of attempts per
+    step (most entries resolve at the first probe).
+    """
+    k = sig.shape[1]
+    out = sig.reshape(-1)
+    base = out.copy()  # probes read the bins as hashed, never values copied in this pass
+    empty = np.flatnonzero(base == EMPTY)
+    cols = empty % k
+    row_start = empty - cols
+    t0, step = 0, 1
+    while len(empty):
+        if t0 >= probes.shape[1]:
+            raise AssertionError("densification found no non-empty bin: a row without shingles was passed")
+        src = base[row_start[:, None] + probes[cols, t0:t0 + step]]  # (m, step)
+        ok = src != EMPTY
+        hit = ok.any(axis=1)
+        out[empty[hit]] = src[hit, ok[hit].argmax(axis=1)]
+        miss = ~hit
+        empty, cols, row_start = empty[miss], cols[miss], row_start[miss]
+        t0, step = t0 + step, step * 2
+    return sig
+
+
 def _as_flags(by_chars: bool | Sequence[bool], n: int) -> np.ndarray:
     if isinstance(by_chars, (bool, np.bool_)):
         return np.full(n, bool(by_chars))
@@ -342,17 +482,19 @@ def _as_flags(by_chars: bool | Sequence[bool], n: int) -> np.ndarray:
 
 def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHashConfig,
                progress: Callable[[int, int], None] | None = None) -> Signatures:
-    """MinHash signatures of ``texts`` with ``cfg.num_perm`` permutations of seed ``cfg.seed`` (SPEC §7).
+    """MinHash signatures of ``texts``: (n, ``cfg.num_perm``) values of family ``cfg.family`` with seed
+    ``cfg.seed`` (SPEC §7; see the module docstring for "oph" and "universal").
 
     ``by_chars``: one flag per text (character shingles when true) or one flag for all. Texts are processed in
-    chunks of about 65,000 characters; within a chunk, all shingle hashes are concatenated and evaluated as
-    (k × block) matrices with per-document minima (``np.minimum.reduceat``). ``progress(done, total)`` is called
-    about every 1,000 texts and at the end. Raises ValueError when ``by_chars`` does not match ``texts``.
+    chunks of about 500,000 characters; within a chunk, all shingle hashes are concatenated: "universal" evaluates
+    them as (k × block) matrices with per-document minima (``np.minimum.reduceat``), "oph" bins them once
+    (:func:`_oph_rows`). ``progress(done, total)`` is called about every 1,000 texts and at the end. Raises
+    ValueError when ``by_chars`` does not match ``texts``.
     """
     n = len(texts)
     flags = _as_flags(by_chars, n)
-    a, b = permutations(cfg.num_perm, cfg.seed)
-    coef = _coefficients(a, b)
+    oph = cfg.family == "oph"
+    coef = None if oph else _coefficients(*permutations(cfg.num_perm, cfg.seed))
     sigs = np.full((n, cfg.num_perm), EMPTY, dtype=np.uint32)
     has = np.zeros(n, dtype=bool)
     start = reported = 0
@@ -369,7 +511,10 @@ def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHa
             nonempty = counts > 0
             if hashes.size:
                 rows = idx[nonempty]
-                sigs[rows] = _minhash_rows(hashes % _U64(MERSENNE_P), counts[nonempty], coef)
+                if oph:
+                    sigs[rows] = _oph_rows(hashes, counts[nonempty], cfg.num_perm, cfg.seed)
+                else:
+                    sigs[rows] = _minhash_rows(hashes % _U64(MERSENNE_P), counts[nonempty], coef)
                 has[rows] = True
         start = end
         if progress and (end == n or end - reported >= 1000):

@@ -1,0 +1,272 @@
+"""The filter audit flow: SPEC §7's Lab 1 method on any configured source, tracked in MLflow and DuckDB.
+
+    pretrain audit configs/demo.toml                          # every source, 5,000 originals each (Lab 1 mix)
+    pretrain audit configs/demo.toml --source python_doc      # one source
+    pretrain audit configs/smoke.toml --originals 50 --runs-dir /tmp/smoke-runs
+
+Per source: inject labelled junk into its first N documents, run the real corpus build with the experiment's
+``[corpus]`` config, and measure (``tasks.audit``). When the pipeline's corpus stage has already produced an
+artifact, up to K of its removed documents per rule are listed for review as well. Outputs go to
+``<runs>/audit/<experiment>/<source>/``; each source gets an MLflow run (experiment = config name, tag
+``audit_source``) with the figures as metrics and the folder as artifacts, and its crosstab goes to DuckDB
+``audit_crosstab`` (one row per label × rule with n_docs > 0; ``artifact_key`` identifies the audit's inputs and
+code, and a rerun with the same key replaces its rows). This module must be imported after
+``RunsLayout.prepare_environment()`` (Prefect reads PREFECT_HOME on import).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import get_run_context
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flows.config import ExperimentConfig, load_config
+from flows.graph import STAGES
+from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version
+from infra.errors import ConfigError
+from infra.runs import RunsLayout
+from infra.tracking import Tracker
+from infra.warehouse import Warehouse
+from tasks.audit.config import AuditConfig
+from tasks.audit.review import review_corpus_removals
+from tasks.audit.run import load_originals, run_audit, write_audit
+
+AUDIT_MODULES = ("tasks.audit", "tasks.corpus")
+
+
+def audit_dir(layout: RunsLayout, experiment: str, source: str) -> Path:
+    return layout.root / "audit" / experiment / source
+
+
+@task(name="audit-source", cache_policy=NO_CACHE, persist_result=False)
+def audit_source(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_cfg: AuditConfig) -> dict[str, Any]:
+    """Inject, build, measure and write one source's audit folder; returns {out_dir, report}."""
+    originals, counts = load_originals(cfg.sources[source], layout.source_cache, audit_cfg.num_originals)
+    result = run_audit(originals, cfg.sources[source], cfg.corpus, audit_cfg)
+    result.report["source_read"] = counts
+    out = audit_dir(layout, cfg.name, source)
+    write_audit(result, out, f"{cfg.name} · {source}: LSH detection vs S-curve")
+    return {"out_dir": str(out), "report": result.report}
+
+
+@task(name="audit-corpus-review", cache_policy=NO_CACHE, persist_result=False)
+def review_corpus(cfg: ExperimentConfig, source: str, layout: RunsLayout, k: int, out_dir: str) -> dict[str, Any]:
+    """List up to ``k`` removed documents per rule of the experiment's corpus artifact into corpus_review.csv.
+
+    The artifact is the one the current config and code would use; failing that, the newest corpus artifact
+    DuckDB ``stage_runs`` records for this experiment (``matches_current_config`` false). Returns what was found.
+    """
+    store = ArtifactStore(layout.artifacts)
+    artifact, current = find_corpus_artifact(cfg, layout, store)
+    if artifact is None:
+        return {"found": False, "note": f"no corpus artifact of experiment {cfg.name!r} under {layout.artifacts}; "
+                                        f"run `pretrain run` first to review real removals"}
+    removals = pd.read_parquet(artifact.path / "removals.parquet")
+    docs_path = _sources_docs(store, artifact, source)
+    docs = pd.read_parquet(docs_path) if docs_path else pd.DataFrame(columns=["doc_id", "content", "content_type"])
+    review = review_corpus_removals(removals, docs, source, k, cfg.seed)
+    review.to_csv(Path(out_dir) / "corpus_review.csv", index=False)
+    found = {"found": True, "artifact_key": artifact.key, "path": str(artifact.path),
+             "matches_current_config": current, "rows": len(review),
+             "removed_in_source": int((removals["source"] == source).sum())}
+    _add_to_report(Path(out_dir), {"corpus_review": found})
+    return found
+
+
+def find_corpus_artifact(cfg: ExperimentConfig, layout: RunsLayout,
+                         store: ArtifactStore) -> tuple[Artifact | None, bool]:
+    """(corpus artifact, whether its key is the one the current config and code give) or (None, False)."""
+    keys: dict[str, str] = {}
+    for stage in STAGES:
+        keys[stage.name] = artifact_key(stage.name, stage.key_config(cfg), {n: keys[n] for n in stage.inputs},
+                                        code_version(*stage.modules))
+        if stage.name == "corpus":
+            break
+    current = store.get("corpus", keys["corpus"])
+    if current is not None:
+        return current, True
+    warehouse = Warehouse(layout.duckdb)
+    if not warehouse.has_table("stage_runs"):
+        return None, False
+    recorded = warehouse.query("SELECT DISTINCT artifact_key FROM stage_runs WHERE experiment = ? AND stage = ?",
+                               [cfg.name, "corpus"])
+    found = [a for a in (store.get("corpus", k) for k in recorded.get("artifact_key", [])) if a is not None]
+    newest = max(found, key=lambda a: a.meta.get("committed_at", 0.0), default=None)
+    return newest, False
+
+
+def _sources_docs(store: ArtifactStore, corpus: Artifact, source: str) -> Path | None:
+    sources = store.get("sources", corpus.meta.get("input_keys", {}).get("sources", ""))
+    path = sources.path / "docs" / f"{source}.parquet" if sources else None
+    return path if path is not None and path.is_file() else None
+
+
+def _add_to_report(out_dir: Path, extra: dict[str, Any]) -> None:
+    path = out_dir / "report.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **extra}, indent=2, ensure_ascii=False))
+
+
+@task(name="audit-publish", cache_policy=NO_CACHE, persist_result=False)
+def publish_audit(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_cfg: AuditConfig, out_dir: str,
+                  flow_run_id: str) -> str:
+    """One MLflow run with the audit's figures and files; the crosstab into DuckDB ``audit_crosstab``.
+    Returns the MLflow run id."""
+    out = Path(out_dir)
+    report = json.loads((out / "report.json").read_text())
+    tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, cfg.name)
+    key = artifact_key("audit", {"source": cfg.sources[source].model_dump(), "corpus": cfg.corpus.model_dump(),
+                                 "audit": audit_cfg.model_dump()}, {}, code_version(*AUDIT_MODULES))
+    review = report.get("corpus_review", {})
+    run_id = tracker.start_run(f"audit:{source}", tags={
+        "kind": "filter_audit", "audit_source": source, "audit_key": key, "prefect_flow_run_id": flow_run_id,
+        "corpus_artifact": review.get("artifact_key", "none"), "audit_dir": str(out)})
+    try:
+        tracker.log_params(run_id, {"audit": audit_cfg.model_dump(), "near_dedup": cfg.corpus.near_dedup.model_dump(),
+                                    "source": source})
+        tracker.log_metrics(run_id, headline_metrics(report), step=0)
+        tracker.log_artifact(run_id, out, "audit")
+        crosstab = pd.read_csv(out / "crosstab.csv", index_col="label").drop(columns="total")
+        long = crosstab.stack().rename("n_docs").reset_index().rename(columns={"level_1": "rule"})
+        long = long.assign(experiment=cfg.name, source=source, mlflow_run_id=run_id,
+                           audited_at=pd.Timestamp.now(tz="UTC"))
+        Warehouse(layout.duckdb).replace("audit_crosstab", long[long["n_docs"] > 0].astype({"n_docs": int}), key)
+    except BaseException:
+        tracker.end_run(run_id, "FAILED")
+        raise
+    tracker.end_run(run_id)
+    return run_id
+
+
+def headline_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """The audit's figures as flat MLflow metrics (counts, shares, MAE, detection rates, precision, recall)."""
+    metrics = {
+        "docs_in": report["pipeline"]["docs_in"], "docs_out": report["pipeline"]["docs_out"],
+        "originals": report["originals"]["num"], "originals_removed": report["originals"]["removed"],
+        "originals_removed_share": report["originals"]["removed_share"],
+        "exact_copies_injected": report["exact_copies"]["injected"],
+        "exact_copies_found": report["exact_copies"]["removed_by_exact_dedup"],
+        "minhash_mae": report["minhash"]["mae"], "minhash_max_error": report["minhash"]["max_error"],
+    }
+    for row in report["lsh"]["bins"]:
+        metrics[f"lsh_detection_rate_{row['lo']:g}_{row['hi']:g}"] = row["detection_rate"]
+    for row in report["near_dedup"]["rows"]:
+        metrics[f"precision_{row['truth']}_at_{row['threshold']:g}"] = row["precision"]
+        metrics[f"recall_{row['truth']}_at_{row['threshold']:g}"] = row["recall"]
+    return {k: float(v) for k, v in metrics.items() if v is not None}
+
+
+@flow(name="pretrain-audit", log_prints=True)
+def audit(config_path: str, runs_dir: str, sources: list[str] | None = None,
+          options: dict[str, int] | None = None) -> dict[str, Any]:
+    """Audit the filters on each named source (default: every source of the config).
+
+    ``options`` overrides ``AuditConfig`` fields (e.g. ``{"num_originals": 50}``); the seed is the config's.
+    Returns {experiment, sources: {name: {out_dir, mlflow_run_id, corpus_review}}}.
+
+    Raises:
+        ConfigError: a named source is not in the config, or an option is out of range.
+    """
+    cfg = load_config(config_path)
+    layout = RunsLayout.resolve(runs_dir)
+    names = list(sources or cfg.sources)
+    unknown = [s for s in names if s not in cfg.sources]
+    if unknown:
+        raise ConfigError(f"--source {unknown} not in the config's sources {list(cfg.sources)}")
+    audit_cfg = AuditConfig(**{"seed": cfg.seed, **(options or {})})
+    flow_run_id = str(get_run_context().flow_run.id)
+    done: dict[str, Any] = {}
+    for name in names:
+        built = audit_source(cfg, name, layout, audit_cfg)
+        review = review_corpus(cfg, name, layout, audit_cfg.review_per_rule, built["out_dir"])
+        run_id = publish_audit(cfg, name, layout, audit_cfg, built["out_dir"], flow_run_id)
+        done[name] = {"out_dir": built["out_dir"], "mlflow_run_id": run_id, "corpus_review": review}
+    return {"experiment": cfg.name, "sources": done}
+
+
+def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
+    """Print each source's crosstab, headline figures, removed originals and the corpus review."""
+    console = console or Console()
+    for source, info in result["sources"].items():
+        out = Path(info["out_dir"])
+        report = json.loads((out / "report.json").read_text())
+        console.rule(f"[bold]filter audit · {result['experiment']} · {source}")
+        console.print(_table("First failing rule (rows) × injected label (columns; q.05 = near copy at word edit "
+                             "rate 0.05), documents", crosstab_for_display(out / "crosstab.csv")))
+        console.print(escape(_headline(report)))
+        console.print(_table("LSH candidates among same-family pairs per exact-Jaccard bin, beside the S-curve",
+                             _bins_for_display(report["lsh"]["bins"])))
+        console.print(_table("Near dedup: predicted = LSH candidate and exact J ≥ t (definitions in report.json)",
+                             pd.DataFrame(report["near_dedup"]["rows"])))
+        removed = pd.read_csv(out / "originals_removed.csv")
+        if len(removed):
+            console.print(_table(f"Originals removed ({len(removed):,}; first 20, all in originals_removed.csv): "
+                                 "review for false positives",
+                                 removed[["doc_id", "rule", "value", "threshold", "excerpt"]].head(20)))
+        review = info["corpus_review"]
+        if not review.get("found"):
+            console.print(escape(review["note"]))
+        else:
+            frame = pd.read_csv(out / "corpus_review.csv")
+            stale = "" if review["matches_current_config"] else " (built from an older config or code)"
+            title = f"Corpus artifact {review['artifact_key']}{stale}: removed documents of {source} per rule"
+            console.print(_table(title, frame[["doc_id", "rule", "value", "threshold", "excerpt"]]) if len(frame)
+                          else escape(f"{title}: none"))
+        console.print(f"files: {out}  (MLflow run {info['mlflow_run_id']}, DuckDB table audit_crosstab)",
+                      soft_wrap=True)
+
+
+def _bins_for_display(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    bins = pd.DataFrame(rows)
+    bins = bins[bins["num_pairs"] > 0]
+    return pd.DataFrame({"Jaccard bin": [f"{lo:.1f}–{hi:.1f}" for lo, hi in zip(bins["lo"], bins["hi"])],
+                         "pairs": bins["num_pairs"], "candidates": bins["num_candidates"],
+                         "empirical": bins["detection_rate"], "S-curve": bins["theory_rate"]})
+
+
+def crosstab_for_display(path: Path) -> pd.DataFrame:
+    """crosstab.csv turned for a terminal: one row per rule, one short column per label."""
+    table = pd.read_csv(path, index_col="label").T
+    short = {"original": "orig", "navigation": "nav", "exact_copy": "exact"}
+    table.columns = [short.get(c, c.replace("near_copy_0", "q")) for c in table.columns]
+    return table.rename_axis("rule").reset_index()
+
+
+def _headline(report: dict[str, Any]) -> str:
+    o, e, m, p = report["originals"], report["exact_copies"], report["minhash"], report["pipeline"]
+    stages = ", ".join(f"{n:,} {s}" for s, n in p["removed_by_stage"].items())
+    lsh, c = report["lsh"], report["copies"]
+    scaled = (f" (scaled down: {o['num']:,} originals take at most {c['max_copies_per_original']} copies each)"
+              if c["scaled_down"] else "")
+    return "\n".join([
+        f"injected copies: {c['exact_copies']:,} exact + {c['near_per_rate']:,} near per edit rate{scaled}",
+        f"pipeline: {p['docs_in']:,} in → {stages} → {p['docs_out']:,} out",
+        f"originals removed: {o['removed']:,} / {o['num']:,} ({o['removed_share']:.2%})",
+        f"exact copies found by exact dedup: {e['removed_by_exact_dedup']:,} / {e['injected']:,} "
+        f"(exact-dedup removals, all labels: {e['exact_dedup_removals_all_labels']:,})",
+        f"MinHash estimate vs exact Jaccard on {m['num_pairs']:,} copy-original pairs: MAE {_num(m['mae'])}, "
+        f"max {_num(m['max_error'])} ({m['num_perm']} permutations)",
+        f"LSH {lsh['bands']} bands × {lsh['rows']} rows: S-curve threshold (1/b)^(1/r) ≈ "
+        f"{lsh['s_curve_threshold']:.2f}, candidates verified at J ≥ {lsh['jaccard_threshold']:g}",
+    ])
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def _table(title: str, frame: pd.DataFrame) -> Table:
+    table = Table(title=escape(title), title_justify="left")
+    for column in frame.columns:
+        table.add_column(str(column), justify="right" if frame[column].dtype.kind in "if" else "left",
+                         overflow="fold")
+    for row in frame.itertuples(index=False):
+        table.add_row(*[escape("-" if pd.isna(v) else f"{v:.3f}" if isinstance(v, float) else str(v)) for v in row])
+    return table

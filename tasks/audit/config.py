@@ -1,0 +1,67 @@
+"""Settings of the filter audit (SPEC §7 "Lab 1 reference"): how many originals, how much junk, what to measure.
+
+Defaults are Lab 1's mix: the first 5,000 documents + 150 navigation pages, 150 spam pages, 150 repeated-line pages,
+150 short fragments, 200 exact copies and 600 near copies (100 at each word edit rate
+q ∈ {.01, .03, .05, .08, .12, .20}).
+"""
+
+from pydantic import model_validator
+
+from infra.errors import ConfigError
+from infra.section import Section
+
+EDIT_RATES = [0.01, 0.03, 0.05, 0.08, 0.12, 0.20]
+
+
+class AuditConfig(Section):
+    """One audit of one source.
+
+    Fields:
+        num_originals: take the first N clean documents of the source (fewer if it has fewer).
+        num_navigation, num_spam, num_repeated, num_short: synthetic junk pages of each kind.
+        num_exact_copies: verbatim copies of randomly chosen originals.
+        num_near_per_rate: near copies per edit rate; each unit (word, or character for languages written
+            without spaces) is substituted or deleted with probability q.
+        edit_rates: the rates q, each in (0, 1).
+        max_copies_per_original: cap on exact + near copies of one original. An original with many copies makes
+            its own lines look like cross-document boilerplate (SPEC §7), and the boilerplate rule would then
+            remove the original too; 4 keeps original + copies below the build's default of 10 documents. When
+            N originals cannot take every copy, the copy counts are scaled down alike (Lab 1: 800 copies of
+            5,000 originals, so never).
+        thresholds: Jaccard thresholds at which near-dedup precision and recall are reported.
+        bin_edges: Jaccard bin edges for the LSH detection rate (S-curve) plot, increasing in [0, 1].
+        review_per_rule: K, removed documents listed per rule for review (audit originals and the real corpus).
+        seed: seed of every random choice; the same seed gives the same mixed set.
+    """
+
+    num_originals: int = 5000
+    num_navigation: int = 150
+    num_spam: int = 150
+    num_repeated: int = 150
+    num_short: int = 150
+    num_exact_copies: int = 200
+    num_near_per_rate: int = 100
+    edit_rates: list[float] = EDIT_RATES
+    max_copies_per_original: int = 4
+    thresholds: list[float] = [0.7, 0.8, 0.9]
+    bin_edges: list[float] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    review_per_rule: int = 5
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "AuditConfig":
+        counts = ("num_originals", "num_navigation", "num_spam", "num_repeated", "num_short", "num_exact_copies",
+                  "num_near_per_rate", "review_per_rule", "max_copies_per_original")
+        for name in counts:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"audit.{name}={getattr(self, name)} must be >= 0")
+        if self.num_originals < 1:
+            raise ConfigError(f"audit.num_originals={self.num_originals} must be >= 1 (the audit needs originals)")
+        if any(not 0.0 < q < 1.0 for q in self.edit_rates):
+            raise ConfigError(f"audit.edit_rates={self.edit_rates}: each rate q must lie in (0, 1)")
+        if any(not 0.0 < t <= 1.0 for t in self.thresholds):
+            raise ConfigError(f"audit.thresholds={self.thresholds}: each threshold must lie in (0, 1]")
+        edges = self.bin_edges
+        if len(edges) < 2 or edges != sorted(set(edges)) or edges[0] < 0.0 or edges[-1] > 1.0:
+            raise ConfigError(f"audit.bin_edges={edges} must be >= 2 increasing values in [0, 1]")
+        return self

@@ -1,0 +1,227 @@
+"""The filter audit of one source (SPEC §7 "Lab 1 reference"), as plain functions.
+
+    originals, _ = load_originals(source_cfg, layout.source_cache, 5000)
+    result = run_audit(originals, source_cfg, corpus_cfg, AuditConfig())
+    write_audit(result, layout.root / "audit" / experiment / source_cfg.name, title="demo · python_doc")
+
+Takes the source's first N documents with text (HTML reduced to its main text, as the corpus build's extractor
+does), injects labelled junk (``tasks.audit.inject``), runs the real corpus build with the experiment's corpus
+config on the mixed set, and measures what it removed and why (``tasks.audit.measure``).
+
+Files written: crosstab.csv (label × first failing rule), pairs.parquet (near-dedup pairs), s_curve.png,
+originals_removed.csv (every removed original with its rule and opening text), documents.parquet (the mixed set
+with labels and rules) and report.json (the headline figures).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from infra.errors import DataError
+from tasks.audit.config import AuditConfig
+from tasks.audit.inject import copy_counts, inject, labels, theoretical_jaccard
+from tasks.audit.measure import (KEPT, crosstab, detection_by_bin, first_rules, minhash_error, pair_table,
+                                 precision_recall)
+from tasks.audit.plot import plot_s_curve
+from tasks.audit.review import with_excerpts
+from tasks.corpus.build import build_corpus
+from tasks.corpus.config import CorpusConfig
+from tasks.corpus.extract import extract_many, tidy
+from tasks.corpus.minhash import lsh_threshold
+from tasks.corpus.quality import CHARACTER_LANGUAGES
+from tasks.sources.config import SourceConfig
+from tasks.sources.read import read_source
+
+Progress = Callable[[str, int, int], None]
+PR_DEFINITION = (
+    "pairs: every (near copy, its original) pair plus every LSH candidate pair of documents with different "
+    "originals, among originals and near copies. predicted duplicate: LSH candidate (configured bands x rows) and "
+    "exact Jaccard >= t. truth 'theory': a copy-original pair with J = s/(2-s) >= t, s = (1-q)^n (SPEC 7). "
+    "truth 'exact': a copy-original pair with exact Jaccard >= t."
+)
+
+
+@dataclass
+class AuditResult:
+    """Everything one audit measured.
+
+    ``documents``: the mixed set with ``label``, ``original_id``, ``edit_rate``, ``stage`` and ``rule`` of the
+    first removal (rule "kept" when kept); ``crosstab``: documents per label × rule; ``pairs``:
+    ``measure.PAIR_COLUMNS``; ``bins``: LSH detection per Jaccard bin; ``precision_recall``: per truth and
+    threshold; ``originals_removed``: ``review.REVIEW_COLUMNS``; ``report``: JSON-able headline figures.
+    """
+
+    source: str
+    documents: pd.DataFrame
+    crosstab: pd.DataFrame
+    pairs: pd.DataFrame
+    bins: pd.DataFrame
+    precision_recall: pd.DataFrame
+    originals_removed: pd.DataFrame
+    report: dict[str, Any]
+
+
+def load_originals(source: SourceConfig, cache_dir: Path, n: int) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The first ``n`` documents of ``source`` that have text, in the source's (sorted path) order.
+
+    HTML pages are reduced to their main text with the corpus extractor; documents without text are skipped.
+
+    Returns:
+        (frame with columns doc_id, text; {"docs_read", "docs_without_text"}).
+
+    Raises:
+        SourceError: the source cannot be read (see ``read_source``).
+        DataError: no document of the source has text.
+    """
+    docs = read_source(source, cache_dir).docs
+    html = (docs["content_type"] == "html").to_numpy()
+    texts = docs["content"].tolist()
+    for i, main in zip(html.nonzero()[0], extract_many(docs["content"][html].tolist())):
+        texts[i] = main
+    texts = [tidy(t) if isinstance(t, str) else "" for t in texts]
+    frame = pd.DataFrame({"doc_id": docs["doc_id"], "text": texts})
+    with_text = frame[frame["text"].str.strip() != ""]
+    if with_text.empty:
+        raise DataError(f"source {source.name!r}: none of its {len(docs)} documents has text to audit")
+    counts = {"docs_read": int(len(docs)), "docs_without_text": int(len(frame) - len(with_text))}
+    return with_text.head(n).reset_index(drop=True), counts
+
+
+def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfig, cfg: AuditConfig,
+              progress: Progress | None = None) -> AuditResult:
+    """Inject labelled junk into ``originals`` (doc_id, text), run ``build_corpus`` with ``corpus``, measure.
+
+    The source's language hint picks the junk language and the shingle unit (characters for languages written
+    without spaces); a source without a hint is treated as English. The build writes into a temporary folder
+    that is removed afterwards; no evaluation sets are passed, so its decontamination stage removes nothing.
+
+    Raises:
+        DataError: ``originals`` is empty.
+    """
+    if originals.empty:
+        raise DataError(f"source {source.name!r}: no originals to audit")
+    language = source.language or "en"
+    by_chars = language in CHARACTER_LANGUAGES
+    mixed = inject(originals, source.name, language, by_chars, cfg)
+    with tempfile.TemporaryDirectory(prefix="audit-corpus-") as build_dir:
+        built = build_corpus(mixed, corpus, out=Path(build_dir), progress=progress)
+        removals, funnel = built.removals, built.funnel
+    stage_of = dict(zip(removals["doc_id"], removals["stage"]))
+    documents = mixed.assign(stage=mixed["doc_id"].map(lambda d: stage_of.get(d, KEPT)),
+                             rule=first_rules(mixed["doc_id"], removals))
+    rule_order = list(removals.assign(order=removals["stage"].map(_stage_rank(funnel)))
+                      .sort_values(["order", "rule"])["rule"].drop_duplicates())
+    table = crosstab(documents["label"], documents["rule"], labels(cfg), rule_order)
+    near = documents[documents["label"].str.startswith(("original", "near_copy"))]
+    pairs = pair_table(pd.DataFrame({"doc_id": near["doc_id"], "text": near["content"], "label": near["label"],
+                                     "family": near["original_id"], "edit_rate": near["edit_rate"].fillna(0.0)}),
+                       by_chars, corpus.near_dedup)
+    mh = corpus.near_dedup
+    bins = detection_by_bin(pairs, cfg.bin_edges, mh.bands, mh.rows)
+    pr = precision_recall(pairs, cfg.thresholds)
+    removed = removals[removals["doc_id"].isin(originals["doc_id"])]
+    originals_removed = with_excerpts(removed, dict(zip(originals["doc_id"], originals["text"])))
+    report = _report(source, language, by_chars, cfg, corpus, documents, funnel, pairs, bins, pr,
+                     originals_removed)
+    return AuditResult(source.name, documents, table, pairs, bins, pr, originals_removed, report)
+
+
+def _stage_rank(funnel: pd.DataFrame) -> dict[str, int]:
+    return {stage: i for i, stage in enumerate(funnel["stage"].drop_duplicates())}
+
+
+def _report(source: SourceConfig, language: str, by_chars: bool, cfg: AuditConfig, corpus: CorpusConfig,
+            documents: pd.DataFrame, funnel: pd.DataFrame, pairs: pd.DataFrame, bins: pd.DataFrame,
+            pr: pd.DataFrame, originals_removed: pd.DataFrame) -> dict[str, Any]:
+    mh = corpus.near_dedup
+    removed = documents[documents["rule"] != KEPT]
+    exact_copies = documents[documents["label"] == "exact_copy"]
+    num_originals = int((documents["label"] == "original").sum())
+    return _json_safe({
+        "source": source.name, "language": language, "shingle_unit": "character" if by_chars else "word",
+        "counts": documents["label"].value_counts().reindex(labels(cfg), fill_value=0).to_dict(),
+        "copies": _copies_note(num_originals, cfg),
+        "pipeline": {"docs_in": len(documents),
+                     "removed_by_stage": removed["stage"].value_counts().reindex(
+                         funnel["stage"].drop_duplicates(), fill_value=0).loc[lambda s: s > 0].to_dict(),
+                     "docs_out": int((documents["rule"] == KEPT).sum())},
+        "originals": {"num": num_originals, "removed": len(originals_removed),
+                      "removed_share": len(originals_removed) / num_originals,
+                      "removed_by_rule": originals_removed["rule"].value_counts().to_dict()},
+        "exact_copies": {"injected": len(exact_copies),
+                         "removed_by_exact_dedup": int((exact_copies["stage"] == "dedup_exact").sum()),
+                         "exact_dedup_removals_all_labels": int((documents["stage"] == "dedup_exact").sum())},
+        "minhash": {**minhash_error(pairs), "num_perm": mh.num_perm,
+                    "estimate": "share of equal signature entries over num_perm permutations"},
+        "lsh": {"bands": mh.bands, "rows": mh.rows, "s_curve_threshold": lsh_threshold(mh.bands, mh.rows),
+                "jaccard_threshold": mh.jaccard_threshold, "bins": bins.to_dict("records")},
+        "near_copies": _near_copy_summary(pairs, cfg, mh.shingle_size),
+        "near_dedup": {"definition": PR_DEFINITION, "rows": pr.to_dict("records")},
+        "audit_config": cfg.model_dump(), "near_dedup_config": mh.model_dump(),
+    })
+
+
+def _copies_note(num_originals: int, cfg: AuditConfig) -> dict[str, Any]:
+    exact, near = copy_counts(num_originals, cfg)
+    return {"max_copies_per_original": cfg.max_copies_per_original, "exact_copies": exact, "near_per_rate": near,
+            "scaled_down": (exact, near) != (cfg.num_exact_copies, cfg.num_near_per_rate)}
+
+
+def _near_copy_summary(pairs: pd.DataFrame, cfg: AuditConfig, n: int) -> list[dict[str, Any]]:
+    """Per edit rate: copy-original pairs, mean exact Jaccard beside J = s/(2 − s), and LSH detection rate."""
+    rows = []
+    copy_original = pairs[pairs["kind"] == "copy-original"]
+    for q in cfg.edit_rates:
+        mine = copy_original[(copy_original["edit_rate_a"] == q) | (copy_original["edit_rate_b"] == q)]
+        rows.append({"edit_rate": q, "num_pairs": len(mine), "theory_jaccard": theoretical_jaccard(q, n),
+                     "mean_exact_jaccard": float(mine["exact_jaccard"].mean()) if len(mine) else math.nan,
+                     "lsh_detection_rate": float(mine["lsh_candidate"].mean()) if len(mine) else math.nan})
+    return rows
+
+
+def _json_safe(obj: Any) -> Any:
+    """Plain Python types with NaN → None, so report.json is strict JSON."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item"):  # numpy scalar
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_audit(result: AuditResult, out_dir: Path, title: str) -> list[Path]:
+    """Write the audit's files into ``out_dir``, replacing an earlier audit there; returns the file paths.
+
+    The files are written into a sibling temporary folder first, so an interrupted write never leaves a
+    mixture of two audits.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        result.crosstab.to_csv(tmp / "crosstab.csv", index_label="label")
+        result.pairs.to_parquet(tmp / "pairs.parquet", index=False)
+        result.documents.to_parquet(tmp / "documents.parquet", index=False)
+        result.originals_removed.to_csv(tmp / "originals_removed.csv", index=False)
+        lsh = result.report["lsh"]
+        plot_s_curve(result.bins, lsh["bands"], lsh["rows"], lsh["jaccard_threshold"], tmp / "s_curve.png", title)
+        (tmp / "report.json").write_text(json.dumps(result.report, indent=2, ensure_ascii=False))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return sorted(out_dir.iterdir())
