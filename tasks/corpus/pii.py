@@ -43,6 +43,11 @@ _PHONE_RE = re.compile(
     r")(?!\w|[-.]\d)"
 )
 _DIGIT_RE = re.compile(r"\d")
+# Necessary conditions for a match, each starting with a literal so the regex engine scans for it quickly; the full
+# patterns (which start with a character class and a look-behind) run only on texts that pass.
+_IPV6_GATE = re.compile(r":[0-9A-Fa-f]{0,4}:")
+_IPV4_GATE = re.compile(r"\.\d{1,3}\.\d{1,3}\.\d")
+_PHONE_GATES = (re.compile(r"\+\d"), re.compile(r"\(\d"), re.compile(r"-\d{3}-\d{4}"), re.compile(r"\.\d{3}\.\d{4}"))
 
 
 class PiiCounts(NamedTuple):
@@ -108,11 +113,12 @@ def redact_counts(text: str) -> tuple[str, PiiCounts]:
     email = ip6 = ip4 = phone = 0
     if "@" in text:
         text, email = _sub_counted(_EMAIL_RE, "<EMAIL>", text)
-    if ":" in text:
+    if _IPV6_GATE.search(text):
         text, ip6 = _sub_counted(_IPV6_RE, _ipv6, text)
-    if "." in text:
+    if _IPV4_GATE.search(text):
         text, ip4 = _sub_counted(_IPV4_RE, _ipv4, text)
-    text, phone = _sub_counted(_PHONE_RE, _phone, text)
+    if any(gate.search(text) for gate in _PHONE_GATES):
+        text, phone = _sub_counted(_PHONE_RE, _phone, text)
     return text, PiiCounts(email=email, ip=ip6 + ip4, phone=phone)
 
 

@@ -18,7 +18,7 @@ order; the keep/remove decision does not depend on the order.
 import re
 from collections import Counter
 from collections.abc import Sequence
-from itertools import accumulate, repeat
+from itertools import accumulate, compress, filterfalse, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -44,6 +44,7 @@ _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
 _KANA = "\u3040-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9f"
 _CJK_RE = re.compile(f"[{_HAN}]")
 _HAN_KANA_RE = re.compile(f"[{_HAN}{_KANA}]")
+_FROM_KANA_UP_RE = re.compile("[\u3040-\U0010ffff]")
 _PUNCT_STRIP = "\"'()[]{}<>.,;:!?«»“”‘’`"
 _PARAGRAPH_RE = re.compile(r"\n\s*\n")
 # Languages written without spaces between words: word-based Gopher rules do not apply to them.
@@ -68,11 +69,11 @@ def words_of(text: str) -> list[str]:
 
 
 def _lines(text: str) -> list[str]:
-    return [ln for ln in map(str.strip, text.split("\n")) if ln]
+    return list(filter(None, map(str.strip, text.split("\n"))))
 
 
 def _paragraphs(text: str) -> list[str]:
-    return [p for p in map(str.strip, _PARAGRAPH_RE.split(text)) if p]
+    return list(filter(None, map(str.strip, _PARAGRAPH_RE.split(text))))
 
 
 def duplicate_share(items: Sequence[str]) -> float:
@@ -113,25 +114,30 @@ _NO_REPEATS: tuple[list[int], list, list[int]] = ([], [], [])
 
 
 class _Repeats:
-    """Repeated token n-grams of one document for n = 1, 2, ..., built level by level on demand.
+    """Repeated token n-grams of one document for n = 1, 2, ..., built on demand.
 
     Level n lists, in position order, the start positions whose n-gram occurs more than once, with that n-gram
-    (the token for n = 1, else a tuple; compared exactly) and its count. An (n+1)-gram can repeat only where the
-    n-grams at i and i+1 both repeat, so each level looks only at survivors of the previous one; in clean text
-    few survive past n = 2.
+    (the token for n = 1, else a tuple; compared exactly) and its count. Level 2 is counted over all positions;
+    an (n+1)-gram can repeat only where the n-grams at i and i+1 both repeat, so each further level looks only at
+    survivors of the previous one; in clean text few survive past n = 2.
     """
 
     def __init__(self, tokens: Sequence[str]):
         self.tokens = tokens
         self.total = sum(map(len, tokens))
         self._cum: list[int] | None = None
-        counts = Counter(tokens)
-        if len(counts) == len(tokens):
-            self._levels = [_NO_REPEATS, _NO_REPEATS]
-        else:
-            pos = [i for i, c in enumerate(map(counts.__getitem__, tokens)) if c > 1]
-            grams = [tokens[i] for i in pos]
-            self._levels = [_NO_REPEATS, (pos, grams, list(map(counts.__getitem__, grams)))]
+        self._levels: dict[int, tuple[list[int], list, list[int]]] = {}
+
+    @staticmethod
+    def _repeated(grams: Sequence) -> tuple[list[int], list, list[int]]:
+        """Level entries for ``grams`` (one per start position), counted over all positions."""
+        counts = Counter(grams)
+        if len(counts) == len(grams):
+            return _NO_REPEATS
+        # itertools and bound methods keep this per-position pass in C
+        pos = list(compress(range(len(grams)), map((1).__lt__, map(counts.__getitem__, grams))))
+        kept = list(map(grams.__getitem__, pos))
+        return pos, kept, list(map(counts.__getitem__, kept))
 
     @property
     def cum(self) -> list[int]:
@@ -142,31 +148,43 @@ class _Repeats:
     def _level(self, n: int) -> tuple[list[int], list, list[int]]:
         """(positions, n-grams, counts) of the repeated n-grams, positions ascending."""
         levels, tokens = self._levels, self.tokens
-        while len(levels) <= n:
-            k = len(levels) - 1  # extend level k to k + 1
+        if n in levels:
+            return levels[n]
+        if n < 1:
+            return _NO_REPEATS
+        if n <= 2:
+            levels[n] = self._repeated(tokens if n == 1 else list(zip(tokens, tokens[1:])))
+            return levels[n]
+        self._level(2)
+        for k in range(max(m for m in levels if 2 <= m < n), n):  # extend level k to k + 1
             pos, grams, _ = levels[k]
             if len(pos) < 2:
-                levels.append(_NO_REPEATS)
+                levels[k + 1] = _NO_REPEATS
                 continue
             repeated = set(pos)
             last = len(tokens) - k  # a (k+1)-gram starts before this
-            if k == 1:
-                new = [(i, (g, tokens[i + 1])) for i, g in zip(pos, grams) if i + 1 in repeated and i < last]
-            else:
-                new = [(i, g + (tokens[i + k],)) for i, g in zip(pos, grams) if i + 1 in repeated and i < last]
+            new = [(i, g + (tokens[i + k],)) for i, g in zip(pos, grams) if i + 1 in repeated and i < last]
             counts = Counter(g for _, g in new)
             kept = [(i, g, c) for (i, g), c in zip(new, map(counts.__getitem__, (g for _, g in new))) if c > 1]
-            levels.append(tuple(map(list, zip(*kept))) if kept else _NO_REPEATS)
+            levels[k + 1] = tuple(map(list, zip(*kept))) if kept else _NO_REPEATS
         return levels[n]
 
-    def top_share(self, n: int) -> float:
-        """Share of characters covered by the most frequent n-gram (the first seen among ties), each token once."""
+    def top_share(self, n: int, limit: float = -1.0) -> float:
+        """Share of characters covered by the most frequent n-gram (the first seen among ties), each token once.
+
+        When occurrences × characters of that n-gram (an upper bound: overlaps counted twice) is at most ``limit``,
+        the bound is returned instead; callers that only ask "above ``limit``?" get the same answer.
+        """
         if n < 1 or not self.total:
             return 0.0
         pos, grams, counts = self._level(n)
         if not pos:
             return 0.0
-        top = grams[counts.index(max(counts))]  # earliest position holding the highest count
+        count = max(counts)
+        top = grams[counts.index(count)]  # earliest position holding the highest count
+        bound = count * (len(top) if n == 1 else sum(map(len, top))) / self.total
+        if bound <= limit:
+            return bound
         starts = [i for i, g in zip(pos, grams) if g == top]
         return _covered_chars(starts, n, self.cum) / self.total
 
@@ -269,7 +287,7 @@ def _line_rules(lines: list[str], cfg: GopherConfig) -> Reason | None:
 def _vocabulary_rules(words: list[str], cfg: GopherConfig) -> Reason | None:
     n = len(words)
     # isalpha() settles most words in C; only the rest need a per-character look
-    no_letter = sum(not any(map(str.isalpha, w)) for w in words if not w.isalpha())
+    no_letter = sum(not any(map(str.isalpha, w)) for w in filterfalse(str.isalpha, words))
     alpha = (n - no_letter) / n
     if alpha < cfg.min_alpha_words:
         return _reason("gopher.alpha_words", alpha, cfg.min_alpha_words, "share of words with a letter")
@@ -308,7 +326,7 @@ def _ngram_rules(words: list[str], cfg: GopherConfig) -> Reason | None:
         return None
     repeats = _Repeats(words)
     for n, limit in sorted(cfg.top_ngram_max_share.items()):
-        share = repeats.top_share(n)
+        share = repeats.top_share(n, limit)
         if share > limit:
             return _reason(f"gopher.top_{n}gram", share, limit, f"char share of the top {n}-gram")
     dup_limits = sorted(cfg.dup_ngram_max_share.items())
@@ -400,7 +418,7 @@ def written_without_spaces(text: str, language: str) -> bool:
     if text.isascii():
         return False
     sample = text[:_ROUTING_PREFIX_CHARS]
-    if max(sample) < "\u3040":  # below kana and Han: nothing to count
+    if _FROM_KANA_UP_RE.search(sample) is None:  # one range test per character: cheaper than the Han/kana set
         return False
     sample = "".join(sample.split())
     return bool(sample) and han_kana_count(sample) >= _CJK_ROUTING_SHARE * len(sample)
@@ -448,10 +466,11 @@ def c4_lines(text: str, cfg: C4Config, language: str | None = None) -> tuple[str
 
     Returns ``(text, lines_dropped, reason)``: the kept lines (a blank line kept between lines that were in
     different paragraphs) and the number of non-blank lines dropped; with a reason the page is removed and the
-    input text is returned unchanged. Disabled, or for a ``language`` in ``CHARACTER_LANGUAGES`` (the rules
-    assume space-separated words), the input comes back unchanged with 0 and None.
+    input text is returned unchanged. Disabled, or for text taking the character rules (the C4 rules assume
+    space-separated words; see ``written_without_spaces``, with ``language`` "" when not given), the input comes
+    back unchanged with 0 and None.
     """
-    if not cfg.enabled or (language is not None and language in CHARACTER_LANGUAGES):
+    if not cfg.enabled or written_without_spaces(text, language or ""):
         return text, 0, None
     end_marks, page_subs, line_subs = tuple(cfg.end_marks), cfg.page_substrings, cfg.line_substrings
     blocklist = _blocklist_re(cfg.blocklist)

@@ -1,7 +1,6 @@
 """Quality rules: each Gopher, Chinese and C4 rule fires with its reason; shares stay in [0, 1]; the fast
 implementation gives the same verdicts as a direct transcription of the rules."""
 
-import math
 import random
 from collections import Counter
 
@@ -17,6 +16,7 @@ from tasks.corpus.quality import (
     gopher_quality,
     gopher_repetition,
     quality,
+    repeated_char_share,
     top_ngram_char_share,
     words_of,
 )
@@ -131,6 +131,17 @@ def test_ngram_shares_match_brute_force(seed):
     for n in (1, 2, 3, 4, 5, 8, 10):
         assert dup_ngram_char_share(tokens, n) == pytest.approx(_oracle_dup_share(tokens, n))
         assert top_ngram_char_share(tokens, n) == pytest.approx(_oracle_top_share(tokens, n))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_repeated_char_share_matches_brute_force(seed):
+    rng = random.Random(seed)
+    phrases = ["".join(rng.choice("的是在不了有和人这中大为上个国我以要他") for _ in range(rng.randrange(1, 14)))
+               for _ in range(12)]
+    text = "".join(rng.choice(phrases) for _ in range(rng.randrange(0, 40)))
+    for n in (2, 5, 10):
+        assert repeated_char_share(text, n) == pytest.approx(_oracle_dup_share(list(text), n))
+    assert repeated_char_share(ZH_300, 10) == 0.0
 
 
 P = "\"'()[]{}<>.,;:!?«»“”‘’`"
@@ -282,6 +293,7 @@ def test_c4_disabled_or_character_language_is_identity():
     text = "menu\n{ code }\nlorem ipsum"
     assert c4_lines(text, C4Config()) == (text, 0, None)
     assert c4_lines(ZH, C4, language="zh") == (ZH, 0, None)
+    assert c4_lines(ZH_300, C4) == (ZH_300, 0, None)  # unspaced CJK text without a language
 
 
 @pytest.mark.parametrize("extra,rule", [
@@ -325,4 +337,3 @@ def test_c4_config_is_validated():
         GopherConfig(max_dup_line_chars=1.5)
     with pytest.raises(ConfigError):
         ChineseRulesConfig(stop_words=[], min_stop_words=1)
-    assert not math.isnan(C4Config().min_sentences)
