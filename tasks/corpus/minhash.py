@@ -307,11 +307,11 @@ def _batch_shingle_hashes(texts: Sequence[str], size: int, by_chars: bool) -> tu
     """Concatenated shingle hashes (with repeats) of ``texts``, all shingled the same way, and per-text counts."""
     if not len(texts):
         return np.empty(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    cps, starts = _code_points(texts)
     kernels = _kernels()
     if kernels is not None:
-        out, counts = kernels.shingles(cps, starts, by_chars, size)
+        out, counts = kernels.shingles(texts, by_chars, size)
         return out[:int(counts.sum())], counts
+    cps, starts = _code_points(texts)
     units, counts = _unit_hashes(cps, starts, by_chars)
     return _ngram_hashes(units, counts, size, by_chars)
 
@@ -503,8 +503,8 @@ def _ngram_top(size: int) -> np.uint64:
 
 
 class _Kernels(NamedTuple):
-    shingles: Callable  # (cps, starts, by_chars, size) -> (hashes with slack at the end, (n,) counts)
-    oph: Callable  # (cps, starts, by_chars, size, k, seed) -> ((n, k) uint32 signatures, (n,) has shingles)
+    shingles: Callable  # (texts, by_chars, size) -> (hashes with slack at the end, (n,) counts)
+    oph: Callable  # (texts, by_chars, size, k, seed) -> ((n, k) uint32 signatures, (n,) has shingles)
 
 
 # The _k_* functions are plain Python until _compiled() rebinds each name to its numba dispatcher (callees first,
@@ -524,7 +524,12 @@ def _k_fmix64(h):
     return h ^ (h >> _U64(32))
 
 
-def _k_doc_shingles(cps, lo, hi, by_chars, size, top, ring, out, o):
+def _k_cp(cps, j, table, mapped):
+    """Code point j, lower-cased with whitespace folded (a table lookup unless ``cps`` is already mapped)."""
+    return np.uint32(cps[j]) if mapped else table[cps[j]]
+
+
+def _k_doc_shingles(cps, lo, hi, by_chars, size, top, ring, out, o, table, mapped):
     """Writes the shingle hashes of the text at cps[lo:hi] to out[o:] and returns how many."""
     seed = _CHAR_SEED if by_chars else _WORD_SEED
     count = 0
@@ -532,17 +537,21 @@ def _k_doc_shingles(cps, lo, hi, by_chars, size, top, ring, out, o):
     j = lo
     first = o
     while j < hi:
-        if cps[j] == _SPACE:
+        c = _k_cp(cps, j, table, mapped)
+        if c == _SPACE:
             j += 1
             continue
         if by_chars:
-            u = (_U64(cps[j]) + _ONE) * _PRIME64_2
+            u = (_U64(c) + _ONE) * _PRIME64_2
             j += 1
         else:
             u = _U64(0)
             power = _ONE
-            while j < hi and cps[j] != _SPACE:
-                u += (_U64(cps[j]) + _ONE) * power
+            while j < hi:
+                c = _k_cp(cps, j, table, mapped)
+                if c == _SPACE:
+                    break
+                u += (_U64(c) + _ONE) * power
                 power *= _UNIT_BASE_U64
                 j += 1
         u = _k_fmix64(u ^ seed)
@@ -564,20 +573,20 @@ def _k_doc_shingles(cps, lo, hi, by_chars, size, top, ring, out, o):
     return o - first
 
 
-def _k_shingles(cps, starts, by_chars, size, top):
+def _k_shingles(cps, starts, by_chars, size, top, table, mapped):
     n = len(starts) - 1
     out = np.empty(len(cps) + 1, dtype=np.uint64)  # a text of c characters has at most c shingles
     counts = np.zeros(n, dtype=np.int64)
     ring = np.empty(size, dtype=np.uint64)
     o = 0
     for d in range(n):
-        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, out, o)
+        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, out, o, table, mapped)
         counts[d] = m
         o += m
     return out, counts
 
 
-def _k_oph(cps, starts, by_chars, size, top, key, probes):
+def _k_oph(cps, starts, by_chars, size, top, key, probes, table, mapped):
     n, k = len(starts) - 1, probes.shape[0]
     kk = _U64(k)
     sig = np.full((n, k), EMPTY, dtype=np.uint32)
@@ -589,7 +598,7 @@ def _k_oph(cps, starts, by_chars, size, top, key, probes):
     ring = np.empty(size, dtype=np.uint64)
     base = np.empty(k, dtype=np.uint32)
     for d in range(n):
-        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, buf, 0)
+        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, buf, 0, table, mapped)
         if m == 0:
             continue
         has[d] = True
@@ -611,6 +620,26 @@ def _k_oph(cps, starts, by_chars, size, top, key, probes):
     return sig, has
 
 
+def _kernel_input(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """(code units, text starts, lower-case table, already mapped) for the kernels.
+
+    Text without Σ, İ or astral code points goes to the kernel raw — uint8 when ASCII, else uint16 — and is
+    lower-cased through ``_lower_table`` inside it, saving a pass over a four-times-wider array; anything else is
+    mapped first by :func:`_code_points`. Both give the kernel the same code points.
+    """
+    joined = "\n".join(texts)
+    if "\u03a3" not in joined and "\u0130" not in joined:
+        if joined.isascii():
+            raw = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+        else:
+            raw = np.frombuffer(joined.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)
+        if len(raw) == len(joined):  # no astral code point (those take two UTF-16 units)
+            lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+            return raw, np.concatenate([[0], np.cumsum(lens + 1)]), _lower_table(), False
+    cps, starts = _code_points(texts)
+    return cps, starts, _lower_table(), True
+
+
 @functools.lru_cache(maxsize=1)
 def _compiled() -> _Kernels | None:
     """The numba kernels, compiled on first use (and cached on disk by numba); None when numba cannot be imported.
@@ -625,16 +654,19 @@ def _compiled() -> _Kernels | None:
         return None
     jit = numba.njit(cache=True, nogil=True)
     module = globals()
-    for name in ("_k_fmix64", "_k_doc_shingles", "_k_shingles", "_k_oph"):
+    for name in ("_k_fmix64", "_k_cp", "_k_doc_shingles", "_k_shingles", "_k_oph"):
         if not isinstance(module[name], numba.core.registry.CPUDispatcher):
             module[name] = jit(module[name])
     shingles_kernel, oph_kernel = module["_k_shingles"], module["_k_oph"]
 
-    def shingles(cps, starts, by_chars, size):
-        return shingles_kernel(cps, starts, bool(by_chars), size, _ngram_top(size))
+    def shingles(texts, by_chars, size):
+        cps, starts, table, mapped = _kernel_input(texts)
+        return shingles_kernel(cps, starts, bool(by_chars), size, _ngram_top(size), table, mapped)
 
-    def oph(cps, starts, by_chars, size, k, seed):
-        return oph_kernel(cps, starts, bool(by_chars), size, _ngram_top(size), _oph_seed(seed), oph_probes(k, seed))
+    def oph(texts, by_chars, size, k, seed):
+        cps, starts, table, mapped = _kernel_input(texts)
+        return oph_kernel(cps, starts, bool(by_chars), size, _ngram_top(size), _oph_seed(seed), oph_probes(k, seed),
+                          table, mapped)
 
     return _Kernels(shingles, oph)
 
@@ -682,8 +714,7 @@ def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHa
                 continue
             kernels = _kernels() if oph else None
             if kernels is not None:
-                rows, ok = kernels.oph(*_code_points([texts[i] for i in idx]), mode, cfg.shingle_size,
-                                       cfg.num_perm, cfg.seed)
+                rows, ok = kernels.oph([texts[i] for i in idx], mode, cfg.shingle_size, cfg.num_perm, cfg.seed)
                 sigs[idx], has[idx] = rows, ok
                 continue
             hashes, counts = _batch_shingle_hashes([texts[i] for i in idx], cfg.shingle_size, mode)
