@@ -60,7 +60,8 @@ def count_units(texts: Iterable[str], min_chars: int) -> pd.DataFrame:
             examples.setdefault(key, unit[:200])
     hashes = np.fromiter(counts.keys(), dtype=np.uint64, count=len(counts))
     return pd.DataFrame({"unit_hash": hashes, "n_docs": np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
-                         "example": [examples[int(h)] for h in hashes]}, columns=COUNT_COLUMNS)
+                         "example": pd.array([examples[int(h)] for h in hashes], dtype="string")},
+                        columns=COUNT_COLUMNS)
 
 
 def frequent_units(counts: pd.DataFrame, min_docs: int) -> pd.DataFrame:

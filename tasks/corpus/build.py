@@ -197,11 +197,8 @@ def filter_shard(in_path: str, out_dir: str, cfg_json: str) -> bool:
         removals, funnel = ledger.frames()
         removals.to_parquet(tmp / "removals.parquet", index=False)
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
-        units = count_units(survivors.text, cfg.boilerplate.min_chars) if cfg.boilerplate.enabled else None
-        (units if units is not None else pd.DataFrame({"unit_hash": pd.Series(dtype="uint64"),
-                                                         "n_docs": pd.Series(dtype="int64"),
-                                                         "example": pd.Series(dtype=str)})
-         ).to_parquet(tmp / "units.parquet", index=False)
+        texts = survivors.text if cfg.boilerplate.enabled else []
+        count_units(texts, cfg.boilerplate.min_chars).to_parquet(tmp / "units.parquet", index=False)
 
     return _atomic_dir(Path(out_dir), write)
 
@@ -210,8 +207,7 @@ def _frequent(work: Path, cfg: CorpusConfig) -> pd.DataFrame:
     """Units in ``min_docs`` or more documents over all shards, summed by DuckDB out of core."""
     path = work / "frequent_units.parquet"
     if not cfg.boilerplate.enabled or not list((work / "filtered").glob("*/units.parquet")):
-        frame = pd.DataFrame({"unit_hash": pd.Series(dtype="uint64"), "n_docs": pd.Series(dtype="int64"),
-                              "example": pd.Series(dtype=str)})
+        frame = count_units([], cfg.boilerplate.min_chars)
     else:
         pattern = str(work / "filtered" / "*" / "units.parquet")
         with duckdb.connect() as con:

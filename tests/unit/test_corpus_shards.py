@@ -187,3 +187,12 @@ def test_shard_input_errors(tmp_path):
     empty = build_corpus(docs.iloc[:0], CorpusConfig(), out=tmp_path / "c")
     assert len(empty.kept) == 0 and len(empty.removals) == 0
     shutil.rmtree(tmp_path)
+
+
+def test_a_shard_emptied_by_the_filters_does_not_break_the_global_passes(tmp_path):
+    docs = docs_frame(20)
+    docs.loc[:4, "content"] = ["", "   ", "\u200b", "", "\n"]
+    res = build_corpus(docs, CorpusConfig(**CFG, execution={"shard_docs": 5}), out=tmp_path)
+    assert set(res.removals.set_index("doc_id").loc[[f"web/{i}" for i in range(5)], "rule"]) == {"empty.whitespace"}
+    assert len(res.kept) + len(res.removals) == len(docs)
+    assert NAV in res.boilerplate.example.tolist()
