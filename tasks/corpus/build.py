@@ -353,35 +353,38 @@ def _near(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusC
     pairs = minhash.lsh_candidate_pairs(bands, np.ones(len(idx), dtype=bool), groups)
     pairs = idx[pairs] if len(pairs) else np.empty((0, 2), dtype=np.int64)
     shingle_sets = _shingle_sets(keys, keyed, np.unique(pairs), nd)
-    sims = {(int(i), int(j)): minhash.jaccard(shingle_sets[i], shingle_sets[j]) for i, j in pairs}
-    verified = sorted(p for p, s in sims.items() if s >= nd.jaccard_threshold)
+    # Pairs stay in numpy (one float per pair): a dict of tuples would cost ~200 bytes a pair at crawl scale.
+    sims = np.fromiter((minhash.jaccard_hashes(shingle_sets[i], shingle_sets[j]) for i, j in pairs.tolist()),
+                       dtype=np.float64, count=len(pairs))
+    del shingle_sets
+    ok = sims >= nd.jaccard_threshold
+    verified, verified_sims = pairs[ok], sims[ok]
+    order = np.lexsort((verified[:, 0], verified[:, 1]))  # by later document, then by earlier
+    verified, verified_sims = verified[order], verified_sims[order]
     # Leader clustering in corpus order: a document is removed only when it matches a document that is kept,
     # so chains (A~B~C with A far from C) never remove C on B's account.
-    neighbours: dict[int, list[int]] = {}
-    for i, j in verified:
-        neighbours.setdefault(j, []).append(i)
-    removed_near: dict[int, int] = {}
-    for j in sorted(neighbours):
-        leaders = [i for i in sorted(neighbours[j]) if i not in removed_near]
-        if leaders:
-            removed_near[j] = leaders[0]
+    removed_near: dict[int, tuple[int, float]] = {}
+    for (i, j), sim in zip(verified.tolist(), verified_sims.tolist()):
+        if j not in removed_near and i not in removed_near:
+            removed_near[j] = (i, sim)
     ids = keys.doc_id.tolist()
-    for j, i in removed_near.items():
-        removed[ids[j]] = dict(stage="dedup_near", rule="dedup.near", value=sims[(i, j)],
-                               threshold=nd.jaccard_threshold,
-                               detail=f"near duplicate of {ids[i]} (Jaccard {sims[(i, j)]:.3f})")
-    family = _families(len(keys), verified, ids)
+    for j, (i, sim) in removed_near.items():
+        removed[ids[j]] = dict(stage="dedup_near", rule="dedup.near", value=sim, threshold=nd.jaccard_threshold,
+                               detail=f"near duplicate of {ids[i]} (Jaccard {sim:.3f})")
+    family = _families(len(keys), verified.tolist(), ids)
+    removed_near = {j: i for j, (i, _) in removed_near.items()}
     return family, _near_stats(keys, alive, removed_near, verified, len(pairs), nd.max_removal_share)
 
 
-def _shingle_sets(keys: pd.DataFrame, keyed: list[Path], positions: np.ndarray, nd) -> dict[int, set[str]]:
-    """Shingle sets of the candidate documents only, read back shard by shard."""
-    sets: dict[int, set[str]] = {}
+def _shingle_sets(keys: pd.DataFrame, keyed: list[Path], positions: np.ndarray, nd) -> dict[int, np.ndarray]:
+    """Shingle sets of the candidate documents only, read back shard by shard, as sorted 64-bit shingle hashes
+    (8 bytes a shingle, so memory stays small even when most documents are candidates)."""
+    sets: dict[int, np.ndarray] = {}
     wanted = keys.iloc[positions] if len(positions) else keys.iloc[:0]
     for shard, rows in wanted.groupby("shard"):
         texts = pd.read_parquet(keyed[shard] / "docs.parquet", columns=["text"]).text
-        for pos, row, by_chars in zip(rows.index, rows.row, rows.by_chars):
-            sets[int(pos)] = minhash.shingles(texts.iat[row], nd.shingle_size, bool(by_chars))
+        hashed = minhash.shingle_hash_sets([texts.iat[r] for r in rows.row], nd.shingle_size, rows.by_chars.to_numpy())
+        sets.update(zip(rows.index.tolist(), hashed))
     return sets
 
 

@@ -178,3 +178,25 @@ def test_ledger_reconciles_and_manifest_hash_travels(smoke_runs):
     assert len(manifest_hash) == 1
     tokenizer = next((runs / "artifacts" / "tokenizer").iterdir())
     assert json.loads((tokenizer / "tokenizer.meta.json").read_text())["manifest_hash"] == manifest_hash[0][0]
+
+
+def test_audit_command_writes_reports_tables_and_mlflow_runs(smoke_runs):
+    import json
+
+    runs = smoke_runs["runs"]
+    proc = _pretrain("audit", "configs/smoke.toml", "--source", "handbook_en", "--originals", "14", runs=runs)
+    folder = runs / "audit" / "smoke" / "handbook_en"
+    report = json.loads((folder / "report.json").read_text())
+    assert (folder / "s_curve.png").stat().st_size > 0 and (folder / "crosstab.csv").exists()
+    assert (folder / "corpus_review.csv").exists()  # the pipeline's corpus artifact was found and reviewed
+    assert "handbook_en" in proc.stdout
+    assert report["counts"]["original"] == 14
+    pipeline = report["pipeline"]
+    assert pipeline["docs_in"] == sum(report["counts"].values())
+    assert pipeline["docs_in"] == pipeline["docs_out"] + sum(pipeline["removed_by_stage"].values())
+    assert _table_count(runs, "audit_crosstab") > 0
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    experiments = client.search_experiments()
+    audit_runs = [r for e in experiments for r in client.search_runs([e.experiment_id])
+                  if r.info.run_name == "audit:handbook_en"]
+    assert audit_runs and audit_runs[0].info.status == "FINISHED"

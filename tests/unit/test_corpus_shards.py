@@ -196,3 +196,18 @@ def test_a_shard_emptied_by_the_filters_does_not_break_the_global_passes(tmp_pat
     assert set(res.removals.set_index("doc_id").loc[[f"web/{i}" for i in range(5)], "rule"]) == {"empty.whitespace"}
     assert len(res.kept) + len(res.removals) == len(docs)
     assert NAV in res.boilerplate.example.tolist()
+
+
+def test_near_dedup_does_not_chain_and_families_join_the_chain(tmp_path):
+    rng = random.Random(11)
+    words = prose(rng, 100).split()[:100]
+    b = words[:30] + ["lighthouse", "keeper", "quietly", "waved"] + words[34:]
+    c = b[:70] + ["orchard", "ladder", "slowly", "tipped"] + b[74:]
+    docs = pd.DataFrame([dict(doc_id=f"d/{name}", source="d", language_hint="en", content_type="text",
+                              content=" ".join(text)) for name, text in (("a", words), ("b", b), ("c", c))])
+    res = build_corpus(docs, CorpusConfig(boilerplate={"enabled": False}), out=tmp_path)
+    removal = res.removals.set_index("doc_id")
+    assert removal.rule.to_dict() == {"d/b": "dedup.near"} and "d/a" in removal.loc["d/b", "detail"]
+    kept = res.kept.set_index("doc_id")
+    assert kept.index.tolist() == ["d/a", "d/c"]
+    assert kept.family_id.tolist() == ["d/a", "d/a"]  # C is kept, but held out or trained on with A
