@@ -12,6 +12,7 @@ Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -27,7 +28,8 @@ from infra.runs import RunsLayout
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
 gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
 app.add_typer(gate_app, name="gate")
-console = Console()
+# Piped output (CI logs, `| tee`) is not a terminal: rich would wrap tables at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 RunsDir = typer.Option(None, "--runs-dir", help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
 

@@ -89,8 +89,11 @@ def _check_corpus(out: Path, cfg: ExperimentConfig) -> None:
 
     languages = cfg.corpus.languages + (["unknown"] if cfg.corpus.unknown_language == "keep" else [])
     kept = pd.read_parquet(out / "kept.parquet", columns=["doc_id", "source", "language", "n_chars"])
-    check_kept_corpus(kept, list(cfg.sources), languages)
     removals = pd.read_parquet(out / "removals.parquet", columns=["doc_id", "source", "stage", "rule"])
+    counts = removals.groupby(["source", "rule"]).size()
+    why = {str(src): "removed by " + ", ".join(f"{rule} ×{n}" for rule, n in rows.droplevel(0).nlargest(4).items())
+           for src, rows in counts.groupby(level=0)}
+    check_kept_corpus(kept, list(cfg.sources), languages, why)
     rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
     removed = removals["source"].value_counts()
     check_ledger(rows.assign(removed=[int(removed.get(s, 0)) for s in rows["source"]]), removals)

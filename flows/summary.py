@@ -119,6 +119,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
                 console.print(f"  {row['candidate']}: {name} is inconclusive; {resolve} resolve it")
     console.rule("where to look next")
     console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
-    console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, heldout_loss, "
-                  "cloze_results, mixture_trials, sweep_trials, gates, gate_decisions)")
+    console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "
+                  "decontamination, tokenizer_report, heldout_loss, cloze_results, mixture_trials, sweep_trials, "
+                  "gates, gate_decisions, stage_runs)")
     console.print(f"Artifacts:   {layout.artifacts}")

@@ -65,19 +65,22 @@ def _summarise(result: Any) -> dict[str, Any]:
     return {"expectation": config.type, "kwargs": kwargs, "success": bool(result.success), "observed": observed}
 
 
-def check_kept_corpus(kept: pd.DataFrame, sources: Sequence[str], languages: Sequence[str]) -> SuiteResult:
+def check_kept_corpus(kept: pd.DataFrame, sources: Sequence[str], languages: Sequence[str],
+                      why_removed: dict[str, str] | None = None) -> SuiteResult:
     """Kept-corpus suite: every source non-empty, no empty text, only configured languages, unique ids.
 
-    ``kept`` needs columns doc_id, source, language and n_chars (the text itself is not loaded).
+    ``kept`` needs columns doc_id, source, language and n_chars (the text itself is not loaded);
+    ``why_removed`` maps a source to its removal counts by rule, quoted when that source kept nothing.
     """
     import great_expectations as gx
 
     E = gx.expectations
     empty = sorted(set(sources) - set(kept["source"]))
     if empty:
-        raise DataError(f"expectation suite 'kept_corpus' failed: sources with no kept document: {empty}. "
-                        "Every removal has a row in removals.parquet (rule, value, threshold) naming why; relax that "
-                        "source's thresholds with [corpus.source_overrides.<source>] or drop the source.")
+        why = "; ".join(f"{s}: {(why_removed or {}).get(s) or 'no documents read'}" for s in empty)
+        raise DataError(f"expectation suite 'kept_corpus' failed: sources with no kept document: {empty} ({why}). "
+                        "Fix the inputs (empty or unreadable files), relax the rule that removed them with "
+                        "[corpus.source_overrides.<source>], or drop the source.")
     return validate_frame(
         "kept_corpus",
         kept[["doc_id", "source", "language", "n_chars"]],

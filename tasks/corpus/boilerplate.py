@@ -3,13 +3,13 @@
 Navigation bars, footers and licence paragraphs survive document-level deduplication because each page around them
 differs. A unit (a line, or a paragraph of two or more lines) is keyed by the xxh3-64 hash of its normal form
 (lower-cased, whitespace collapsed); units shorter than ``min_chars`` are never keyed, so short common lines ("Yes.",
-"Notes") are left alone. Counting is per document (a unit repeated inside one page counts once) and is summed over
-shards, so the decision is the same whatever the shard size.
+"Notes") are left alone. Counting is over distinct documents (a unit repeated inside one page counts once, and
+identical pages count once, so exact dedup keeps one of them) across all shards, so the decision is the same whatever
+the shard size.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -19,6 +19,8 @@ import xxhash
 from tasks.corpus.dedup import normal_form
 
 COUNT_COLUMNS = ["unit_hash", "n_docs", "example"]
+OCCURRENCE_COLUMNS = ["unit_hash", "doc_hash"]
+EXAMPLE_COLUMNS = ["unit_hash", "example"]
 
 
 def _paragraphs(text: str) -> list[list[str]]:
@@ -49,25 +51,39 @@ def unit_keys(text: str, min_chars: int) -> dict[int, str]:
     return keys
 
 
-def count_units(texts: Iterable[str], min_chars: int) -> pd.DataFrame:
-    """Document frequency of every unit in ``texts``: columns ``COUNT_COLUMNS`` (hash uint64, docs, one example)."""
-    counts: Counter[int] = Counter()
+def count_units(texts: Iterable[str], min_chars: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Which units occur in which distinct documents of ``texts``.
+
+    Returns:
+        (``OCCURRENCE_COLUMNS``: one row per distinct (unit hash, document hash) — identical documents share a
+        document hash, so 30 copies of one page count as one document and exact dedup, not boilerplate removal,
+        decides their fate; ``EXAMPLE_COLUMNS``: one example text per unit, at most 200 characters).
+    """
+    pairs: set[tuple[int, int]] = set()
     examples: dict[int, str] = {}
     for text in texts:
         keys = unit_keys(text, min_chars)
-        counts.update(keys.keys())
+        if not keys:
+            continue
+        doc = xxhash.xxh3_64_intdigest(normal_form(text).encode("utf-8"))
+        pairs.update((key, doc) for key in keys)
         for key, unit in keys.items():
             examples.setdefault(key, unit[:200])
-    hashes = np.fromiter(counts.keys(), dtype=np.uint64, count=len(counts))
-    return pd.DataFrame({"unit_hash": hashes, "n_docs": np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
-                         "example": pd.array([examples[int(h)] for h in hashes], dtype="string")},
-                        columns=COUNT_COLUMNS)
+    flat = np.array(sorted(pairs), dtype=np.uint64).reshape(-1, 2)
+    occurrences = pd.DataFrame({"unit_hash": flat[:, 0], "doc_hash": flat[:, 1]}, columns=OCCURRENCE_COLUMNS)
+    example_frame = pd.DataFrame({"unit_hash": np.fromiter(examples, dtype=np.uint64, count=len(examples)),
+                                  "example": pd.array(list(examples.values()), dtype="string")},
+                                 columns=EXAMPLE_COLUMNS)
+    return occurrences, example_frame
 
 
-def frequent_units(counts: pd.DataFrame, min_docs: int) -> pd.DataFrame:
-    """Units in at least ``min_docs`` documents, most frequent first (``counts`` may hold one row per shard)."""
-    total = counts.groupby("unit_hash", sort=False).agg(n_docs=("n_docs", "sum"), example=("example", "first"))
-    return total[total.n_docs >= min_docs].sort_values("n_docs", ascending=False).reset_index()
+def frequent_units(occurrences: pd.DataFrame, examples: pd.DataFrame, min_docs: int) -> pd.DataFrame:
+    """Units in at least ``min_docs`` distinct documents (``COUNT_COLUMNS``), most frequent first; the inputs may
+    stack several shards' :func:`count_units` outputs."""
+    n_docs = occurrences.drop_duplicates().groupby("unit_hash").size().rename("n_docs")
+    first = examples.drop_duplicates("unit_hash").set_index("unit_hash")["example"]
+    frame = n_docs[n_docs >= min_docs].to_frame().join(first).reset_index()
+    return frame.sort_values(["n_docs", "unit_hash"], ascending=[False, True], ignore_index=True)[COUNT_COLUMNS]
 
 
 def strip_units(texts: Sequence[str], frequent: set[int], min_chars: int) -> tuple[list[str], list[int]]:

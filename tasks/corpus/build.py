@@ -39,7 +39,7 @@ import xxhash
 from infra.errors import DataError
 from infra.parallel import ShardMap, sequential_map
 from tasks.corpus import minhash
-from tasks.corpus.boilerplate import count_units, strip_units
+from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.decontam import EvalIndex, EvalItem
 from tasks.corpus.dedup import normal_form
@@ -53,6 +53,8 @@ STAGES = DOC_STAGES + ["boilerplate", "dedup_exact", "dedup_near", "decontam"]
 KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars", "n_bytes", "n_words",
                 "family_id", "pii_replacements", "lines_dropped", "fixes"]
 HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
+_HIT_TYPES = {"doc_id": "string", "source": "string", "ngram": "string", "eval_set": "string", "item_id": "string",
+              "common": "bool"}
 Progress = Callable[[str, int, int], None]
 
 
@@ -197,24 +199,30 @@ def filter_shard(in_path: str, out_dir: str, cfg_json: str) -> bool:
         removals, funnel = ledger.frames()
         removals.to_parquet(tmp / "removals.parquet", index=False)
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
-        texts = survivors.text if cfg.boilerplate.enabled else []
-        count_units(texts, cfg.boilerplate.min_chars).to_parquet(tmp / "units.parquet", index=False)
+        occurrences, examples = count_units(survivors.text if cfg.boilerplate.enabled else [],
+                                            cfg.boilerplate.min_chars)
+        occurrences.to_parquet(tmp / "units.parquet", index=False)
+        examples.to_parquet(tmp / "unit_examples.parquet", index=False)
 
     return _atomic_dir(Path(out_dir), write)
 
 
 def _frequent(work: Path, cfg: CorpusConfig) -> pd.DataFrame:
-    """Units in ``min_docs`` or more documents over all shards, summed by DuckDB out of core."""
+    """Units in ``min_docs`` or more distinct documents over all shards, counted by DuckDB out of core."""
     path = work / "frequent_units.parquet"
     if not cfg.boilerplate.enabled or not list((work / "filtered").glob("*/units.parquet")):
-        frame = count_units([], cfg.boilerplate.min_chars)
+        frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
     else:
-        pattern = str(work / "filtered" / "*" / "units.parquet")
         with duckdb.connect() as con:
             frame = con.execute(
-                "SELECT unit_hash, sum(n_docs)::BIGINT AS n_docs, first(example) AS example "
-                "FROM read_parquet(?) GROUP BY unit_hash HAVING sum(n_docs) >= ? ORDER BY n_docs DESC, unit_hash",
-                [pattern, cfg.boilerplate.min_docs]).df()
+                "WITH counts AS (SELECT unit_hash, count(DISTINCT doc_hash)::BIGINT AS n_docs "
+                "  FROM read_parquet(?) GROUP BY unit_hash HAVING count(DISTINCT doc_hash) >= ?), "
+                "examples AS (SELECT unit_hash, first(example) AS example FROM read_parquet(?) "
+                "  WHERE unit_hash IN (SELECT unit_hash FROM counts) GROUP BY unit_hash) "
+                "SELECT c.unit_hash, c.n_docs, e.example FROM counts c JOIN examples e USING (unit_hash) "
+                "ORDER BY n_docs DESC, unit_hash",
+                [str(work / "filtered" / "*" / "units.parquet"), cfg.boilerplate.min_docs,
+                 str(work / "filtered" / "*" / "unit_examples.parquet")]).df()
         frame = frame.astype({"unit_hash": "uint64"})
     frame.to_parquet(path, index=False)
     return frame
@@ -443,7 +451,7 @@ def _decontaminate(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg
     for doc_id, mine in table[~table.common].groupby("doc_id", sort=False):
         first = mine.iloc[0]
         removed[doc_id] = dict(stage="decontam", rule="decontam.ngram_overlap", value=float(len(mine)),
-                               threshold=float(dc.ngram),
+                               threshold=1.0,
                                detail=f"shares {dc.ngram}-gram {first.ngram!r} with {first.eval_set} item "
                                       f"{first.item_id} ({len(mine)} hits)")
     return table
@@ -480,7 +488,8 @@ def _write_outputs(work: Path, shards: list[Path], keyed: list[Path], decisions:
     order = {stage: i for i, stage in enumerate(STAGES)}
     funnel = funnel.sort_values(["source", "stage"], key=lambda s: s.map(order) if s.name == "stage" else s)
     funnel.reset_index(drop=True).to_parquet(out / "funnel.parquet", index=False)
-    decisions.hits.to_parquet(out / "decontamination.parquet", index=False)
+    # Typed even when empty, so the DuckDB table gets real column types rather than NULL.
+    decisions.hits.astype(_HIT_TYPES).to_parquet(out / "decontamination.parquet", index=False)
 
 
 _KEPT_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("language", pa.string()),

@@ -65,6 +65,15 @@ class SourceConfig(Section):
             raise ConfigError(f"source name={v!r} is invalid: use lower-case letters, digits and '_' (e.g. 'fortunes_zh')")
         return v
 
+    @field_validator("language")
+    @classmethod
+    def _check_language(cls, v: str | None) -> str | None:
+        from tasks.corpus.config import LID176_LABELS
+
+        if v is not None and v not in LID176_LABELS:
+            raise ConfigError(f"source language={v!r} is not a lid.176 label; use codes like 'en', 'zh', or omit it")
+        return v
+
     @field_validator("package")
     @classmethod
     def _check_package(cls, v: str | None) -> str | None:

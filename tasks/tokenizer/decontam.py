@@ -19,7 +19,8 @@ def decontaminate_train(kept: pd.DataFrame, *, ngram: int, common_min_docs: int)
     """Drop training rows of ``kept`` (columns doc_id, source, text, split) that overlap a held-out document.
 
     Returns:
-        (``kept`` without those rows, one removal row per dropped document with the n-gram and the held-out doc).
+        (``kept`` without those rows, one removal row per dropped document: ``value`` = distinct shared n-grams,
+        ``threshold`` = 1, the first shared n-gram and the held-out document in ``detail``).
     """
     if ngram == 0:
         return kept, pd.DataFrame(columns=REMOVAL_COLUMNS)
@@ -39,7 +40,7 @@ def decontaminate_train(kept: pd.DataFrame, *, ngram: int, common_min_docs: int)
     for doc_id, mine in table.groupby("doc_id", sort=False):
         text, item = index.describe(int(mine["length"].iloc[0]), int(mine["hash"].iloc[0]))
         rows.append(dict(doc_id=doc_id, source=source_of[doc_id], stage="decontam_heldout",
-                         rule="decontam.heldout_overlap", value=float(len(mine)), threshold=float(ngram),
+                         rule="decontam.heldout_overlap", value=float(len(mine)), threshold=1.0,
                          detail=f"shares {ngram}-gram {text!r} with held-out document {item.item_id} "
                                 f"({len(mine)} n-grams)"))
     removals = pd.DataFrame(rows, columns=REMOVAL_COLUMNS)

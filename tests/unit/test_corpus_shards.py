@@ -132,9 +132,13 @@ def test_crash_resume_skips_finished_shards(tmp_path):
 
 def test_strip_units_keeps_rare_and_short_lines():
     texts = [f"Intro {i} is a unique opening line for page number {i}.\n{NAV}\nOK" for i in range(4)]
-    counts = count_units(texts, min_chars=10)
-    frequent = frequent_units(pd.concat([counts, counts]), min_docs=6)
+    occurrences, examples = count_units(texts, min_chars=10)
+    assert frequent_units(occurrences, examples, min_docs=5).empty  # only 4 distinct documents hold NAV
+    more, more_examples = count_units([t.replace("Intro", "Preface") for t in texts], min_chars=10)
+    frequent = frequent_units(pd.concat([occurrences, more]), pd.concat([examples, more_examples]), min_docs=6)
     assert frequent.example.tolist() == [NAV]
+    copies = count_units([texts[0]] * 30, min_chars=10)
+    assert frequent_units(*copies, min_docs=2).empty  # identical pages are one document: exact dedup decides
     stripped, cut = strip_units(texts, set(frequent.unit_hash.astype("uint64").tolist()), 10)
     assert cut == [1, 1, 1, 1]
     assert stripped[0] == "Intro 0 is a unique opening line for page number 0.\nOK"
@@ -211,3 +215,12 @@ def test_near_dedup_does_not_chain_and_families_join_the_chain(tmp_path):
     kept = res.kept.set_index("doc_id")
     assert kept.index.tolist() == ["d/a", "d/c"]
     assert kept.family_id.tolist() == ["d/a", "d/a"]  # C is kept, but held out or trained on with A
+
+
+def test_identical_pages_are_deduplicated_not_erased_as_boilerplate(tmp_path):
+    page = prose(random.Random(2), 120)
+    docs = pd.DataFrame([dict(doc_id=f"d/{i}", source="d", language_hint="en", content_type="text", content=page)
+                         for i in range(30)])
+    res = build_corpus(docs, CorpusConfig(boilerplate={"min_docs": 5}), out=tmp_path)
+    assert res.kept.doc_id.tolist() == ["d/0"]
+    assert set(res.removals.rule) == {"dedup.exact"}

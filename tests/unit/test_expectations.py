@@ -42,3 +42,8 @@ def test_heldout_rejects_non_finite_loss():
     table = pd.DataFrame({"source": ["a"], "loss_nats": [float("nan")], "bits_per_byte": [1.0], "tokens": [10]})
     with pytest.raises(DataError, match="loss_nats"):
         check_heldout(table)
+
+
+def test_empty_source_message_quotes_its_removal_rules():
+    with pytest.raises(DataError, match=r"c: removed by dedup.boilerplate ×30.*d: no documents read"):
+        check_kept_corpus(_kept(), ["a", "b", "c", "d"], ["en", "zh"], {"c": "removed by dedup.boilerplate ×30"})

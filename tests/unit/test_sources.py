@@ -199,3 +199,11 @@ def test_warc_reading_stops_at_max_docs(tmp_path):
     write_warc(tmp_path / "a.warc.gz", WARC_RECORDS, compress=True)
     assert read_source(local(tmp_path, ["*.warc.gz"], max_docs=2), tmp_path).docs.url.tolist() == [
         "http://a.example/", "http://b.example/"]
+
+
+def test_source_language_must_be_a_lid176_label():
+    from infra.errors import ConfigError
+    from tasks.sources.config import SourceConfig
+
+    with pytest.raises(ConfigError, match="not a lid.176 label"):
+        SourceConfig(name="s", kind="local", include=["x/*.txt"], language="klingon")
