@@ -111,8 +111,11 @@ def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
     """
     if (work / "in" / "_DONE").exists():
         return len(list((work / "in").glob("*.parquet")))
+    # No pre-buffering or read-ahead threads: they hold several row groups at once, and memory must not grow
+    # with the corpus.
     batches = (b.to_pandas() for f in files
-               for b in pq.ParquetFile(f).iter_batches(batch_size=shard_docs, columns=INPUT_COLUMNS))
+               for b in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=shard_docs, columns=INPUT_COLUMNS,
+                                                                          use_threads=False))
     return _split_frames(batches, work, shard_docs)
 
 
