@@ -130,10 +130,11 @@ def _split_frames(frames, work: Path, shard_docs: int) -> int:
     for frame in frames:
         _check_input(frame, seen)
         frame = sanitise(frame[INPUT_COLUMNS])
-        buffer = frame if buffer is None else pd.concat([buffer, frame], ignore_index=True)
+        buffer = frame if buffer is None or not len(buffer) else pd.concat([buffer, frame], ignore_index=True)
         while len(buffer) >= shard_docs:
             buffer.iloc[:shard_docs].to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
-            buffer, n_shards = buffer.iloc[shard_docs:], n_shards + 1
+            # A copy, not a slice: a slice would keep every earlier batch's buffers alive.
+            buffer, n_shards = buffer.iloc[shard_docs:].copy(), n_shards + 1
     if buffer is not None and len(buffer):
         buffer.to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
         n_shards += 1
