@@ -71,3 +71,11 @@ def test_threads_and_processes_run_as_prefect_tasks(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "failed as expected" in proc.stdout
+
+
+def test_local_process_map_keeps_order_and_recycles_workers():
+    from infra.parallel import MAX_SHARDS_PER_WORKER, process_map
+
+    calls = [{"x": i} for i in range(3 * MAX_SHARDS_PER_WORKER)]
+    assert process_map(2)(square, calls, "sq") == [i * i for i in range(len(calls))]
+    assert process_map(2)(square, [], "sq") == []
