@@ -5,8 +5,8 @@
 
 Each scale k replicates every document k times; copies get random word edits (rate ``--edit-rate``, text between
 HTML tags only) so they are new documents to the filters and mostly not near duplicates. Each build runs in a fresh
-child process with the demo config's ``[corpus]`` settings (shard size, ``workers`` shard processes, recycled every few
-shards as in the pipeline). The peak resident set size (ru_maxrss) of the main process, which holds the per-document
+child process with the demo config's ``[corpus]`` settings (shard size, ``workers`` shard processes, as in the
+pipeline). The peak resident set size (ru_maxrss) of the main process, which holds the per-document
 keys, and of the largest worker are reported with their ratios to the 1× build. Target: every ratio ≤ 1.20.
 """
 

@@ -56,20 +56,16 @@ def _task_runner(kind: str, workers: int):
     raise ConfigError(f"unknown task_runner {kind!r}; use sequential, threads, processes, dask or ray")
 
 
-# Worker processes are replaced after this many shards: parsers and allocators keep memory they have freed,
-# and recycling keeps a long build's footprint that of a few shards.
-MAX_SHARDS_PER_WORKER = 4
-
-
 def process_pool(workers: int, fn: Callable[..., Any]) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes started by a forkserver that preloads ``fn``'s module.
 
     forkserver, not fork: the submitting process runs Prefect's event-loop threads; the preloaded server makes each
-    worker start in milliseconds, so workers can be recycled every ``MAX_SHARDS_PER_WORKER`` shards.
+    worker start in milliseconds. Workers are not recycled (``max_tasks_per_child`` can deadlock the pool on
+    Python 3.11).
     """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([fn.__module__])
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=MAX_SHARDS_PER_WORKER)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
 
 
 def process_map(workers: int) -> ShardMap:
