@@ -279,7 +279,7 @@ def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
         "by_chars": _by_chars(docs.language.tolist()),
     })
     if nd.enabled and len(docs):
-        sigs, has = _signatures(docs.text.tolist(), frame.by_chars.tolist(), nd)
+        sigs, has = minhash.signatures(docs.text.tolist(), frame.by_chars.to_numpy(), nd)
         keys = minhash.band_keys(sigs, nd.bands, nd.rows)
     else:
         has = np.zeros(len(docs), dtype=bool)
@@ -288,13 +288,6 @@ def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
     for band in range(nd.bands):
         frame[f"band_{band}"] = keys[:, band]
     return frame
-
-
-def _signatures(texts: list[str], by_chars: list[bool], cfg) -> tuple[np.ndarray, np.ndarray]:
-    result = minhash.signatures(texts, by_chars, cfg)
-    if isinstance(result, tuple):
-        return result[0], np.asarray(result[1], dtype=bool)
-    return result.signatures, np.asarray(result.has_shingles, dtype=bool)
 
 
 @dataclass
