@@ -19,7 +19,7 @@ from tasks.corpus.config import CorpusConfig
 from tasks.corpus.extract import extract_many, one_line, repair, tidy
 from tasks.corpus.langid import identify
 from tasks.corpus.pii import redact
-from tasks.corpus.quality import Reason, quality
+from tasks.corpus.quality import Reason, c4_lines, quality
 
 DOC_STAGES = ["sanitise", "extract", "repair", "empty", "langid", "quality", "pii"]
 INPUT_COLUMNS = ["doc_id", "source", "language_hint", "content", "content_type"]
@@ -189,13 +189,11 @@ def language_of(line: str, hint: object, cfg: CorpusConfig) -> tuple[str, float,
 
 def _quality(frame: pd.DataFrame, ledger: Ledger, cfg: CorpusConfig) -> pd.DataFrame:
     rules = {source: cfg.rules_for(source) for source in frame.source.unique()}
-    c4 = getattr(cfg, "c4", None)
+    c4 = cfg.c4
     texts, dropped, verdicts = [], [], []
     for text, lang, src, n in zip(frame.text, frame.language, frame.source, frame.lines_dropped):
         reason = None
-        if c4 is not None and c4.enabled:
-            from tasks.corpus.quality import c4_lines
-
+        if c4.enabled:
             text, n_dropped, reason = c4_lines(text, c4, language=lang)
             n += n_dropped
         if reason is None:
@@ -208,9 +206,4 @@ def _quality(frame: pd.DataFrame, ledger: Ledger, cfg: CorpusConfig) -> pd.DataF
 
 def _pii(frame: pd.DataFrame) -> pd.DataFrame:
     redacted = [redact(t) for t in frame.text]
-    return frame.assign(text=[t for t, _ in redacted], pii_replacements=[_total(n) for _, n in redacted])
-
-
-def _total(counts: object) -> int:
-    """Replacement count of ``redact`` (an int, or counts per kind)."""
-    return int(sum(counts.values())) if isinstance(counts, dict) else int(counts)
+    return frame.assign(text=[t for t, _ in redacted], pii_replacements=[n for _, n in redacted])
