@@ -53,3 +53,15 @@ def test_scores_are_kept_and_funnel_counts_characters():
     assert removals.rule.tolist() == ["empty.whitespace"]
     extract = funnel.set_index("stage").loc["extract"]
     assert (extract.docs_in, extract.docs_out, extract.chars_in) == (2, 2, len(EN) + 3)
+
+
+def test_c4_line_rules_run_inside_the_quality_stage_when_enabled():
+    other = ("Our neighbours grow tomatoes and beans in a small garden behind the old mill, and they share the "
+             "harvest with the school kitchen every autumn.")
+    text = EN + "\nClick here\n" + other
+    docs = pd.DataFrame([dict(doc_id="a", source="s", language_hint=None, content=text, content_type="text")])
+    off = filter_documents(docs, CorpusConfig(gopher={"min_words": 5}), Ledger())
+    on = filter_documents(docs, CorpusConfig(gopher={"min_words": 5}, c4={"enabled": True, "min_sentences": 1}),
+                          Ledger())
+    assert "Click here" in off.text.iloc[0] and off.lines_dropped.iloc[0] == 0
+    assert "Click here" not in on.text.iloc[0] and on.lines_dropped.iloc[0] == 1
