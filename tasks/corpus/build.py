@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from infra.errors import DataError
+from infra.memory import release_memory
 from infra.parallel import ShardMap, sequential_map
 from tasks.corpus import minhash
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
@@ -135,6 +136,7 @@ def _split_frames(frames, work: Path, shard_docs: int) -> int:
             buffer.iloc[:shard_docs].to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
             # A copy, not a slice: a slice would keep every earlier batch's buffers alive.
             buffer, n_shards = buffer.iloc[shard_docs:].copy(), n_shards + 1
+            release_memory()
     if buffer is not None and len(buffer):
         buffer.to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
         n_shards += 1
@@ -292,23 +294,36 @@ def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
 
 @dataclass
 class _Decisions:
-    """Global decisions: doc_id → removal row (stage, rule, value, threshold, detail) and kept doc → family id."""
+    """Global decisions, by position in the concatenated keys (shard order, then row): ``removed`` maps a position
+    to its removal row (doc_id, source, stage, rule, value, threshold, detail); ``family`` (n,) int64 holds the
+    position of each document's family root; ``ids`` the doc_id of every position."""
 
-    removed: dict[str, dict[str, Any]]
-    family: dict[str, str]
+    removed: dict[int, dict[str, Any]]
+    family: np.ndarray
+    ids: np.ndarray
+    shard_start: np.ndarray
     hits: pd.DataFrame
     funnel: list[dict[str, Any]]
 
 
 def _decide(keyed: list[Path], cfg: CorpusConfig, index: EvalIndex) -> tuple[_Decisions, dict[str, dict[str, Any]]]:
     if not keyed:
-        return _Decisions({}, {}, pd.DataFrame(columns=HIT_COLUMNS), []), {}
-    keys = pd.concat([pd.read_parquet(d / "keys.parquet").assign(shard=i) for i, d in enumerate(keyed)],
-                     ignore_index=True)
+        return _Decisions({}, np.zeros(0, np.int64), np.zeros(0, object), np.zeros(1, np.int64),
+                          pd.DataFrame(columns=HIT_COLUMNS), []), {}
+    frames = [pd.read_parquet(d / "keys.parquet").assign(shard=i) for i, d in enumerate(keyed)]
+    shard_start = np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64)
+    keys = pd.concat(frames, ignore_index=True)
+    del frames
+    release_memory()
+    keys["source"] = keys.source.astype("category")  # a few sources: codes instead of one string per document
     keys["row"] = keys.groupby("shard").cumcount()
-    removed: dict[str, dict[str, Any]] = {}
+    removed: dict[int, dict[str, Any]] = {}
     funnel: list[dict[str, Any]] = []
     alive = np.ones(len(keys), dtype=bool)
+    ids, sources = keys.doc_id.to_numpy(), keys.source.astype(str).to_numpy()
+
+    def remove(i: int, **row: Any) -> None:
+        removed[i] = dict(doc_id=ids[i], source=sources[i], **row)
 
     def count(stage: str, before: np.ndarray, after: np.ndarray) -> None:
         for source in sorted(keys.source.unique()):
@@ -317,35 +332,41 @@ def _decide(keyed: list[Path], cfg: CorpusConfig, index: EvalIndex) -> tuple[_De
                                docs_out=int((after & mine).sum()), chars_in=int(keys.n_chars[before & mine].sum()),
                                chars_out=int(keys.n_chars[after & mine].sum())))
 
+    def still_alive() -> np.ndarray:
+        gone = np.zeros(len(keys), dtype=bool)
+        gone[list(removed)] = True
+        return alive & ~gone
+
     # Exact duplicates: the first document in corpus order with the same normal form is kept.
     before = alive.copy()
     if cfg.exact_dedup and len(keys):
         first = keys.groupby(["h_hi", "h_lo"], sort=False).cumcount() > 0
         first_id = keys.groupby(["h_hi", "h_lo"], sort=False).doc_id.transform("first")
         for i in np.flatnonzero(first.to_numpy()):
-            removed[keys.doc_id.iat[i]] = dict(stage="dedup_exact", rule="dedup.exact", value=1.0,
-                                               threshold=np.nan, detail=f"exact duplicate of {first_id.iat[i]}")
+            remove(int(i), stage="dedup_exact", rule="dedup.exact", value=1.0, threshold=np.nan,
+                   detail=f"exact duplicate of {first_id.iat[i]}")
         alive &= ~first.to_numpy()
     count("dedup_exact", before, alive)
 
     before = alive.copy()
-    family = keys.doc_id.tolist()
+    family = np.arange(len(keys), dtype=np.int64)
     near_stats: dict[str, dict[str, Any]] = {}
     if cfg.near_dedup.enabled and len(keys):
-        family, near_stats = _near(keys, keyed, alive, cfg, removed)
-        alive &= ~keys.doc_id.isin(removed).to_numpy()
+        family, near_stats = _near(keys, keyed, alive, cfg, remove)
+        alive = still_alive()
     count("dedup_near", before, alive)
 
     before = alive.copy()
-    hits = _decontaminate(keys, keyed, alive, cfg, index, removed)
-    alive &= ~keys.doc_id.isin(removed).to_numpy()
+    hits = _decontaminate(keys, keyed, alive, cfg, index, remove)
+    alive = still_alive()
     count("decontam", before, alive)
-    return _Decisions(removed, dict(zip(keys.doc_id, family)), hits, funnel), near_stats
+    return _Decisions(removed, family, ids, shard_start, hits, funnel), near_stats
 
 
 def _near(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusConfig,
-          removed: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """Near duplicates among ``alive`` documents; returns family ids (doc_id of the family's first member)."""
+          remove: Callable[..., None]) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
+    """Near duplicates among ``alive`` documents; returns each document's family root position (its family's first
+    member in corpus order) and per-source statistics."""
     nd = cfg.near_dedup
     idx = np.flatnonzero(alive & keys.has_shingles.to_numpy())
     bands = keys[[f"band_{b}" for b in range(nd.bands)]].to_numpy(dtype=np.uint64)[idx]
@@ -372,11 +393,11 @@ def _near(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusC
     for (i, j), sim in zip(verified.tolist(), verified_sims.tolist()):
         if j not in removed_near and i not in removed_near:
             removed_near[j] = (i, sim)
-    ids = keys.doc_id.tolist()
+    ids = keys.doc_id.to_numpy()
     for j, (i, sim) in removed_near.items():
-        removed[ids[j]] = dict(stage="dedup_near", rule="dedup.near", value=sim, threshold=nd.jaccard_threshold,
-                               detail=f"near duplicate of {ids[i]} (Jaccard {sim:.3f})")
-    family = _families(len(keys), verified.tolist(), ids)
+        remove(j, stage="dedup_near", rule="dedup.near", value=sim, threshold=nd.jaccard_threshold,
+               detail=f"near duplicate of {ids[i]} (Jaccard {sim:.3f})")
+    family = _families(len(keys), verified.tolist())
     removed_near = {j: i for j, (i, _) in removed_near.items()}
     return family, _near_stats(keys, alive, removed_near, verified, len(pairs), nd.max_removal_share)
 
@@ -390,12 +411,14 @@ def _shingle_sets(keys: pd.DataFrame, keyed: list[Path], positions: np.ndarray, 
         texts = pd.read_parquet(keyed[shard] / "docs.parquet", columns=["text"]).text
         hashed = minhash.shingle_hash_sets([texts.iat[r] for r in rows.row], nd.shingle_size, rows.by_chars.to_numpy())
         sets.update(zip(rows.index.tolist(), hashed))
+        del texts
+        release_memory()
     return sets
 
 
-def _families(n: int, verified: list[tuple[int, int]], ids: list[str]) -> list[str]:
-    """Connected components of verified pairs (union-find, root = lowest index) as the root's doc_id."""
-    parent = list(range(n))
+def _families(n: int, verified: list[tuple[int, int]]) -> np.ndarray:
+    """Connected components of verified pairs (union-find): (n,) int64 root position, the lowest in the component."""
+    parent = np.arange(n, dtype=np.int64)
 
     def find(i: int) -> int:
         while parent[i] != i:
@@ -407,7 +430,7 @@ def _families(n: int, verified: list[tuple[int, int]], ids: list[str]) -> list[s
         ri, rj = find(i), find(j)
         if ri != rj:
             parent[max(ri, rj)] = min(ri, rj)
-    return [ids[find(i)] for i in range(n)]
+    return np.array([find(i) for i in range(n)], dtype=np.int64)
 
 
 def _near_stats(keys: pd.DataFrame, alive: np.ndarray, removed_near: dict[int, int], verified, n_candidates: int,
@@ -429,7 +452,7 @@ def _near_stats(keys: pd.DataFrame, alive: np.ndarray, removed_near: dict[int, i
 
 
 def _decontaminate(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusConfig, index: EvalIndex,
-                   removed: dict[str, dict[str, Any]]) -> pd.DataFrame:
+                   remove: Callable[..., None]) -> pd.DataFrame:
     """Remove surviving documents sharing a non-common evaluation n-gram; returns every hit (``HIT_COLUMNS``)."""
     dc = cfg.decontamination
     hits = pd.concat([pd.read_parquet(d / "hits.parquet") for d in keyed], ignore_index=True) if keyed else None
@@ -438,7 +461,8 @@ def _decontaminate(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg
     hits = hits[hits.doc_id.isin(set(keys.doc_id[alive]))]
     docs_per_gram = hits.groupby(["length", "hash"]).doc_id.transform("nunique")
     hits = hits.assign(common=docs_per_gram >= dc.common_min_docs)
-    source_of = dict(zip(keys.doc_id, keys.source))
+    position = pd.Series(np.arange(len(keys)), index=keys.doc_id)
+    source_of = dict(zip(keys.doc_id[alive], keys.source[alive].astype(str)))
     rows = []
     for doc_id, length, h, common in zip(hits.doc_id, hits.length, hits.hash, hits.common):
         text, item = index.describe(int(length), int(h))
@@ -447,39 +471,32 @@ def _decontaminate(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg
     table = pd.DataFrame(rows, columns=HIT_COLUMNS)
     for doc_id, mine in table[~table.common].groupby("doc_id", sort=False):
         first = mine.iloc[0]
-        removed[doc_id] = dict(stage="decontam", rule="decontam.ngram_overlap", value=float(len(mine)),
-                               threshold=1.0,
-                               detail=f"shares {dc.ngram}-gram {first.ngram!r} with {first.eval_set} item "
-                                      f"{first.item_id} ({len(mine)} hits)")
+        remove(int(position[doc_id]), stage="decontam", rule="decontam.ngram_overlap", value=float(len(mine)),
+               threshold=1.0, detail=f"shares {dc.ngram}-gram {first.ngram!r} with {first.eval_set} item "
+                                     f"{first.item_id} ({len(mine)} hits)")
     return table
 
 
 def _write_outputs(work: Path, shards: list[Path], keyed: list[Path], decisions: _Decisions, out: Path) -> None:
-    """kept.parquet streamed shard by shard; removals and funnel gathered from every pass."""
-    writer = None
-    removals, funnels = [], []
-    source_of: dict[str, str] = {}
-    try:
-        for shard, kdir in zip(shards, keyed):
+    """kept.parquet and removals.parquet streamed shard by shard; the funnel gathered from every pass."""
+    funnels = []
+    with _ParquetStream(out / "kept.parquet", _KEPT_SCHEMA) as kept_out, \
+            _ParquetStream(out / "removals.parquet", _REMOVAL_SCHEMA) as removals_out:
+        for n, (shard, kdir) in enumerate(zip(shards, keyed)):
             fdir = work / "filtered" / shard.stem
-            removals += [pd.read_parquet(fdir / "removals.parquet"), pd.read_parquet(kdir / "removals.parquet")]
+            for part in (pd.read_parquet(fdir / "removals.parquet"), pd.read_parquet(kdir / "removals.parquet")):
+                removals_out.write(part.astype({"value": "float64", "threshold": "float64"}))
             funnels += [pd.read_parquet(fdir / "funnel.parquet"), pd.read_parquet(kdir / "funnel.parquet")]
             docs = pd.read_parquet(kdir / "docs.parquet")
-            source_of.update(zip(docs.doc_id, docs.source))
-            kept = _kept_frame(docs[~docs.doc_id.isin(decisions.removed)], decisions.family)
-            table = pa.Table.from_pandas(kept, schema=_KEPT_SCHEMA, preserve_index=False)
-            if writer is None:
-                writer = pq.ParquetWriter(out / "kept.parquet", _KEPT_SCHEMA)
-            writer.write_table(table)
-        if writer is None:
-            pq.write_table(_KEPT_SCHEMA.empty_table(), out / "kept.parquet")
-    finally:
-        if writer is not None:
-            writer.close()
-    global_rows = pd.DataFrame([dict(doc_id=d, source=source_of[d], **r) for d, r in decisions.removed.items()],
-                               columns=REMOVAL_COLUMNS)
-    pd.concat([*removals, global_rows], ignore_index=True).astype(
-        {"value": "float64", "threshold": "float64"}).to_parquet(out / "removals.parquet", index=False)
+            lo = decisions.shard_start[n]
+            here = np.arange(lo, lo + len(docs))
+            keep = np.array([p not in decisions.removed for p in here.tolist()], dtype=bool)
+            family_ids = decisions.ids[decisions.family[here[keep]]]
+            kept_out.write(_kept_frame(docs[keep].reset_index(drop=True), family_ids))
+            del docs
+            release_memory()
+        removals_out.write(pd.DataFrame(list(decisions.removed.values()), columns=REMOVAL_COLUMNS).astype(
+            {"value": "float64", "threshold": "float64"}))
     funnel = pd.concat([*funnels, pd.DataFrame(decisions.funnel, columns=FUNNEL_COLUMNS)], ignore_index=True)
     funnel = funnel.groupby(["source", "stage"], sort=False, as_index=False).sum()
     order = {stage: i for i, stage in enumerate(STAGES)}
@@ -489,20 +506,41 @@ def _write_outputs(work: Path, shards: list[Path], keyed: list[Path], decisions:
     decisions.hits.astype(_HIT_TYPES).to_parquet(out / "decontamination.parquet", index=False)
 
 
+class _ParquetStream:
+    """Appends frames to one Parquet file with a fixed schema; an empty file with that schema when none came."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path, self.schema = path, schema
+        self.writer = pq.ParquetWriter(path, schema)
+
+    def write(self, frame: pd.DataFrame) -> None:
+        if len(frame):
+            self.writer.write_table(pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False))
+
+    def __enter__(self) -> "_ParquetStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.writer.close()
+
+
+_REMOVAL_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("stage", pa.string()),
+                             ("rule", pa.string()), ("value", pa.float64()), ("threshold", pa.float64()),
+                             ("detail", pa.string())])
 _KEPT_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("language", pa.string()),
                           ("lang_score", pa.float64()), ("text", pa.string()), ("n_chars", pa.int64()),
                           ("n_bytes", pa.int64()), ("n_words", pa.int64()), ("family_id", pa.string()),
                           ("pii_replacements", pa.int64()), ("lines_dropped", pa.int64()), ("fixes", pa.string())])
 
 
-def _kept_frame(docs: pd.DataFrame, family: dict[str, str]) -> pd.DataFrame:
+def _kept_frame(docs: pd.DataFrame, family_ids: np.ndarray) -> pd.DataFrame:
     by_chars = _by_chars(docs.language.tolist())
     return docs.assign(
         n_chars=np.array([len(t) for t in docs.text], dtype=np.int64),
         n_bytes=[len(t.encode("utf-8")) for t in docs.text],
         n_words=[_count_words(t, c) for t, c in zip(docs.text, by_chars)],
         lang_score=docs.lang_score.astype(float),
-        family_id=[family[d] for d in docs.doc_id],
+        family_id=family_ids,
     )[KEPT_COLUMNS]
 
 
