@@ -21,7 +21,7 @@ from tasks.corpus.config import CorpusConfig
 from tasks.mixture.config import MixtureConfig
 from tasks.sources.config import SourceConfig
 from tasks.sweep.config import SweepConfig
-from tasks.tokenizer.config import TokenizerConfig
+from tasks.tokenizer.config import PackingConfig, TokenizerConfig
 from tasks.train.sections import CptConfig, MainConfig, ProxyConfig
 
 
@@ -34,6 +34,7 @@ class ExperimentConfig(Section):
     sources: dict[str, SourceConfig]
     corpus: CorpusConfig
     tokenizer: TokenizerConfig
+    packing: PackingConfig = PackingConfig()
     mixture: MixtureConfig
     proxy: ProxyConfig
     sweep: SweepConfig
@@ -56,6 +57,9 @@ class ExperimentConfig(Section):
         for name in self.cpt.domain_sources:
             if name not in self.sources or self.sources[name].role != "domain":
                 raise ValueError(f"cpt.domain_sources: '{name}' must name a source with role = 'domain'")
+        unknown = set(self.tokenizer.fit_weights) - set(self.sources)
+        if unknown:
+            raise ValueError(f"tokenizer.fit_weights: {sorted(unknown)} are not sources {sorted(self.sources)}")
         for candidate in self.mixture.candidates:
             unknown = set(candidate.weights or {}) - set(general)
             if unknown:

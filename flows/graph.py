@@ -99,31 +99,41 @@ def _check_corpus(out: Path, cfg: ExperimentConfig) -> None:
     check_ledger(rows.assign(removed=[int(removed.get(s, 0)) for s in rows["source"]]), removals)
 
 
+def _seq_lens(cfg: ExperimentConfig) -> list[int]:
+    """Row lengths of the experiment's models, for the tokenizer stage's packing report."""
+    return sorted({cfg.proxy.model.seq_len, cfg.main.model.seq_len})
+
+
 def _run_tokenizer(ctx, cfg):
     from tasks.tokenizer.stage import run
-    return run(ctx, cfg.tokenizer)
+    return run(ctx, cfg.tokenizer, seq_lens=_seq_lens(cfg))
 
 
 def _check_tokenizer(out: Path, cfg: ExperimentConfig) -> None:
-    import json
     import pandas as pd
+
+    from tasks.tokenizer.shards import shard_facts
+
     meta = json.loads((out / "tokenizer.meta.json").read_text())
-    check_shards(pd.read_parquet(out / "shards.parquet"), meta["padded_vocab_size"])
+    headers = pd.read_parquet(out / "shards.parquet")
+    facts = pd.DataFrame([shard_facts(out / "shards" / r.source / r.split) for r in headers.itertuples()])
+    check_shards(pd.concat([headers[["source", "split"]], facts], axis=1), meta["padded_vocab_size"])
 
 
 def _run_mixture(ctx, cfg):
     from tasks.mixture.stage import run
-    return run(ctx, cfg.mixture, cfg.proxy, general=cfg.general_sources)
+    return run(ctx, cfg.mixture, cfg.proxy, general=cfg.general_sources, packing=cfg.packing)
 
 
 def _run_sweep(ctx, cfg):
     from tasks.sweep.stage import run
-    return run(ctx, cfg.sweep, cfg.proxy, general=cfg.general_sources)
+    return run(ctx, cfg.sweep, cfg.proxy, general=cfg.general_sources, packing=cfg.packing)
 
 
 def _run_main(ctx, cfg):
     from tasks.train.stage import run
-    return run(ctx, cfg.main, sources=cfg.general_sources + cfg.domain_sources, max_epochs=cfg.mixture.max_epochs)
+    return run(ctx, cfg.main, sources=cfg.general_sources + cfg.domain_sources, max_epochs=cfg.mixture.max_epochs,
+               packing=cfg.packing)
 
 
 def _check_main(out: Path, cfg: ExperimentConfig) -> None:
@@ -133,7 +143,8 @@ def _check_main(out: Path, cfg: ExperimentConfig) -> None:
 
 def _run_cpt(ctx, cfg):
     from tasks.cpt.stage import run
-    return run(ctx, cfg.cpt, general=cfg.general_sources, cloze_items=load_cloze_items(cloze_path(cfg)))
+    return run(ctx, cfg.cpt, general=cfg.general_sources, cloze_items=load_cloze_items(cloze_path(cfg)),
+               packing=cfg.packing)
 
 
 def _run_gate(ctx, cfg):
@@ -150,17 +161,21 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("corpus", ("sources",), ("tasks.corpus", "infra.expectations"),
              _corpus_key, _run_corpus, _check_corpus),
     StageDef("tokenizer", ("corpus",), ("tasks.tokenizer",),
-             lambda c: {"tokenizer": c.tokenizer.model_dump()}, _run_tokenizer, _check_tokenizer),
+             lambda c: {"tokenizer": c.tokenizer.model_dump(), "seq_lens": _seq_lens(c)}, _run_tokenizer,
+             _check_tokenizer),
     StageDef("mixture", ("tokenizer",), ("tasks.mixture", "tasks.train", "models", "evals.heldout"),
              lambda c: {"mixture": c.mixture.model_dump(exclude={"max_epochs"}), "proxy": c.proxy.model_dump(),
-                        "seed": c.seed}, _run_mixture),
+                        "packing": c.packing.model_dump(), "seed": c.seed}, _run_mixture),
     StageDef("sweep", ("tokenizer", "mixture"), ("tasks.sweep", "tasks.train", "models", "evals.heldout"),
-             lambda c: {"sweep": c.sweep.model_dump(), "proxy": c.proxy.model_dump(), "seed": c.seed}, _run_sweep),
+             lambda c: {"sweep": c.sweep.model_dump(), "proxy": c.proxy.model_dump(), "packing": c.packing.model_dump(),
+                        "seed": c.seed}, _run_sweep),
     StageDef("main", ("tokenizer", "mixture", "sweep"), ("tasks.train", "models", "evals.heldout"),
-             lambda c: {"main": c.main.model_dump(exclude={"log_every", "checkpoint_every"}), "seed": c.seed},
+             lambda c: {"main": c.main.model_dump(exclude={"log_every", "checkpoint_every"}),
+                        "packing": c.packing.model_dump(), "seed": c.seed},
              _run_main, _check_main),
     StageDef("cpt", ("tokenizer", "mixture", "main"), ("tasks.cpt", "tasks.train", "models", "evals"),
-             lambda c: {"cpt": c.cpt.model_dump(), "seed": c.seed, "cloze_items": _file_digest(cloze_path(c))},
+             lambda c: {"cpt": c.cpt.model_dump(), "packing": c.packing.model_dump(), "seed": c.seed,
+                        "cloze_items": _file_digest(cloze_path(c))},
              _run_cpt),
     StageDef("gate", ("main", "cpt"), ("tasks.gate", "evals"),
              lambda c: {"gate": c.gate.model_dump(), "seed": c.seed}, _run_gate),

@@ -8,6 +8,8 @@ artifact; a cached stage's run is tagged ``cached=true`` with ``produced_by_run`
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
@@ -73,7 +75,13 @@ def _corpus(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
 def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     if (artifact.path / "removals.parquet").exists():  # held-out decontamination joins the one removal ledger
         env.warehouse.replace("removals", pd.read_parquet(artifact.path / "removals.parquet"), artifact.key)
-    env.warehouse.replace("tokenizer_report", pd.read_parquet(artifact.path / "report.parquet"), artifact.key)
+    report = pd.read_parquet(artifact.path / "report.parquet")
+    env.warehouse.replace("tokenizer_report", report, artifact.key)
+    optional = {"fragmentation.parquet": "tokenizer_fragmentation", "packing.parquet": "packing_report"}
+    for name, table in optional.items():  # absent in artifacts written before these reports existed
+        if (artifact.path / name).exists():
+            env.warehouse.replace(table, pd.read_parquet(artifact.path / name), artifact.key)
+    _log_tokenizer_metrics(env, run_id, artifact.path, report)
     headers = pd.read_parquet(artifact.path / "shards.parquet")
     tokens = {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}
     env.tracker.log_dataset(run_id, "token_shards", artifact.key, artifact.path / "shards", "training", tokens)
@@ -82,7 +90,30 @@ def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> Non
         for source, tokens in headers.groupby("source")["n_tokens"].sum().items():
             con.execute("UPDATE manifest SET tokens = ? WHERE artifact_key = ? AND source = ?",
                         [int(tokens), corpus_key, source])
-    _log_files(env, run_id, cached, artifact, "tokenizer.json", "tokenizer.meta.json", "report.parquet")
+    _log_files(env, run_id, cached, artifact, "tokenizer.json", "tokenizer.meta.json", "report.parquet",
+               *[name for name in optional if (artifact.path / name).exists()])
+
+
+def _log_tokenizer_metrics(env: "Env", run_id: str, path: Path, report: pd.DataFrame) -> None:
+    """Held-out chars/token and tokens/word per language and source, the fit sample's weights, the tokens per domain
+    term, and the share of documents each packing policy cuts, as MLflow metrics and params."""
+    metrics = {}
+    for r in (report[report["split"] == "heldout"] if "split" in report else report).itertuples():
+        metrics[f"chars_per_token.{r.group_by}.{r.group}"] = r.chars_per_token
+        metrics[f"tokens_per_{r.word_unit}.{r.group_by}.{r.group}"] = r.tokens_per_word
+    if (path / "fragmentation.parquet").exists():
+        for r in pd.read_parquet(path / "fragmentation.parquet").itertuples():
+            metrics[f"tokens_per_term.{r.term}"] = r.n_tokens
+    if (path / "packing.parquet").exists():
+        packing = pd.read_parquet(path / "packing.parquet")
+        totals = packing.groupby(["policy", "seq_len"])[["docs_cut", "n_docs"]].sum()
+        for (policy, seq_len), r in totals.iterrows():
+            metrics[f"docs_cut_share.{policy}.T{seq_len}"] = r.docs_cut / max(r.n_docs, 1)
+    # MLflow names allow word characters, '.', '-', '/', ' ' and ':' only; terms like "C++" are made to fit.
+    env.tracker.log_metrics(run_id, {re.sub(r"[^\w.\-/ :]", "_", k): float(v) for k, v in metrics.items()
+                                     if pd.notna(v)}, step=0)
+    meta = json.loads((path / "tokenizer.meta.json").read_text())
+    env.tracker.log_params(run_id, {f"fit_weight.{s}": round(w, 6) for s, w in meta.get("fit_weights", {}).items()})
 
 
 def _mixture(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:

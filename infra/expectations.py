@@ -117,22 +117,31 @@ def check_ledger(per_source: pd.DataFrame, removals: pd.DataFrame) -> SuiteResul
 
 
 def check_shards(headers: pd.DataFrame, vocab_size: int) -> SuiteResult:
-    """Token-shard suite: every (source, split) shard has tokens and bytes, and one vocab size throughout."""
+    """Token-shard suite: every (source, split) shard has tokens and bytes, one vocab size throughout, every token
+    id below the vocab size, and the files hold exactly what the headers say.
+
+    ``headers``: one row per shard with source, split, n_tokens, n_docs, n_bytes, vocab_size (from the headers) and
+    tokens_in_file, offsets_in_file, max_token_id, eos_count (measured on the files; see
+    :func:`tasks.tokenizer.shards.shard_facts`).
+    """
     import great_expectations as gx
 
     E = gx.expectations
     return validate_frame(
         "token_shards",
-        headers[["source", "split", "n_tokens", "n_bytes", "vocab_size"]],
+        headers[["source", "split", "n_tokens", "n_docs", "n_bytes", "vocab_size", "tokens_in_file",
+                 "offsets_in_file", "max_token_id", "eos_count"]],
         [
             E.ExpectColumnValuesToBeBetween(column="n_tokens", min_value=1),
             E.ExpectColumnValuesToBeBetween(column="n_bytes", min_value=1),
             E.ExpectColumnValuesToBeInSet(column="vocab_size", value_set=[vocab_size]),
             E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "heldout"]),
+            E.ExpectColumnPairValuesAToBeGreaterThanB(column_A="vocab_size", column_B="max_token_id"),
+            E.ExpectColumnPairValuesToBeEqual(column_A="n_tokens", column_B="tokens_in_file"),
+            E.ExpectColumnPairValuesToBeEqual(column_A="n_docs", column_B="offsets_in_file"),
+            E.ExpectColumnPairValuesToBeEqual(column_A="n_docs", column_B="eos_count"),
         ],
     )
-
-
 def check_heldout(table: pd.DataFrame) -> SuiteResult:
     """Evaluation-table suite: finite, positive losses and bits per byte, tokens counted."""
     import great_expectations as gx

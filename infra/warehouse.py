@@ -5,7 +5,8 @@ replaces earlier rows with the same key, so a rerun (cached or not) never duplic
 always mirror the artifact store. The connection is opened per write and closed at once, so the file can
 be inspected with ``duckdb runs/results.duckdb`` between runs.
 
-Tables: manifest, removals, funnel, decontamination, boilerplate, tokenizer_report, mixture_trials, sweep_trials, heldout_loss,
+Tables: manifest, removals, funnel, decontamination, boilerplate, tokenizer_report, tokenizer_fragmentation,
+packing_report, mixture_trials, sweep_trials, heldout_loss,
 cloze_results, gates, gate_decisions, stage_runs, train_steps.
 """
 
@@ -20,6 +21,7 @@ import pandas as pd
 
 TABLES = (
     "manifest", "removals", "funnel", "boilerplate", "decontamination", "audit_crosstab", "tokenizer_report",
+    "tokenizer_fragmentation", "packing_report",
     "mixture_trials", "sweep_trials", "heldout_loss", "cloze_results", "gates", "gate_decisions", "stage_runs",
 )
 

@@ -46,6 +46,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (xf * cos + rotated * sin).to(x.dtype)
 
 
+def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Block-diagonal causal mask from doc_ids (B, T): bool (B, 1, T, T), True where query t may attend key s, i.e.
+    s ≤ t and both positions belong to the same document."""
+    T = doc_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    same = doc_ids[:, :, None] == doc_ids[:, None, :]  # (B, T, T)
+    return (same & causal)[:, None]
+
+
 class Attention(nn.Module):
     """Causal grouped-query attention; parameters 2·d² + 2·d·n_kv·d_h (SPEC §2), plus 2·d_h with QK-norm."""
 
@@ -60,8 +69,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x (B, T, d), cos/sin (T, d_h) → (B, T, d)."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d), cos/sin (T, d_h), mask None (causal) or bool (B, 1, T, T), True = may attend → (B, T, d)."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_h, d_h)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv, d_h)
@@ -70,7 +80,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, n, T, d_h)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = self.n_kv_heads != self.n_heads
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, n_h·d_h) → (B, T, d)
 
 
@@ -98,9 +112,10 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """(B, T, d) → (B, T, d)."""
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, d) → (B, T, d); ``mask`` as in :meth:`Attention.forward`."""
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -136,19 +151,28 @@ class Decoder(nn.Module):
             else:
                 p.normal_(0.0, self.cfg.init_std)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """idx LongTensor (B, T) with T ≤ cfg.seq_len → logits (B, T, V) (autocast dtype under autocast).
 
+        ``doc_ids`` (B, T), the document each position belongs to, turns on a block-diagonal causal mask: a
+        position attends only to earlier positions of its own document (SPEC §8 packing). None: plain causal.
+
         Raises:
-            DataError: T exceeds cfg.seq_len (RoPE tables are built for seq_len positions).
+            DataError: T exceeds cfg.seq_len (RoPE tables are built for seq_len positions), or doc_ids' shape
+                differs from idx's.
         """
         T = idx.shape[1]
         if T > self.cfg.seq_len:
             raise DataError(f"input length T = {T} exceeds model.seq_len = {self.cfg.seq_len}; crop the batch")
+        mask = None
+        if doc_ids is not None:
+            if doc_ids.shape != idx.shape:
+                raise DataError(f"doc_ids has shape {tuple(doc_ids.shape)}, idx {tuple(idx.shape)}: they must match")
+            mask = document_mask(doc_ids.to(idx.device))
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, d_h)
         x = self.tok_embeddings(idx)  # (B, T, d)
         for block in self.blocks:
-            x = block(x, cos, sin)
+            x = block(x, cos, sin, mask)
         x = self.norm(x)
         head = self.tok_embeddings.weight if self.lm_head is None else self.lm_head.weight  # (V, d)
         return F.linear(x, head)  # (B, T, V)

@@ -27,6 +27,7 @@ from tasks.train.checkpoint import load_model, save_checkpoint
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, evals_frame, evaluate_sources, make_sampler,
                                 run_training, seed_everything, StepProgress)
 from tasks.train.sections import CptConfig
+from tasks.tokenizer.config import PackingConfig
 
 
 def replay_weights(domain: list[str], general_weights: dict[str, float], replay_fraction: float) -> dict[str, float]:
@@ -37,7 +38,8 @@ def replay_weights(domain: list[str], general_weights: dict[str, float], replay_
     return weights
 
 
-def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem]) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem],
+        packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
     """Score the base, then train and score every grid candidate."""
     seed_everything(ctx.seed, ctx.torch_threads)
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
@@ -54,7 +56,7 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
             model = load_model(checkpoint)
             weights = replay_weights(cfg.domain_sources, base_weights, fraction)
             sampler = make_sampler(corpus, weights, seq_len=model.cfg.seq_len, batch_size=cfg.budget.batch_size,
-                                   seed=ctx.seed + index)
+                                   seed=ctx.seed + index, packing=packing)
             callbacks = [MetricsToTracker(ctx.log_metrics, 1, prefix=f"{name}."), scorer.curve(name, model.cfg.seq_len),
                          StepProgress(advance)]
             result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed + index,

@@ -26,9 +26,11 @@ from tasks.mixture.select import select_mixture  # noqa: E402
 from tasks.tokenizer.stage import TokenizedCorpus  # noqa: E402
 from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_training  # noqa: E402
 from tasks.train.sections import ProxyConfig  # noqa: E402
+from tasks.tokenizer.config import PackingConfig  # noqa: E402
 
 
-def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: list[str]) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: list[str],
+        packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
     """Train and score one proxy per candidate, then apply the declared selection rule."""
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     sizes = corpus.train_sizes(general)
@@ -39,7 +41,7 @@ def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: l
         for index, cand in enumerate(candidates):
             model = build_model(model_cfg, ctx.seed)
             sampler = make_sampler(corpus, cand.weights, seq_len=model_cfg.seq_len,
-                                   batch_size=proxy.budget.batch_size, seed=ctx.seed)
+                                   batch_size=proxy.budget.batch_size, seed=ctx.seed, packing=packing)
             result = run_training(model, sampler, peak_lr=proxy.peak_lr, budget=proxy.budget, seed=ctx.seed)
             evals = evaluate_sources(model, corpus, general, seq_len=model_cfg.seq_len,
                                      eval_tokens=proxy.budget.eval_tokens)

@@ -22,6 +22,7 @@ from tasks.tokenizer.stage import TokenizedCorpus
 from tasks.train.loop import Callback
 from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_training, token_weighted_loss
 from tasks.train.sections import ProxyConfig
+from tasks.tokenizer.config import PackingConfig
 
 
 class _Report(Callback):
@@ -40,7 +41,8 @@ class _Report(Callback):
         self.report(state.step, value)
 
 
-def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: list[str]) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: list[str],
+        packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
     """Run (or resume) the study; returns the best peak LR."""
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     weights = load_choice(ctx.inputs["mixture"])["weights"]
@@ -50,7 +52,8 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
     def objective(peak_lr: float, seed: int, report: Callable[[int, float], None]) -> float:
         curve: list[dict] = []
         model = build_model(model_cfg, seed)
-        sampler = make_sampler(corpus, weights, seq_len=model_cfg.seq_len, batch_size=budget.batch_size, seed=seed)
+        sampler = make_sampler(corpus, weights, seq_len=model_cfg.seq_len, batch_size=budget.batch_size, seed=seed,
+                               packing=packing)
         callback = _Report(corpus, general, model_cfg.seq_len, budget.eval_tokens, report, curve)
         try:
             run_training(model, sampler, peak_lr=peak_lr, budget=budget, seed=seed, callbacks=[callback])

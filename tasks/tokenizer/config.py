@@ -27,6 +27,11 @@ class TokenizerConfig(Section):
         decontam_ngram: training documents sharing a word n-gram of this length with any held-out document are
             removed before fitting (SPEC §7 decontamination; 0 turns it off).
         decontam_common_docs: an n-gram held by this many training documents or more is common phrasing, ignored.
+        fit_weights: source → weight of the fit sample (SPEC §8: a sample of the final mixture); empty = the
+            natural mixture (each source by its training characters). Sources left out are not sampled.
+        max_pretoken_chars: longer runs of non-space (or space) characters are cut into pieces this long before
+            BPE, so base64 blobs and repeated characters cost what ordinary text costs.
+        domain_terms: terms whose fragmentation (tokens per term, the pieces) is reported (SPEC §11).
 
     Raises:
         pydantic.ValidationError: a field is invalid; the message names the field and the fix.
@@ -41,6 +46,19 @@ class TokenizerConfig(Section):
     seed: int = 0
     decontam_ngram: int = Field(default=13, ge=0)
     decontam_common_docs: int = Field(default=50, ge=2)
+    fit_weights: dict[str, float] = {}
+    max_pretoken_chars: int = Field(default=64, ge=4, le=4096)
+    domain_terms: list[str] = []
+
+    @field_validator("fit_weights")
+    @classmethod
+    def _weights_non_negative(cls, weights: dict[str, float]) -> dict[str, float]:
+        bad = {s: w for s, w in weights.items() if not (w >= 0 and w < float("inf"))}
+        if bad:
+            raise ValueError(f"fit_weights must be finite and >= 0, got {bad}")
+        if weights and sum(weights.values()) <= 0:
+            raise ValueError("fit_weights sum to 0: give at least one source a positive weight, or leave it empty")
+        return weights
 
     @field_validator("special_tokens")
     @classmethod
@@ -81,3 +99,16 @@ class TokenizerConfig(Section):
                 f"{NUM_BYTE_TOKENS} byte tokens + {len(self.special_tokens)} special tokens = {floor}"
             )
         return self
+
+
+class PackingConfig(Section):
+    """How token shards become training rows (SPEC §8); read by every training stage's loader.
+
+    Fields:
+        policy: ``best_fit`` (Ding et al. 2024: documents cut only when longer than a row; rows padded) or
+            ``concat`` (concatenate and split: no padding, documents cut at every window edge).
+        document_mask: block-diagonal causal attention, so no token attends across a document boundary.
+    """
+
+    policy: Literal["best_fit", "concat"] = "best_fit"
+    document_mask: bool = False

@@ -5,6 +5,10 @@ Rules from SPEC §8, each checked on the fitted tokenizer (:func:`check_tokenize
   - digits split into single characters: no vocabulary entry holds two digits, "12345" is five tokens;
   - special tokens reserved up front, each always one id, even glued to text ("你好<|endoftext|>").
 
+Overlong pre-tokens are capped first: a run of more than ``max_pretoken_chars`` non-space (or space) characters — a
+base64 blob, 100,000 repeated letters — is cut into pieces of that many characters, so BPE training and encoding do
+not spend quadratic time on one giant "word". Ordinary words are far shorter and never touched.
+
 Pre-tokenizer order matters: Digits must run *before* ByteLevel. ByteLevel maps bytes 0x80-0xFF to printable stand-ins,
 some of which are Unicode numbers ("¼", "½", "²"), so Digits running second would cut multi-byte characters such as
 "好" apart and never let BPE merge them.
@@ -19,7 +23,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from infra.errors import ConfigError, DataError
 from tasks.tokenizer.config import EOS_TOKEN, NUM_BYTE_TOKENS, TokenizerConfig
@@ -67,10 +71,7 @@ def fit_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
         DataError: the fitted tokenizer breaks a SPEC §8 rule (see :func:`check_tokenizer`).
     """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),  # before ByteLevel: see module docstring
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizer(cfg.max_pretoken_chars)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
@@ -79,12 +80,24 @@ def fit_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
-    check_tokenizer(tok, cfg.special_tokens)
+    check_tokenizer(tok, cfg.special_tokens, cfg.max_pretoken_chars)
     return tok
 
 
-def check_tokenizer(tok: Tokenizer, special_tokens: list[str]) -> None:
-    """Verify the SPEC §8 rules listed in the module docstring on a fitted tokenizer.
+def pre_tokenizer(max_pretoken_chars: int) -> pre_tokenizers.PreTokenizer:
+    """Cap overlong runs, then split digits, then GPT-2 byte-level splitting (module docstring explains the order)."""
+    cap = int(max_pretoken_chars)
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(rf"\S{{{cap}}}|\s{{{cap}}}"), behavior="isolated"),
+        pre_tokenizers.Digits(individual_digits=True),  # before ByteLevel: see module docstring
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+
+
+def check_tokenizer(tok: Tokenizer, special_tokens: list[str], max_pretoken_chars: int | None = None) -> None:
+    """Verify the SPEC §8 rules listed in the module docstring on a fitted tokenizer: all 256 bytes present, no
+    entry with two digits, "12345" → five tokens, each special one id next to Chinese text and decoding back to
+    itself, and (when given) no pre-token longer than ``max_pretoken_chars`` characters.
 
     Raises:
         DataError: naming the first rule broken.
@@ -100,8 +113,16 @@ def check_tokenizer(tok: Tokenizer, special_tokens: list[str]) -> None:
     if n_probe != len(DIGIT_PROBE):
         raise DataError(f"{DIGIT_PROBE!r} encodes to {n_probe} tokens, expected {len(DIGIT_PROBE)} (SPEC §8)")
     for special in special_tokens:
-        if tok.encode(f"你好{special}世界").ids.count(tok.token_to_id(special)) != 1:
+        special_id = tok.token_to_id(special)
+        if tok.encode(f"你好{special}世界").ids.count(special_id) != 1:
             raise DataError(f"special token {special!r} does not encode to its single id next to text")
+        if tok.decode([special_id], skip_special_tokens=False) != special:
+            raise DataError(f"special token {special!r} does not decode back to itself")
+    if max_pretoken_chars is not None and tok.pre_tokenizer is not None:
+        probe = "x" * (3 * max_pretoken_chars) + " " * (3 * max_pretoken_chars) + "7" * 10
+        longest = max(len(piece) for piece, _ in tok.pre_tokenizer.pre_tokenize_str(probe))
+        if longest > max_pretoken_chars:  # byte-level symbols of ASCII are one character each
+            raise DataError(f"a pre-token of {longest} characters got through the cap of {max_pretoken_chars}")
 
 
 def padded_vocab_size(tok: Tokenizer, multiple: int) -> int:

@@ -60,7 +60,8 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 
     """Encode documents and join them with EOS (SPEC §8 packing).
 
     Special-token strings inside a document (say a web page quoting "<|endoftext|>") are encoded as plain text, so
-    EOS ids appear only at document ends.
+    EOS ids appear only at document ends. Uses ``encode_batch_fast`` (no character offsets: packing never needs
+    them), and builds the array without a Python object per token beyond the ids lists the binding returns.
 
     Returns:
         tokens: (n_tokens,) ids in ``shard_dtype(tok.get_vocab_size())``, each document followed by EOS;
@@ -70,16 +71,20 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 
         DataError: the tokenizer has no EOS.
     """
     eos = find_eos_id(tok)
+    dtype = shard_dtype(tok.get_vocab_size())
     plain = Tokenizer.from_str(tok.to_str())  # copy: leave the caller's tokenizer settings alone
     plain.encode_special_tokens = True
-    ids_per_doc = []
+    parts, lengths = [], []
     for start in range(0, len(texts), batch_size):
-        batch = plain.encode_batch(list(texts[start:start + batch_size]), add_special_tokens=False)
-        ids_per_doc.extend(enc.ids for enc in batch)
-    lengths = np.array([len(ids) + 1 for ids in ids_per_doc], dtype=np.int64)
-    flat = chain.from_iterable((*ids, eos) for ids in ids_per_doc)
-    tokens = np.fromiter(flat, dtype=shard_dtype(tok.get_vocab_size()), count=int(lengths.sum()))
-    doc_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
+        ids = [enc.ids for enc in plain.encode_batch_fast(list(texts[start:start + batch_size]),
+                                                          add_special_tokens=False)]
+        n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        body = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(n.sum()))
+        parts.append(np.insert(body, np.cumsum(n), eos))  # EOS after each document
+        lengths.append(n + 1)
+    n_docs = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
+    doc_offsets = np.concatenate([[0], np.cumsum(n_docs)[:-1]]).astype(np.int64) if len(n_docs) else n_docs
     return tokens, doc_offsets
 
 
@@ -186,3 +191,24 @@ def _map_tokens(bin_path: Path, dtype: np.dtype, n_tokens: int) -> np.ndarray:
     if n_tokens == 0:  # mmap cannot map an empty file
         return np.empty(0, dtype=dtype)
     return np.memmap(bin_path, dtype=dtype, mode="r", shape=(n_tokens,))
+
+
+def shard_facts(path: Path) -> dict:
+    """What the files of the shard at ``path`` actually hold, read without trusting the header's counts: the
+    header fields, plus tokens_in_file (.bin size ÷ itemsize), offsets_in_file, max_token_id and eos_count.
+
+    For the stage-boundary suite (:func:`infra.expectations.check_shards`), which compares them with the header.
+
+    Raises:
+        DataError: the header is missing or malformed.
+    """
+    bin_path, idx_path, header_path = _paths(path)
+    header = _read_header(header_path)
+    dtype = np.dtype(header["dtype"])
+    size = bin_path.stat().st_size if bin_path.exists() else 0
+    tokens = np.memmap(bin_path, dtype=dtype, mode="r", shape=(size // dtype.itemsize,)) if size else np.zeros(0, dtype)
+    offsets = np.load(idx_path) if idx_path.exists() else np.zeros(0, np.int64)
+    return {**{k: header[k] for k in ("dtype", "vocab_size", "eos_id", "n_tokens", "n_docs", "n_bytes")},
+            "tokens_in_file": len(tokens), "offsets_in_file": len(offsets),
+            "max_token_id": int(tokens.max()) if len(tokens) else -1,
+            "eos_count": int(np.count_nonzero(tokens == header["eos_id"]))}

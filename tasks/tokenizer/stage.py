@@ -4,31 +4,45 @@ Training documents sharing a 13-gram with a held-out document of any source are 
 (``removals.parquet``, same columns as the corpus ledger, stage ``decontam_heldout``).
 
 Outputs: ``tokenizer.json``, ``splits.parquet`` (doc_id, source, split), ``shards/<source>/<split>.{bin,json,idx.npy}``,
-``shards.parquet`` (one header row per shard), ``report.parquet`` (chars/token and tokens/word by language and
-source), ``tokenizer.meta.json`` (hash, EOS id, vocab sizes, the fit sample drawn per source).
+``shards.parquet`` (one header row per shard), ``report.parquet`` (chars/token and tokens/word by language and by
+source, on each split: held-out rows measure text the tokenizer never saw), ``fragmentation.parquet`` (the
+configured domain terms), ``packing.parquet`` (documents cut and padding under both packing policies at the
+experiment's row lengths), ``tokenizer.meta.json`` (hash, EOS and pad ids, vocab sizes, the fit weights and the
+characters drawn per source).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from tokenizers import Tokenizer
 
+from infra.errors import ConfigError
 from infra.stage import StageContext
 from tasks.corpus.stage import load_kept, manifest_hash
 from tasks.tokenizer.decontam import decontaminate_train
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer, padded_vocab_size, sample_texts, tokenizer_hash
-from tasks.tokenizer.report import tokenizer_report
+from tasks.tokenizer.packing import POLICIES, plan_rows
+from tasks.tokenizer.report import fragmentation, tokenizer_report
 from tasks.tokenizer.shards import encode_documents, read_shard, write_shard
 from tasks.tokenizer.split import assign_splits
+from tasks.train.data import TokenStream
 
 
-def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
-    """Split → fit on train only → pack every (source, split) → report; returns vocab and token counts."""
+def run(ctx: StageContext, cfg: TokenizerConfig, *, seq_lens: Sequence[int] = ()) -> dict[str, Any]:
+    """Split → fit on a mixture-weighted sample of train only → pack every (source, split) → report.
+
+    ``seq_lens``: the row lengths of the experiment's models; ``packing.parquet`` reports, for each and for both
+    packing policies, the share of training documents cut and the padding share. Returns vocab and token counts.
+
+    Raises:
+        ConfigError: ``fit_weights`` names a source with no training documents.
+    """
     kept = load_kept(ctx.inputs["corpus"])
     kept = kept.assign(split=assign_splits(kept, cfg).values)
     kept, removals = decontaminate_train(kept, ngram=cfg.decontam_ngram, common_min_docs=cfg.decontam_common_docs)
@@ -36,24 +50,75 @@ def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
     kept[["doc_id", "source", "family_id", "split"]].to_parquet(ctx.out / "splits.parquet", index=False)
     train = kept[kept["split"] == "train"]
     by_source = {name: list(group["text"]) for name, group in train.groupby("source", sort=True)}
-    natural = {name: sum(map(len, texts)) for name, texts in by_source.items()}
-    total = sum(natural.values())
-    drawn = sample_texts(by_source, {k: v / total for k, v in natural.items()}, cfg.sample_max_chars, cfg.seed)
-    sample, sample_chars = drawn if isinstance(drawn, tuple) else (drawn, {})
+    weights = fit_weights(cfg, {name: sum(map(len, texts)) for name, texts in by_source.items()})
+    sample, sample_chars = sample_texts(by_source, weights, cfg.sample_max_chars, cfg.seed)
     with ctx.progress.task("tokenizer: fitting BPE", None):
         tok = fit_tokenizer(sample, cfg)
     tok.save(str(ctx.out / "tokenizer.json"))
+    pad = tok.token_to_id("<|pad|>")
     meta = {
-        "tokenizer_hash": tokenizer_hash(tok), "eos_id": eos_id(tok), "vocab_size": tok.get_vocab_size(),
-        "padded_vocab_size": padded_vocab_size(tok, cfg.pad_multiple), "fit_sample_chars": sample_chars,
-        "fit_sample_docs": len(sample), "manifest_hash": manifest_hash(ctx.inputs["corpus"]),
+        "tokenizer_hash": tokenizer_hash(tok), "eos_id": eos_id(tok), "pad_id": eos_id(tok) if pad is None else pad,
+        "vocab_size": tok.get_vocab_size(), "padded_vocab_size": padded_vocab_size(tok, cfg.pad_multiple),
+        "fit_weights": weights, "fit_sample_chars": sample_chars, "fit_sample_docs": len(sample),
+        "manifest_hash": manifest_hash(ctx.inputs["corpus"]),
     }
     headers = _pack(ctx, tok, kept, meta)
     (ctx.out / "tokenizer.meta.json").write_text(json.dumps(meta, indent=2))
-    report = pd.concat([tokenizer_report(tok, kept, by=by).assign(group_by=by) for by in ("language", "source")])
+    report = pd.concat([tokenizer_report(tok, part, by=by).assign(group_by=by, split=split)
+                        for split, part in kept.groupby("split", sort=True) for by in ("language", "source")])
     report.to_parquet(ctx.out / "report.parquet", index=False)
-    return {**{k: v for k, v in meta.items() if k != "fit_sample_chars"}, "decontaminated_train_docs": len(removals),
-            "tokens": {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}}
+    fragmentation(tok, cfg.domain_terms).to_parquet(ctx.out / "fragmentation.parquet", index=False)
+    packing = packing_report(ctx.out, headers, seq_lens)
+    packing.to_parquet(ctx.out / "packing.parquet", index=False)
+    return {**{k: v for k, v in meta.items() if k not in ("fit_sample_chars", "fit_weights")},
+            "decontaminated_train_docs": len(removals),
+            "tokens": {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()},
+            "docs_cut_share": {f"{r.policy}@{r.seq_len}": float(r.cut_share) for r in _overall(packing).itertuples()}}
+
+
+def fit_weights(cfg: TokenizerConfig, train_chars: dict[str, int]) -> dict[str, float]:
+    """Weights of the fit sample, summing to 1: ``cfg.fit_weights`` normalised, or each source's share of the
+    training characters (the natural mixture) when none are given.
+
+    Raises:
+        ConfigError: a weighted source has no training documents.
+    """
+    if not cfg.fit_weights:
+        total = sum(train_chars.values())
+        return {s: n / total for s, n in sorted(train_chars.items())}
+    missing = sorted(s for s, w in cfg.fit_weights.items() if w > 0 and not train_chars.get(s))
+    if missing:
+        raise ConfigError(f"tokenizer.fit_weights names {missing}, which have no training documents; "
+                          f"sources with training text: {sorted(train_chars)}")
+    total = sum(cfg.fit_weights.values())
+    return {s: w / total for s, w in sorted(cfg.fit_weights.items()) if w > 0}
+
+
+def packing_report(out: Path, headers: pd.DataFrame, seq_lens: Sequence[int]) -> pd.DataFrame:
+    """Per training shard, model row length and policy: rows, documents, documents cut, cut share, padding share
+    and tokens dropped (:mod:`tasks.tokenizer.packing`)."""
+    rows = []
+    for source in headers.loc[headers["split"] == "train", "source"]:
+        shard = read_shard(out / "shards" / source / "train")
+        for seq_len in sorted(set(seq_lens)):
+            for policy in POLICIES:
+                plan = plan_rows(shard.doc_offsets, len(shard.tokens), seq_len, policy)
+                rows.append(dict(source=source, seq_len=seq_len, policy=policy, n_rows=plan.n_rows,
+                                 n_docs=plan.n_docs, docs_cut=plan.docs_cut, cut_share=plan.cut_share,
+                                 padding_share=plan.padding_share, tokens_dropped=plan.tokens_dropped))
+    return pd.DataFrame(rows, columns=PACKING_COLUMNS)
+
+
+PACKING_COLUMNS = ["source", "seq_len", "policy", "n_rows", "n_docs", "docs_cut", "cut_share", "padding_share",
+                   "tokens_dropped"]
+
+
+def _overall(packing: pd.DataFrame) -> pd.DataFrame:
+    """Share of documents cut over all sources, per policy and row length."""
+    if not len(packing):
+        return pd.DataFrame(columns=["policy", "seq_len", "cut_share"])
+    total = packing.groupby(["policy", "seq_len"], as_index=False)[["docs_cut", "n_docs"]].sum()
+    return total.assign(cut_share=total["docs_cut"] / total["n_docs"].clip(lower=1))
 
 
 def _pack(ctx: StageContext, tok: Tokenizer, kept: pd.DataFrame, meta: dict) -> pd.DataFrame:
@@ -97,6 +162,16 @@ class TokenizedCorpus:
         """The shard's flat token array (memmap), checked against this tokenizer's hash."""
         shard = read_shard(self.path / "shards" / source / split, expected_tokenizer_hash=self.meta["tokenizer_hash"])
         return shard.tokens
+
+    def stream(self, source: str, split: str) -> TokenStream:
+        """The shard's tokens (memmap) and document offsets, checked against this tokenizer's hash."""
+        shard = read_shard(self.path / "shards" / source / split, expected_tokenizer_hash=self.meta["tokenizer_hash"])
+        return TokenStream(shard.tokens, shard.doc_offsets)
+
+    @property
+    def pad_id(self) -> int:
+        """Input id for padding positions: ``<|pad|>`` when reserved, else EOS (targets there are ignored anyway)."""
+        return int(self.meta.get("pad_id", self.meta["eos_id"]))
 
     def tokens_per_byte(self, source: str, split: str) -> float:
         row = self.headers[(self.headers["source"] == source) & (self.headers["split"] == split)].iloc[0]

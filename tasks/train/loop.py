@@ -25,6 +25,7 @@ from torch import nn
 
 from infra.errors import DataError
 from tasks.train.config import OptimConfig
+from tasks.train.data import IGNORE_INDEX
 from tasks.train.optim import build_optimizer
 from tasks.train.schedule import lr_at
 
@@ -89,21 +90,27 @@ def _due(step: int, every: int, start: int, total: int) -> bool:
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple, *, lr: float, grad_clip: float,
                accelerator: Accelerator, step: int) -> dict:
-    """Optimiser step number ``step`` on (x, y, sources); returns loss_nats, per-source loss, grad_norm_preclip, clipped.
+    """Optimiser step number ``step`` on a :class:`~tasks.train.data.Batch`; returns loss_nats, per-source loss,
+    grad_norm_preclip, clipped and n_targets.
 
-    loss = Σ token cross-entropy / number of target tokens (nats per predicted token), computed in fp32.
+    loss = Σ token cross-entropy / number of real target tokens (nats per predicted token; padding targets,
+    ``IGNORE_INDEX``, count in neither sum), computed in fp32. With ``batch.doc_ids`` the model masks attention
+    across documents.
 
     Raises:
         DataError: the loss is not finite; raised before backward, so weights and moments stay untouched.
     """
-    x, y, sources = batch
+    x, y, sources, doc_ids = batch
     x, y = x.to(accelerator.device), y.to(accelerator.device)
     for group in optimizer.param_groups:
         group["lr"] = lr
     with accelerator.autocast():
-        logits = model(x)  # (B, T, V)
-    token_nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view_as(y)  # (B, T)
-    loss = token_nats.sum() / y.numel()
+        logits = model(x) if doc_ids is None else model(x, doc_ids.to(accelerator.device))  # (B, T, V)
+    token_nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none",
+                                 ignore_index=IGNORE_INDEX).view_as(y)  # (B, T), 0 at ignored targets
+    real = (y != IGNORE_INDEX)  # (B, T)
+    n_targets = int(real.sum())
+    loss = token_nats.sum() / max(n_targets, 1)
     if not torch.isfinite(loss):
         raise DataError(f"non-finite loss {float(loss.detach())} at step {step}; "
                         "rewind to the last checkpoint and skip this batch (SPEC §6)")
@@ -111,13 +118,13 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple,
     grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), grad_clip))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    row_nats = token_nats.detach().sum(dim=1).cpu()  # (B,)
+    row_nats, row_targets = token_nats.detach().sum(dim=1).cpu(), real.sum(dim=1).cpu()  # (B,), (B,)
     per_source = {}
     for source in sorted(set(sources)):
         rows = [i for i, s in enumerate(sources) if s == source]
-        per_source[f"loss_nats/{source}"] = float(row_nats[rows].sum()) / (len(rows) * y.shape[1])
+        per_source[f"loss_nats/{source}"] = float(row_nats[rows].sum()) / max(int(row_targets[rows].sum()), 1)
     return {"loss_nats": float(loss.detach()), "grad_norm_preclip": grad_norm, "clipped": int(grad_norm > grad_clip),
-            **per_source}
+            "n_targets": n_targets, **per_source}
 
 
 def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps: int, eval_every: int = 0,
@@ -154,7 +161,7 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
         t0, batch = time.perf_counter(), sampler.next_batch()
         metrics = train_step(model, optimizer, batch, lr=lr, grad_clip=optim_cfg.grad_clip, accelerator=accelerator,
                              step=state.step + 1)
-        n_tokens = batch[1].numel()
+        n_tokens = metrics.pop("n_targets")
         state.step, state.tokens_seen = state.step + 1, state.tokens_seen + n_tokens
         state.clipped_steps += metrics["clipped"]
         metrics.update(step=state.step, lr=lr, clip_fraction=state.clip_fraction, tokens_seen=state.tokens_seen,

@@ -16,6 +16,7 @@ import torch
 from evals.heldout import HeldoutLoss, bits_per_byte, heldout_loss
 from models.config import ModelConfig
 from models.decoder import Decoder
+from tasks.tokenizer.config import PackingConfig
 from tasks.tokenizer.stage import TokenizedCorpus
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
@@ -39,11 +40,12 @@ def build_model(cfg: ModelConfig, seed: int) -> Decoder:
 
 
 def make_sampler(corpus: TokenizedCorpus, weights: Mapping[str, float], *, seq_len: int, batch_size: int,
-                 seed: int) -> MixtureSampler:
-    """A sampler over the train shards of the sources with non-zero weight."""
+                 seed: int, packing: PackingConfig = PackingConfig()) -> MixtureSampler:
+    """A loader over the train shards of the sources with non-zero weight, packed as ``packing`` says."""
     active = {k: float(v) for k, v in weights.items() if v > 0}
-    streams = {name: corpus.tokens(name, "train") for name in active}
-    return MixtureSampler(streams, active, seq_len=seq_len, batch_size=batch_size, seed=seed)
+    streams = {name: corpus.stream(name, "train") for name in active}
+    return MixtureSampler(streams, active, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                          packing=packing.policy, document_mask=packing.document_mask, pad_id=corpus.pad_id)
 
 
 @dataclass

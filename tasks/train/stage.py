@@ -30,9 +30,11 @@ from tasks.train.config import OptimConfig
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
                                 make_sampler, run_training, seed_everything, StepProgress)
 from tasks.train.sections import MainConfig
+from tasks.tokenizer.config import PackingConfig
 
 
-def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: float = 4.0) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: float = 4.0,
+        packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
     """Train the main model and score it on every source's held-out split.
 
     Before training, prints a warning for each mixture source the planned run repeats more than ``max_epochs``
@@ -46,7 +48,7 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     model = build_model(model_cfg, ctx.seed)
     optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
     sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,
-                           batch_size=cfg.budget.batch_size, seed=ctx.seed)
+                           batch_size=cfg.budget.batch_size, seed=ctx.seed, packing=packing)
     extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "manifest_hash": corpus.meta.get("manifest_hash", ""), "mixture": choice["weights"], "peak_lr": peak_lr}
     main_epochs = planned_epochs(cfg, choice["weights"], corpus)
     for warning in epoch_warnings(main_epochs, max_epochs):

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from models.arithmetic import param_count
 from models.config import ModelConfig
+from infra.errors import DataError
 from models.decoder import Decoder, apply_rope
 from tasks.train.config import OptimConfig
 from tasks.train.optim import build_optimizer
@@ -86,3 +87,27 @@ def test_gqa_matches_repeated_kv_reference():
     scores = (q @ k.transpose(-1, -2)) / 4.0 + torch.full((8, 8), float("-inf")).triu(1)
     ref = attn.wo((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 8, 64))
     torch.testing.assert_close(attn(x, cos, sin), ref, atol=1e-5, rtol=1e-4)
+
+
+def test_document_mask_blocks_attention_across_documents():
+    torch.manual_seed(0)
+    model = Decoder(tiny()).eval()
+    idx = torch.randint(1, 512, (1, 12))
+    doc_ids = torch.tensor([[0] * 5 + [1] * 7])
+    edited = idx.clone()
+    edited[0, :5] = torch.randint(1, 512, (5,))  # a different first document
+    with torch.no_grad():
+        masked, masked_edit = model(idx, doc_ids), model(edited, doc_ids)
+        plain, plain_edit = model(idx), model(edited)
+        alone = model(idx[:, 5:])  # the second document on its own, from position 0
+    # Masked: the second document cannot see the first, so editing the first changes nothing there...
+    torch.testing.assert_close(masked[0, 5:], masked_edit[0, 5:])
+    # ...and (RoPE scores depend only on relative position) it equals the document run alone.
+    torch.testing.assert_close(masked[0, 5:], alone[0], atol=1e-4, rtol=1e-4)
+    # Unmasked, the first document leaks into the second.
+    assert not torch.allclose(plain[0, 5:], plain_edit[0, 5:])
+
+
+def test_document_ids_must_match_input_shape():
+    with pytest.raises(DataError, match="doc_ids"):
+        Decoder(tiny())(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 7, dtype=torch.long))

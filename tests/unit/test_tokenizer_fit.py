@@ -155,3 +155,56 @@ class TestSampleTexts:
     def test_bad_weights_refused(self, weights):
         with pytest.raises(ConfigError):
             sample_texts(self.SOURCES, weights, max_chars=300, seed=0)
+
+
+@pytest.mark.parametrize("blob", ["a" * 100_000, "7" * 50_000, "QUJD" * 20_000, " " * 10_000])
+def test_overlong_runs_are_capped_before_bpe(tok, blob):
+    cap = TokenizerConfig().max_pretoken_chars
+    pieces = tok.pre_tokenizer.pre_tokenize_str(f"see {blob} end")
+    assert max(len(piece) for piece, _ in pieces) <= cap
+    assert tok.decode(tok.encode(blob).ids) == blob  # capping loses nothing
+
+
+def test_ordinary_words_are_not_cut_by_the_cap(tok):
+    word = "internationalisation" * 3  # 60 characters, under the 64 cap
+    assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(word)] == [word]
+
+
+def test_fit_on_pathological_text_keeps_the_vocabulary_useful():
+    # Giant runs are cut into capped pieces that repeat, so they cannot crowd ordinary merges out of the vocab.
+    clean = mixed_corpus(200)
+    junk = ["x" * 100_000, "9" * 50_000, "QUJD" * 25_000]
+    cfg = TokenizerConfig(vocab_size=700)
+    with_junk = fit_tokenizer(clean + junk, cfg)
+    longest = max(len(t) for t in with_junk.get_vocab())
+    assert longest <= cfg.max_pretoken_chars
+    text = " ".join(clean[:20])
+    assert len(with_junk.encode(text).ids) <= 1.1 * len(fit_tokenizer(clean, cfg).encode(text).ids)
+
+
+def test_check_rejects_uncapped_pre_tokenizer(tok):
+    loose = Tokenizer.from_str(tok.to_str())
+    loose.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    with pytest.raises(DataError, match="cap"):
+        check_tokenizer(loose, SPECIALS, max_pretoken_chars=64)
+
+
+class TestFitWeights:
+    def test_natural_weights_follow_training_characters(self):
+        from tasks.tokenizer.stage import fit_weights
+        assert fit_weights(TokenizerConfig(), {"b": 300, "a": 100}) == {"a": 0.25, "b": 0.75}
+
+    def test_declared_weights_are_normalised_and_zeros_dropped(self):
+        from tasks.tokenizer.stage import fit_weights
+        cfg = TokenizerConfig(fit_weights={"a": 2.0, "b": 6.0, "c": 0.0})
+        assert fit_weights(cfg, {"a": 10, "b": 10, "c": 10}) == {"a": 0.25, "b": 0.75}
+
+    def test_weighted_source_without_training_text_is_refused(self):
+        from tasks.tokenizer.stage import fit_weights
+        with pytest.raises(ConfigError, match="no training documents"):
+            fit_weights(TokenizerConfig(fit_weights={"a": 1.0, "zz": 1.0}), {"a": 10})
+
+    @pytest.mark.parametrize("weights", [{"a": -1.0}, {"a": 0.0}, {"a": float("nan")}])
+    def test_bad_declared_weights_are_config_errors(self, weights):
+        with pytest.raises(Exception, match="fit_weights"):
+            TokenizerConfig(fit_weights=weights)

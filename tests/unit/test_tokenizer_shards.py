@@ -114,3 +114,33 @@ def test_missing_header_means_incomplete(tmp_path):
 def test_write_leaves_only_the_three_files(tmp_path):
     _write(tmp_path / "s", [1, 0], vocab_size=300)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin", "s.idx.npy", "s.json"]
+
+
+def _suite_frame(path):
+    from tasks.tokenizer.shards import shard_facts
+
+    import pandas as pd
+    return pd.DataFrame([{"source": "web", "split": "train", **shard_facts(path)}])
+
+
+def test_boundary_suite_passes_a_good_shard(tmp_path, tok):
+    from infra.expectations import check_shards
+
+    tokens, offsets = encode_documents(tok, DOCS)
+    write_shard(tmp_path / "s", tokens, vocab_size=tok.get_vocab_size(), eos_id=eos_id(tok),
+                tokenizer_hash=tokenizer_hash(tok), n_bytes=text_bytes(DOCS), doc_offsets=offsets)
+    assert check_shards(_suite_frame(tmp_path / "s"), tok.get_vocab_size()).success
+
+
+def test_boundary_suite_catches_an_id_beyond_the_vocab_and_a_short_file(tmp_path):
+    from infra.expectations import check_shards
+
+    _write(tmp_path / "s", [5, 9, 0], vocab_size=10)
+    raw = np.fromfile(tmp_path / "s.bin", dtype=np.uint16)
+    raw[1] = 12  # corrupted on disk after writing: beyond the vocab
+    raw.tofile(tmp_path / "s.bin")
+    with pytest.raises(DataError, match="expect_column_pair_values_a_to_be_greater_than_b"):
+        check_shards(_suite_frame(tmp_path / "s"), 10)
+    raw[:2].tofile(tmp_path / "s.bin")  # truncated: the header still says 3 tokens
+    with pytest.raises(DataError, match="expect_column_pair_values_to_be_equal"):
+        check_shards(_suite_frame(tmp_path / "s"), 10)
