@@ -5,6 +5,7 @@
     pretrain run configs/demo.toml --refresh cpt       # recompute CPT and everything after it
     pretrain gate declare configs/demo.toml            # declare a new gate explicitly (old record kept)
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
+    pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
 
 Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS_DIR, else ./runs.
 """
@@ -128,6 +129,32 @@ def audit(
     except PretrainError as err:
         _fail(err)
     print_audit(result, console)
+
+
+@app.command()
+def plan(
+    config: Path = typer.Argument(..., help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
+    as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of tables"),
+) -> None:
+    """Pre-launch arithmetic: FLOPs, GPU-hours, memory per device by ZeRO stage, batch, checkpoints, Chinchilla."""
+    from rich.table import Table
+
+    from flows.plan import as_rows, build_plan, load_plan
+
+    try:
+        tables = build_plan(load_plan(config))
+    except PretrainError as err:
+        _fail(err)
+    if as_json:
+        print(json.dumps(as_rows(tables), indent=2))
+        return
+    for table in tables:
+        out = Table(title=table.title, title_justify="left", show_header=False)
+        for column in ("label", "value", "note"):
+            out.add_column(column)
+        for row in table.rows:
+            out.add_row(*map(escape, row))
+        console.print(out)
 
 
 @gate_app.command("declare")

@@ -29,6 +29,7 @@ from tasks.train.optim import build_optimizer
 from tasks.train.config import OptimConfig
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
                                 make_sampler, run_training, seed_everything, StepProgress)
+from models.planning import require_fit
 from tasks.train.sections import MainConfig
 from tasks.tokenizer.config import PackingConfig
 
@@ -37,7 +38,8 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
         packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
     """Train the main model and score it on every source's held-out split.
 
-    Before training, prints a warning for each mixture source the planned run repeats more than ``max_epochs``
+    Before training, refuses a layout whose memory (SPEC §3) exceeds 90% of the detected device's (ConfigError
+    naming the numbers), and prints a warning for each mixture source the planned run repeats more than ``max_epochs``
     times (w·D/U, SPEC §8); the threshold only shapes that message, so it is not part of the stage key.
     """
     seed_everything(ctx.seed, ctx.torch_threads)
@@ -45,6 +47,7 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     choice = load_choice(ctx.inputs["mixture"])
     peak_lr = cfg.peak_lr or load_best(ctx.inputs["sweep"])["best_lr"]
     model_cfg = cfg.model.build(corpus.vocab_size)
+    require_fit(model_cfg, cfg.budget.batch_size)  # refuse before allocating anything (SPEC §3 arithmetic)
     model = build_model(model_cfg, ctx.seed)
     optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
     sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,

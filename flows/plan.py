@@ -1,0 +1,187 @@
+"""``pretrain plan``: the pre-launch arithmetic of a run, before any device is booked (SPEC §1–§5).
+
+A plan file holds one ``[model]`` shape and one or more ``[[runs]]`` (pretraining, CPT, ...) with their tokens,
+devices and layout; an experiment config is planned too, from its ``[main]`` section on the detected device.
+The plan is a list of tables (section, rows of label/value/note) so the CLI can print it and tests can read it.
+
+    pretrain plan configs/plan_case_study.toml
+    pretrain plan configs/demo.toml
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from infra.errors import ConfigError
+from infra.section import Section
+from models.arithmetic import flops_6nd, param_count, training_flops
+from models.config import ModelConfig
+from models.planning import (DEVICE_MEMORY_GB, DEVICE_PEAK_BF16, GB, PLANNING_RATE, Chinchilla, checkpoint_bytes,
+                             elapsed_hours, gpu_hours, memory_fit, pipeline_bubble, rate_at_mfu,
+                             served_token_break_even, tensor_parallel_traffic, tokens_per_param_allocation,
+                             young_interval)
+
+
+class RunPlan(Section):
+    """One run of a plan.
+
+    Fields:
+        name: label ("pretrain", "cpt").
+        tokens: D, training tokens.
+        devices: accelerators in the run.
+        device: a key of ``DEVICE_PEAK_BF16`` (peak and memory come from it).
+        rate: sustained FLOP/s per device for time estimates (SPEC §1 planning rate 4e14).
+        mfu: utilisations at which elapsed days are also shown.
+        zero_stage / micro_batch / grad_accum: the data-parallel layout; global batch = mb × accum × devices.
+        checkpointing: full activation checkpointing.
+        headroom: share of device memory kept free in the fit verdict.
+        pipeline_stages / pipeline_micro_batches: for the bubble (1 stage = no pipeline).
+        save_seconds / mtbf_hours: checkpoint save time δ and mean time between failures M (Young).
+    """
+
+    name: str
+    tokens: float = Field(gt=0)
+    devices: int = Field(gt=0)
+    device: Literal["H100-SXM", "H200", "H100-PCIe", "A100", "L40S"] = "H100-SXM"
+    rate: float = Field(default=PLANNING_RATE, gt=0)
+    mfu: list[float] = [0.3, 0.4, 0.5]
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    micro_batch: int = Field(default=1, gt=0)
+    grad_accum: int = Field(default=1, gt=0)
+    checkpointing: bool = False
+    headroom: float = Field(default=0.0, ge=0.0, lt=1.0)
+    pipeline_stages: int = Field(default=1, gt=0)
+    pipeline_micro_batches: int = Field(default=1, gt=0)
+    save_seconds: float = Field(default=60.0, gt=0)
+    mtbf_hours: float = Field(default=3.09, gt=0)
+
+
+class PlanConfig(Section):
+    """A plan file: the model shape and its runs."""
+
+    model: ModelConfig
+    runs: list[RunPlan] = Field(min_length=1)
+
+
+@dataclass
+class PlanTable:
+    title: str
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def add(self, label: str, value: str, note: str = "") -> None:
+        self.rows.append((label, value, note))
+
+
+def load_plan(path: Path) -> PlanConfig:
+    """A plan file, or the ``[main]`` run of an experiment config on the detected device.
+
+    Raises:
+        ConfigError: unreadable TOML or invalid fields (named with their path).
+    """
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"{path}: {err}") from err
+    if "runs" not in raw and "main" in raw:
+        from flows.config import parse_config
+
+        return _from_experiment(parse_config(raw, origin=str(path)))
+    try:
+        return PlanConfig.model_validate(raw)
+    except ValidationError as err:
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        raise ConfigError(f"{path}: invalid plan ({len(lines)} problem(s)):\n" + "\n".join(lines)) from None
+
+
+def _from_experiment(cfg) -> PlanConfig:
+    main = cfg.main
+    model = main.model.build(-(-cfg.tokenizer.vocab_size // cfg.tokenizer.pad_multiple) * cfg.tokenizer.pad_multiple)
+    tokens = main.budget.steps * main.budget.batch_size * main.model.seq_len
+    return PlanConfig(model=model, runs=[RunPlan(name="main", tokens=tokens, devices=1, zero_stage=0,
+                                                 micro_batch=main.budget.batch_size)])
+
+
+def build_plan(plan: PlanConfig) -> list[PlanTable]:
+    """The tables of a plan: shape, then per run compute/time, memory, parallelism and recovery, then Chinchilla."""
+    cfg = plan.model
+    counts = param_count(cfg)
+    shape = PlanTable("Model")
+    shape.add("parameters", f"{counts.total:,}", "SPEC §2 closed form")
+    shape.add("blocks", f"{counts.blocks:,}")
+    shape.add("embedding", f"{counts.embedding:,}", "untied: input + output" if not cfg.tied_embeddings else "tied")
+    tables = [shape]
+    for run in plan.runs:
+        tables += _run_tables(cfg, run)
+    tables.append(_chinchilla(cfg, plan.runs[0].tokens))
+    return tables
+
+
+def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
+    n = param_count(cfg).total
+    flops, c6 = training_flops(cfg, run.tokens), flops_6nd(cfg, run.tokens)
+    compute = PlanTable(f"{run.name}: compute and time ({run.tokens:.3g} tokens, {run.devices} × {run.device})")
+    compute.add("training FLOPs", f"{flops:.4g}", "(6·N_matmul + 6·L·d·T)·D, SPEC §1")
+    compute.add("6ND shortcut", f"{c6:.4g}", f"{(c6 / flops - 1):+.1%} (scaling-law convention)")
+    compute.add("GPU-hours", f"{gpu_hours(flops, run.rate):,.1f}", f"at {run.rate:.3g} FLOP/s per device")
+    hours = elapsed_hours(flops, run.devices, run.rate)
+    compute.add("elapsed", f"{hours:,.2f} h = {hours / 24:.2f} days")
+    peak = DEVICE_PEAK_BF16[run.device]
+    for mfu in run.mfu:
+        days = elapsed_hours(flops, run.devices, rate_at_mfu(mfu, peak)) / 24
+        compute.add(f"elapsed at MFU {mfu:.0%}", f"{days:.1f} days", f"of {peak / 1e12:.0f} TFLOP/s bf16 peak")
+    memory = PlanTable(f"{run.name}: memory per device (ZeRO-{run.zero_stage}, micro-batch {run.micro_batch})")
+    device_gb = DEVICE_MEMORY_GB[run.device]
+    for stage in range(4):
+        fit = memory_fit(cfg, micro_batch=run.micro_batch, device_gb=device_gb, zero_stage=stage, ranks=run.devices,
+                         checkpointing=run.checkpointing, headroom=run.headroom)
+        memory.add(f"model states, ZeRO-{stage}", f"{fit.states / GB:.2f} GB",
+                   "← chosen: " + fit.describe() if stage == run.zero_stage else "")
+    other = memory_fit(cfg, micro_batch=run.micro_batch, device_gb=device_gb, zero_stage=run.zero_stage,
+                       ranks=run.devices, checkpointing=not run.checkpointing, headroom=run.headroom)
+    memory.add("without checkpointing instead" if run.checkpointing else "with full checkpointing instead",
+               f"{other.total / GB:.2f} GB", other.describe())
+    parallel = PlanTable(f"{run.name}: parallelism and recovery")
+    parallel.add("global batch", f"{run.micro_batch * run.grad_accum * run.devices:,} sequences",
+                 f"{run.micro_batch} × {run.grad_accum} × {run.devices} (micro-batch × accumulation × DP)")
+    if run.pipeline_stages > 1:
+        parallel.add("pipeline bubble", f"{pipeline_bubble(run.pipeline_stages, run.pipeline_micro_batches):.1%}",
+                     f"p = {run.pipeline_stages}, m = {run.pipeline_micro_batches}")
+    each, per_step = tensor_parallel_traffic(cfg, run.micro_batch)
+    parallel.add("TP all-reduce", f"{each:,.0f} B each, {per_step / GB:.2f} GB/step",
+                 f"{per_step / 450e9 * 1e3:.1f} ms at 450 GB/s, {per_step / 50e9 * 1e3:.0f} ms at 50 GB/s")
+    tau, overhead = young_interval(run.save_seconds, run.mtbf_hours * 3600)
+    parallel.add("checkpoint interval", f"{tau / 60:.1f} min", f"Young, δ = {run.save_seconds:g} s, "
+                 f"M = {run.mtbf_hours:g} h: overhead {overhead:.1%}")
+    states, with_weights = checkpoint_bytes(n)
+    parallel.add("checkpoint size", f"{states / GB:.1f} GB (+ bf16 weights {with_weights / GB:.1f} GB)",
+                 f"{states / 2e9:.0f}–{with_weights / 2e9:.0f} s at 2 GB/s")
+    return [compute, memory, parallel]
+
+
+def _chinchilla(cfg: ModelConfig, tokens: float) -> PlanTable:
+    law, n = Chinchilla(), param_count(cfg).total
+    c6 = 6.0 * n * tokens
+    table = PlanTable("Chinchilla allocation (L = 1.69 + 406.4/N^0.34 + 410.7/D^0.28, C6 = 6ND)")
+    loss = law.loss(n, tokens)
+    table.add("this run", f"N {n / 1e9:.3f}B, D {tokens / 1e12:.3f}T", f"loss {loss:.6f}")
+    n_opt, d_opt = law.optimum(c6)
+    table.add("same-compute optimum", f"N {n_opt / 1e9:.3f}B, D {d_opt / 1e12:.3f}T",
+              f"loss {law.loss(n_opt, d_opt):.6f}")
+    n20, d20 = tokens_per_param_allocation(c6)
+    table.add("20 tokens/param", f"N {n20 / 1e9:.3f}B, D {d20 / 1e12:.3f}T", f"loss {law.loss(n20, d20):.6f}")
+    n_eq, d_eq = law.equal_loss_optimum(loss)
+    table.add("equal-loss optimum", f"N {n_eq / 1e9:.3f}B, D {d_eq / 1e12:.3f}T", f"C6 {6 * n_eq * d_eq:.4g}")
+    breakeven = served_token_break_even(n, tokens, n_eq, d_eq)
+    table.add("served-token break-even", f"{breakeven:.4g} tokens" if breakeven > 0 else "never",
+              "extra training FLOPs ÷ serving FLOPs saved (2N per token)")
+    return table
+
+
+def as_rows(tables: list[PlanTable]) -> list[dict[str, Any]]:
+    """Flat rows (section, label, value, note), e.g. for JSON output."""
+    return [dict(section=t.title, label=label, value=value, note=note) for t in tables for label, value, note in t.rows]
