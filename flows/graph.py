@@ -99,14 +99,9 @@ def _check_corpus(out: Path, cfg: ExperimentConfig) -> None:
     check_ledger(rows.assign(removed=[int(removed.get(s, 0)) for s in rows["source"]]), removals)
 
 
-def _seq_lens(cfg: ExperimentConfig) -> list[int]:
-    """Row lengths of the experiment's models, for the tokenizer stage's packing report."""
-    return sorted({cfg.proxy.model.seq_len, cfg.main.model.seq_len})
-
-
 def _run_tokenizer(ctx, cfg):
     from tasks.tokenizer.stage import run
-    return run(ctx, cfg.tokenizer, seq_lens=_seq_lens(cfg))
+    return run(ctx, cfg.tokenizer)
 
 
 def _check_tokenizer(out: Path, cfg: ExperimentConfig) -> None:
@@ -161,8 +156,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("corpus", ("sources",), ("tasks.corpus", "infra.expectations"),
              _corpus_key, _run_corpus, _check_corpus),
     StageDef("tokenizer", ("corpus",), ("tasks.tokenizer",),
-             lambda c: {"tokenizer": c.tokenizer.model_dump(), "seq_lens": _seq_lens(c)}, _run_tokenizer,
-             _check_tokenizer),
+             lambda c: {"tokenizer": c.tokenizer.model_dump()}, _run_tokenizer, _check_tokenizer),
     StageDef("mixture", ("tokenizer",), ("tasks.mixture", "tasks.train", "models", "evals.heldout"),
              lambda c: {"mixture": c.mixture.model_dump(exclude={"max_epochs"}), "proxy": c.proxy.model_dump(),
                         "packing": c.packing.model_dump(), "seed": c.seed}, _run_mixture),
@@ -170,7 +164,8 @@ STAGES: tuple[StageDef, ...] = (
              lambda c: {"sweep": c.sweep.model_dump(), "proxy": c.proxy.model_dump(), "packing": c.packing.model_dump(),
                         "seed": c.seed}, _run_sweep),
     StageDef("main", ("tokenizer", "mixture", "sweep"), ("tasks.train", "models", "evals.heldout"),
-             lambda c: {"main": c.main.model_dump(exclude={"log_every", "checkpoint_every"}),
+             lambda c: {"main": c.main.model_dump(exclude={"log_every": True, "checkpoint_every": True,
+                                                          "stability": {"instrument_every"}}),
                         "packing": c.packing.model_dump(), "seed": c.seed},
              _run_main, _check_main),
     StageDef("cpt", ("tokenizer", "mixture", "main"), ("tasks.cpt", "tasks.train", "models", "evals"),

@@ -77,7 +77,7 @@ def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> Non
         env.warehouse.replace("removals", pd.read_parquet(artifact.path / "removals.parquet"), artifact.key)
     report = pd.read_parquet(artifact.path / "report.parquet")
     env.warehouse.replace("tokenizer_report", report, artifact.key)
-    optional = {"fragmentation.parquet": "tokenizer_fragmentation", "packing.parquet": "packing_report"}
+    optional = {"fragmentation.parquet": "tokenizer_fragmentation"}
     for name, table in optional.items():  # absent in artifacts written before these reports existed
         if (artifact.path / name).exists():
             env.warehouse.replace(table, pd.read_parquet(artifact.path / name), artifact.key)
@@ -95,25 +95,27 @@ def _tokenizer(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> Non
 
 
 def _log_tokenizer_metrics(env: "Env", run_id: str, path: Path, report: pd.DataFrame) -> None:
-    """Held-out chars/token and tokens/word per language and source, the fit sample's weights, the tokens per domain
-    term, and the share of documents each packing policy cuts, as MLflow metrics and params."""
+    """Held-out chars/token and tokens/word per language and source (tokens per non-space character where the
+    word unit is the character), the fit sample's weights and characters drawn per source, and the tokens per
+    domain term, as MLflow metrics and params."""
     metrics = {}
     for r in (report[report["split"] == "heldout"] if "split" in report else report).itertuples():
         metrics[f"chars_per_token.{r.group_by}.{r.group}"] = r.chars_per_token
-        metrics[f"tokens_per_{r.word_unit}.{r.group_by}.{r.group}"] = r.tokens_per_word
+        unit = "nonspace_char" if r.word_unit == "char" else r.word_unit
+        metrics[f"tokens_per_{unit}.{r.group_by}.{r.group}"] = r.tokens_per_word
     if (path / "fragmentation.parquet").exists():
         for r in pd.read_parquet(path / "fragmentation.parquet").itertuples():
             metrics[f"tokens_per_term.{r.term}"] = r.n_tokens
-    if (path / "packing.parquet").exists():
-        packing = pd.read_parquet(path / "packing.parquet")
-        totals = packing.groupby(["policy", "seq_len"])[["docs_cut", "n_docs"]].sum()
-        for (policy, seq_len), r in totals.iterrows():
-            metrics[f"docs_cut_share.{policy}.T{seq_len}"] = r.docs_cut / max(r.n_docs, 1)
+    _log_named_metrics(env, run_id, metrics)
+    meta = json.loads((path / "tokenizer.meta.json").read_text())
+    env.tracker.log_params(run_id, {**{f"fit_weight.{s}": round(w, 6) for s, w in meta.get("fit_weights", {}).items()},
+                                    **{f"fit_sample_chars.{s}": n for s, n in meta.get("fit_sample_chars", {}).items()}})
+
+
+def _log_named_metrics(env: "Env", run_id: str, metrics: dict) -> None:
     # MLflow names allow word characters, '.', '-', '/', ' ' and ':' only; terms like "C++" are made to fit.
     env.tracker.log_metrics(run_id, {re.sub(r"[^\w.\-/ :]", "_", k): float(v) for k, v in metrics.items()
                                      if pd.notna(v)}, step=0)
-    meta = json.loads((path / "tokenizer.meta.json").read_text())
-    env.tracker.log_params(run_id, {f"fit_weight.{s}": round(w, 6) for s, w in meta.get("fit_weights", {}).items()})
 
 
 def _mixture(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
@@ -137,7 +139,17 @@ def _main(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     warnings = epoch_warnings(main_epochs, env.cfg.mixture.max_epochs)
     if warnings:
         env.tracker.set_tags(run_id, {"epoch_warnings": " | ".join(warnings)})
-    _log_files(env, run_id, cached, artifact, "run.json", "heldout.parquet")
+    if (artifact.path / "events.parquet").exists():
+        env.warehouse.replace("train_events", pd.read_parquet(artifact.path / "events.parquet").assign(
+            run_id=artifact.meta.get("mlflow_run_id", run_id)), artifact.key)
+    if (artifact.path / "packing.parquet").exists():
+        packing = pd.read_parquet(artifact.path / "packing.parquet")
+        env.warehouse.replace("packing_report", packing, artifact.key)
+        totals = packing.groupby(["policy", "seq_len"])[["docs_cut", "n_docs"]].sum()
+        _log_named_metrics(env, run_id, {f"docs_cut_share.{policy}.T{seq_len}": r.docs_cut / max(r.n_docs, 1)
+                                         for (policy, seq_len), r in totals.iterrows()})
+    _log_files(env, run_id, cached, artifact, "run.json", "heldout.parquet",
+               *[name for name in ("packing.parquet", "events.parquet") if (artifact.path / name).exists()])
 
 
 def _cpt(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:

@@ -81,11 +81,12 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         for warning in info["warnings"]:
             console.print(f"  [yellow]warning:[/] {warning}")
     report = pd.read_parquet(paths["tokenizer"] / "report.parquet")
-    lang = report[report["group_by"] == "language"][["group", "n_docs", "n_tokens", "chars_per_token",
-                                                      "tokens_per_word", "word_unit"]]
+    heldout = report["split"] == "heldout" if "split" in report else True  # text the tokenizer never saw
+    lang = report[(report["group_by"] == "language") & heldout][["group", "n_docs", "n_tokens", "chars_per_token",
+                                                                  "tokens_per_word", "word_unit"]]
     meta = json.loads((paths["tokenizer"] / "tokenizer.meta.json").read_text())
     console.print(_table(f"Tokenizer (vocab {meta['vocab_size']:,}, padded {meta['padded_vocab_size']:,}) "
-                         "per language", lang))
+                         "per language, held-out split", lang))
     choice = json.loads((paths["mixture"] / "choice.json").read_text())
     weights = ", ".join(f"{k} {v:.3f}" for k, v in choice["weights"].items())
     console.print(f"[bold]Mixture:[/] {choice['name']} ({weights})\n  rule: {choice['rule']}")
@@ -120,6 +121,6 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     console.rule("where to look next")
     console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
     console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "
-                  "decontamination, tokenizer_report, heldout_loss, cloze_results, mixture_trials, sweep_trials, "
-                  "gates, gate_decisions, stage_runs)")
+                  "decontamination, audit_crosstab, tokenizer_report, tokenizer_fragmentation, packing_report, "
+                  "heldout_loss, cloze_results, mixture_trials, sweep_trials, gates, gate_decisions, stage_runs)")
     console.print(f"Artifacts:   {layout.artifacts}")

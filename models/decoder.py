@@ -68,6 +68,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # Instrument (SPEC §6, Lab 3): when set, forward also records the largest |q·k|/√d_h over causal pairs.
+        self.probe_logits, self.max_logit = False, 0.0
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -80,12 +82,24 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, n, T, d_h)
+        if self.probe_logits:
+            self._record_max_logit(q, k, mask)
         gqa = self.n_kv_heads != self.n_heads
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, n_h·d_h) → (B, T, d)
+
+
+    @torch.no_grad()
+    def _record_max_logit(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """max |q·k|/√d_h over the pairs the layer may attend (q (B, n_h, T, d_h), k (B, n_kv, T, d_h))."""
+        k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        scores = (q.float() @ k.float().transpose(-1, -2)).abs() / math.sqrt(self.head_dim)  # (B, n_h, T, T)
+        T = q.shape[2]
+        allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril() if mask is None else mask
+        self.max_logit = max(self.max_logit, float(scores.masked_fill(~allowed, 0.0).max()))
 
 
 class SwiGLU(nn.Module):

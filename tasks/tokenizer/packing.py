@@ -93,7 +93,12 @@ def plan_rows(doc_offsets: np.ndarray, n_tokens: int, seq_len: int, policy: str)
         raise ConfigError(f"packing policy {policy!r} is unknown; use one of {POLICIES}")
     if seq_len < 1:
         raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
-    offsets = np.asarray(doc_offsets, dtype=np.int64)
+    raw = np.asarray(doc_offsets)
+    if raw.ndim != 1 or (len(raw) and not np.issubdtype(raw.dtype, np.integer)):
+        raise DataError(f"document offsets must be a 1-D integer array (n_docs,), got {raw.dtype} {raw.shape}")
+    offsets = raw.astype(np.int64)
+    if not len(offsets) and n_tokens:
+        raise DataError(f"{n_tokens:,} tokens but no document offsets: every token must belong to a document")
     if len(offsets) and (offsets[0] != 0 or np.any(np.diff(offsets) <= 0) or offsets[-1] >= n_tokens):
         raise DataError(f"document offsets must rise strictly from 0 below n_tokens = {n_tokens:,}")
     lengths = np.diff(np.append(offsets, n_tokens))

@@ -39,13 +39,16 @@ def tokenizer_report(tok: Tokenizer, docs: pd.DataFrame, *, by: str) -> pd.DataF
 
 
 def fragmentation(tok: Tokenizer, terms: list[str]) -> pd.DataFrame:
-    """How each term splits: columns term, n_tokens, pieces (list of decoded token strings; a piece holding part of a
-    multi-byte character shows as U+FFFD)."""
+    """How each term splits: columns term, n_tokens, pieces (list of the text of each token; bytes that are only part
+    of a multi-byte character are shown escaped, e.g. ``\\xe8\\xbd``, so a split inside a Chinese character is
+    visible)."""
+    from tasks.tokenizer.fit import token_bytes
+
     plain = _plain(tok)
     rows = []
     for term in terms:
         ids = plain.encode(term, add_special_tokens=False).ids
-        pieces = [plain.decode([i], skip_special_tokens=False) for i in ids]
+        pieces = [token_bytes(plain.id_to_token(i)).decode("utf-8", errors="backslashreplace") for i in ids]
         rows.append(dict(term=term, n_tokens=len(ids), pieces=pieces))
     return pd.DataFrame(rows, columns=["term", "n_tokens", "pieces"])
 

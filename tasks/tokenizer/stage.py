@@ -34,11 +34,11 @@ from tasks.tokenizer.split import assign_splits
 from tasks.train.data import TokenStream
 
 
-def run(ctx: StageContext, cfg: TokenizerConfig, *, seq_lens: Sequence[int] = ()) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
     """Split → fit on a mixture-weighted sample of train only → pack every (source, split) → report.
 
-    ``seq_lens``: the row lengths of the experiment's models; ``packing.parquet`` reports, for each and for both
-    packing policies, the share of training documents cut and the padding share. Returns vocab and token counts.
+    Returns vocab and token counts. (How the shards are cut into rows depends on each model's row length, so the
+    packing report is written by the training stages, see :func:`packing_report`.)
 
     Raises:
         ConfigError: ``fit_weights`` names a source with no training documents.
@@ -68,12 +68,9 @@ def run(ctx: StageContext, cfg: TokenizerConfig, *, seq_lens: Sequence[int] = ()
                         for split, part in kept.groupby("split", sort=True) for by in ("language", "source")])
     report.to_parquet(ctx.out / "report.parquet", index=False)
     fragmentation(tok, cfg.domain_terms).to_parquet(ctx.out / "fragmentation.parquet", index=False)
-    packing = packing_report(ctx.out, headers, seq_lens)
-    packing.to_parquet(ctx.out / "packing.parquet", index=False)
     return {**{k: v for k, v in meta.items() if k not in ("fit_sample_chars", "fit_weights")},
             "decontaminated_train_docs": len(removals),
-            "tokens": {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()},
-            "docs_cut_share": {f"{r.policy}@{r.seq_len}": float(r.cut_share) for r in _overall(packing).itertuples()}}
+            "tokens": {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}}
 
 
 def fit_weights(cfg: TokenizerConfig, train_chars: dict[str, int]) -> dict[str, float]:
@@ -94,12 +91,12 @@ def fit_weights(cfg: TokenizerConfig, train_chars: dict[str, int]) -> dict[str, 
     return {s: w / total for s, w in sorted(cfg.fit_weights.items()) if w > 0}
 
 
-def packing_report(out: Path, headers: pd.DataFrame, seq_lens: Sequence[int]) -> pd.DataFrame:
-    """Per training shard, model row length and policy: rows, documents, documents cut, cut share, padding share
-    and tokens dropped (:mod:`tasks.tokenizer.packing`)."""
+def packing_report(corpus: "TokenizedCorpus", seq_lens: Sequence[int]) -> pd.DataFrame:
+    """Per training shard, row length and policy: rows, documents, documents cut, cut share, padding share and
+    tokens dropped (:mod:`tasks.tokenizer.packing`), for every packing policy, so the choice is made on figures."""
     rows = []
-    for source in headers.loc[headers["split"] == "train", "source"]:
-        shard = read_shard(out / "shards" / source / "train")
+    for source in corpus.headers.loc[corpus.headers["split"] == "train", "source"]:
+        shard = corpus.stream(source, "train")
         for seq_len in sorted(set(seq_lens)):
             for policy in POLICIES:
                 plan = plan_rows(shard.doc_offsets, len(shard.tokens), seq_len, policy)
@@ -111,14 +108,6 @@ def packing_report(out: Path, headers: pd.DataFrame, seq_lens: Sequence[int]) ->
 
 PACKING_COLUMNS = ["source", "seq_len", "policy", "n_rows", "n_docs", "docs_cut", "cut_share", "padding_share",
                    "tokens_dropped"]
-
-
-def _overall(packing: pd.DataFrame) -> pd.DataFrame:
-    """Share of documents cut over all sources, per policy and row length."""
-    if not len(packing):
-        return pd.DataFrame(columns=["policy", "seq_len", "cut_share"])
-    total = packing.groupby(["policy", "seq_len"], as_index=False)[["docs_cut", "n_docs"]].sum()
-    return total.assign(cut_share=total["docs_cut"] / total["n_docs"].clip(lower=1))
 
 
 def _pack(ctx: StageContext, tok: Tokenizer, kept: pd.DataFrame, meta: dict) -> pd.DataFrame:

@@ -21,6 +21,8 @@ class OptimConfig(Section):
         warmup_steps: linear warmup length in optimiser steps, ≥ 0.
         min_lr_ratio: cosine floor as a fraction of peak_lr, in [0, 1] (0.1).
         grad_clip: global gradient-norm threshold, > 0 (1.0).
+        z_loss: coefficient of the z-loss term mean((log Z)²), ≥ 0 (SPEC §6 suggests 1e-4; 0 = off).
+        micro_batches: gradient-accumulation slices per optimiser step, ≥ 1; the batch must divide evenly.
 
     Raises:
         ConfigError: naming the field and the valid range.
@@ -34,6 +36,8 @@ class OptimConfig(Section):
     warmup_steps: int
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
+    z_loss: float = 0.0
+    micro_batches: int = 1
 
     @model_validator(mode="after")
     def _check(self) -> "OptimConfig":
@@ -52,4 +56,8 @@ class OptimConfig(Section):
             raise ConfigError(f"optim.min_lr_ratio = {self.min_lr_ratio}: must be in [0, 1]")
         if not self.grad_clip > 0:
             raise ConfigError(f"optim.grad_clip = {self.grad_clip}: must be > 0 (clipping at 1.0 is the default)")
+        if not (math.isfinite(self.z_loss) and self.z_loss >= 0):
+            raise ConfigError(f"optim.z_loss = {self.z_loss}: must be ≥ 0 (SPEC §6: 1e-4)")
+        if self.micro_batches < 1:
+            raise ConfigError(f"optim.micro_batches = {self.micro_batches}: must be ≥ 1")
         return self

@@ -177,6 +177,7 @@ class MixtureSampler:
             "seed": self.seed,
             "packing": self.packing,
             "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
             "batches_drawn": self.batches_drawn,
             "weights": dict(self.weights),
             "carry": dict(self._carry),
@@ -189,8 +190,8 @@ class MixtureSampler:
         """Restore a position saved by ``state_dict``; the next batches equal the uninterrupted run's.
 
         Raises:
-            DataError: the state was saved by another loader version, with different sources, weights, packing
-                or seq_len, or over shards with a different number of rows.
+            DataError: the state was saved by another loader version, with different sources, weights, packing,
+                seq_len or batch_size, or over shards with a different number of rows.
 
         The saved seed replaces this loader's: it names the row orders the checkpointed run was reading.
         """
@@ -203,7 +204,7 @@ class MixtureSampler:
                 f"sampler state has weights {state['weights']} but this sampler has {self.weights}; "
                 "resume with the mixture the checkpoint was trained on"
             )
-        for field in ("packing", "seq_len"):
+        for field in ("packing", "seq_len", "batch_size"):
             if state[field] != getattr(self, field):
                 raise DataError(f"loader state has {field} = {state[field]!r}, this loader {getattr(self, field)!r}")
         for s, pos in state["position"].items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,7 +26,9 @@ from torch import nn
 
 from infra.errors import DataError
 from tasks.train.config import OptimConfig
+from models.arithmetic import flops_per_token
 from tasks.train.data import IGNORE_INDEX
+from tasks.train.instruments import device_peak_flops, peak_memory_mb
 from tasks.train.optim import build_optimizer
 from tasks.train.schedule import lr_at
 
@@ -65,6 +68,7 @@ class TrainResult:
     state: TrainState
     metrics: list[dict] = field(default_factory=list)
     optimizer: torch.optim.Optimizer | None = None
+    events: list[dict] = field(default_factory=list)
 
 
 def seed_everything(seed: int) -> None:
@@ -88,56 +92,141 @@ def _due(step: int, every: int, start: int, total: int) -> bool:
     return step == total or (every > 0 and step % every == 0)
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple, *, lr: float, grad_clip: float,
-               accelerator: Accelerator, step: int) -> dict:
-    """Optimiser step number ``step`` on a :class:`~tasks.train.data.Batch`; returns loss_nats, per-source loss,
-    grad_norm_preclip, clipped and n_targets.
+@dataclass
+class SpikeRule:
+    """Loss-spike detector (SPEC §6, after PaLM): a step's loss is a spike when it is not finite, or when at least
+    ``min_history`` earlier losses exist and it exceeds ``factor`` × the median of the last ``window`` of them.
 
-    loss = Σ token cross-entropy / number of real target tokens (nats per predicted token; padding targets,
-    ``IGNORE_INDEX``, count in neither sum), computed in fp32. With ``batch.doc_ids`` the model masks attention
-    across documents.
+    ``policy`` says what the loop does with a spike: ``warn`` (record it and take the step; a non-finite loss is
+    never applied, so it is skipped), ``skip`` (drop the step's update, keep going on the next batch) or ``rewind``
+    (reload the last good checkpoint through the loop's ``rewind`` hook, keep the loader where it is so the
+    offending data window is skipped, multiply the LR by ``lr_factor``, continue). Without a checkpoint to go back
+    to, a rewind degrades to a skip (recorded as such).
+    """
+
+    window: int = 50
+    factor: float = 2.0
+    min_history: int = 10
+    policy: str = "rewind"
+    lr_factor: float = 1.0
+    max_consecutive: int = 5  # this many events in a row means the weights themselves are broken: stop
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("warn", "skip", "rewind"):
+            raise ValueError(f"spike policy {self.policy!r}: use warn, skip or rewind")
+
+    def check(self, history: Sequence[float], loss: float) -> tuple[bool, float]:
+        """(is_spike, median of the window) for ``loss`` given earlier losses (oldest first)."""
+        recent = list(history)[-self.window:]
+        median = float(np.median(recent)) if recent else float("nan")
+        if not np.isfinite(loss):
+            return True, median
+        return len(recent) >= self.min_history and loss > self.factor * median, median
+
+
+def forward_backward(model: nn.Module, batch: tuple, *, accelerator: Accelerator, micro_batches: int = 1,
+                     z_loss: float = 0.0) -> dict:
+    """Forward and backward over one optimiser step's batch in ``micro_batches`` equal slices of rows.
+
+    Normalisation: every micro-batch's summed token cross-entropy is divided by the number of real target tokens
+    of the whole step, counted over all micro-batches and all ranks (ignored padding targets count in neither sum),
+    so the gradient equals that of the full batch in one pass whatever the split (not a mean of per-micro-batch
+    means, which overweights short micro-batches). z-loss (SPEC §6): ``z_loss`` · mean over real tokens of
+    (log Z)², log Z = logsumexp of the logits, in fp32, added to the objective and reported separately.
+
+    Returns loss_nats, z_loss, mean_log_z, per-source loss_nats/<source>, n_targets and ``finite``; when a
+    micro-batch's loss is not finite nothing more is back-propagated and ``finite`` is False (gradients must then
+    be discarded by the caller).
 
     Raises:
-        DataError: the loss is not finite; raised before backward, so weights and moments stay untouched.
+        DataError: the batch's rows do not split into ``micro_batches`` equal slices.
     """
     x, y, sources, doc_ids = batch
-    x, y = x.to(accelerator.device), y.to(accelerator.device)
+    rows = x.shape[0]
+    if rows % micro_batches:
+        raise DataError(f"batch of {rows} rows does not split into {micro_batches} micro-batches; make batch_size a "
+                        "multiple of micro_batches")
+    real = (y != IGNORE_INDEX)
+    n_local = int(real.sum())
+    n_global = n_local
+    if accelerator.num_processes > 1:  # every rank normalises by the same global count
+        n_global = int(accelerator.reduce(torch.tensor(n_local, device=accelerator.device), reduction="sum"))
+    # DDP averages gradients over ranks; multiplying by the world size turns that average back into the sum.
+    scale = accelerator.num_processes / max(n_global, 1)
+    size = rows // micro_batches
+    sum_nats, sum_z, sum_log_z = 0.0, 0.0, 0.0
+    row_nats = torch.zeros(rows)
+    finite = True
+    for lo in range(0, rows, size):
+        xs, ys = x[lo:lo + size].to(accelerator.device), y[lo:lo + size].to(accelerator.device)
+        ds = None if doc_ids is None else doc_ids[lo:lo + size].to(accelerator.device)
+        with accelerator.autocast():
+            logits = model(xs) if ds is None else model(xs, ds)  # (b, T, V)
+        logits = logits.float()
+        nats = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="none",
+                               ignore_index=IGNORE_INDEX).view_as(ys)  # (b, T), 0 at ignored targets
+        mask = (ys != IGNORE_INDEX).float()
+        log_z = torch.logsumexp(logits, dim=-1)  # (b, T)
+        z_term = (log_z.square() * mask).sum()
+        objective = (nats.sum() + z_loss * z_term) * scale
+        if not torch.isfinite(objective):
+            finite = False
+            sum_nats = float("nan")
+            break
+        accelerator.backward(objective)
+        sum_nats += float(nats.detach().sum())
+        sum_z += float(z_term.detach())
+        sum_log_z += float((log_z.detach() * mask).sum())
+        row_nats[lo:lo + size] = nats.detach().sum(dim=1).cpu()
+    row_targets = real.sum(dim=1)
+    per_source = {}
+    if finite:
+        for source in sorted(set(sources)):
+            idx = [i for i, s in enumerate(sources) if s == source]
+            per_source[f"loss_nats/{source}"] = float(row_nats[idx].sum()) / max(int(row_targets[idx].sum()), 1)
+    n = max(n_local, 1)
+    return {"loss_nats": sum_nats / n, "z_loss": z_loss * sum_z / n, "mean_log_z": sum_log_z / n,
+            "n_targets": n_local, "finite": finite, **per_source}
+
+
+def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer, *, lr: float, grad_clip: float,
+                 accelerator: Accelerator, measure_update: bool = False) -> dict:
+    """Clip the global gradient norm at ``grad_clip`` and take the AdamW step at ``lr``; returns grad_norm_preclip,
+    clipped and (when ``measure_update``) update_weight_ratio = ‖Δθ‖ / ‖θ‖ over all parameters."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    with accelerator.autocast():
-        logits = model(x) if doc_ids is None else model(x, doc_ids.to(accelerator.device))  # (B, T, V)
-    token_nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none",
-                                 ignore_index=IGNORE_INDEX).view_as(y)  # (B, T), 0 at ignored targets
-    real = (y != IGNORE_INDEX)  # (B, T)
-    n_targets = int(real.sum())
-    loss = token_nats.sum() / max(n_targets, 1)
-    if not torch.isfinite(loss):
-        raise DataError(f"non-finite loss {float(loss.detach())} at step {step}; "
-                        "rewind to the last checkpoint and skip this batch (SPEC §6)")
-    accelerator.backward(loss)
     grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), grad_clip))
+    before = [p.detach().clone() for p in model.parameters()] if measure_update else None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    row_nats, row_targets = token_nats.detach().sum(dim=1).cpu(), real.sum(dim=1).cpu()  # (B,), (B,)
-    per_source = {}
-    for source in sorted(set(sources)):
-        rows = [i for i, s in enumerate(sources) if s == source]
-        per_source[f"loss_nats/{source}"] = float(row_nats[rows].sum()) / max(int(row_targets[rows].sum()), 1)
-    return {"loss_nats": float(loss.detach()), "grad_norm_preclip": grad_norm, "clipped": int(grad_norm > grad_clip),
-            "n_targets": n_targets, **per_source}
+    out = {"grad_norm_preclip": grad_norm, "clipped": int(grad_norm > grad_clip)}
+    if before is not None:
+        with torch.no_grad():
+            delta = torch.sqrt(sum(((p - b).float().square().sum() for p, b in zip(model.parameters(), before)),
+                                   torch.tensor(0.0)))
+            weight = torch.sqrt(sum((b.float().square().sum() for b in before), torch.tensor(0.0)))
+        out["update_weight_ratio"] = float(delta / weight.clamp_min(1e-12))
+    return out
 
 
 def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps: int, eval_every: int = 0,
           callbacks: Sequence[Any] = (), state: TrainState | None = None, optimizer: torch.optim.Optimizer | None = None,
-          accelerator: Accelerator | None = None, seed: int = 0, checkpoint_every: int = 0) -> TrainResult:
+          accelerator: Accelerator | None = None, seed: int = 0, checkpoint_every: int = 0,
+          spike: SpikeRule | None = None, rewind: Any = None, instrument_every: int = 0) -> TrainResult:
     """Train ``model`` on ``sampler.next_batch()`` until ``total_steps`` optimiser steps (warmup-cosine LR, SPEC §6).
 
     A fresh run (``state`` None) seeds python/numpy/torch with ``seed``; a resumed run passes the restored
     ``state`` and ``optimizer`` (RNG and sampler already restored from the checkpoint). Without an
     ``accelerator`` one is made: CPU when no GPU is visible, else bf16 autocast on the GPU.
 
+    ``spike``: detect loss spikes and non-finite losses and apply its policy; every event goes to callbacks'
+    ``on_event(state, event)`` and ``TrainResult.events``. ``rewind()``: reloads the last good checkpoint into
+    ``model``/``optimizer`` and returns its TrainState (None when there is none). ``instrument_every``: every N
+    steps also measure the update/weight norm ratio and the max |attention logit| (a probe; the output is
+    unchanged).
+
     Raises:
-        DataError: the loss is not finite at some step (the message names the step).
+        DataError: the loss is not finite and no spike rule is given (the message names the step).
         Whatever a callback raises (e.g. ``optuna.TrialPruned``) propagates unchanged.
     """
     if state is None:
@@ -149,6 +238,11 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
     model.to(accelerator.device).train()
     optimizer = build_optimizer(model, optim_cfg) if optimizer is None else optimizer
     result, start = TrainResult(state=state, optimizer=optimizer), state.step
+    history: list[float] = []
+    lr_scale, consecutive = 1.0, 0
+    # Utilisation reference, once per run: the device's bf16 peak (MFU) or a measured matmul rate (CPU proxy).
+    reference = device_peak_flops(accelerator.device) if instrument_every > 0 else None
+    flops_per_tok = flops_per_token(model.cfg) if hasattr(model, "cfg") else None
     while True:
         if _due(state.step, eval_every, start, total_steps):
             _fire(callbacks, "on_eval", state, model)
@@ -156,18 +250,81 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
             _fire(callbacks, "on_checkpoint", state, model, optimizer, sampler)
         if state.step >= total_steps:
             return result
-        lr = lr_at(state.step + 1, peak_lr=optim_cfg.peak_lr, warmup_steps=optim_cfg.warmup_steps,
-                   total_steps=total_steps, min_lr_ratio=optim_cfg.min_lr_ratio)
+        lr = lr_scale * lr_at(state.step + 1, peak_lr=optim_cfg.peak_lr, warmup_steps=optim_cfg.warmup_steps,
+                              total_steps=total_steps, min_lr_ratio=optim_cfg.min_lr_ratio)
+        instrument = instrument_every > 0 and (state.step + 1) % instrument_every == 0
         t0, batch = time.perf_counter(), sampler.next_batch()
-        metrics = train_step(model, optimizer, batch, lr=lr, grad_clip=optim_cfg.grad_clip, accelerator=accelerator,
-                             step=state.step + 1)
+        with attention_probe(model, instrument) as probe:
+            metrics = forward_backward(model, batch, accelerator=accelerator, micro_batches=optim_cfg.micro_batches,
+                                       z_loss=optim_cfg.z_loss)
+        is_spike, median = (False, float("nan")) if spike is None else spike.check(history, metrics["loss_nats"])
+        if not metrics["finite"] and spike is None:
+            raise DataError(f"non-finite loss at step {state.step + 1}; rewind to the last checkpoint and skip this "
+                            "batch (SPEC §6), or set a spike policy")
+        if is_spike:
+            action = spike.policy if metrics["finite"] or spike.policy != "warn" else "skip"
+            event = {"step": state.step + 1, "batches_drawn": int(getattr(sampler, "batches_drawn", -1)),
+                     "loss_nats": metrics["loss_nats"], "median": median, "action": action}
+            if action == "rewind":
+                restored = rewind() if rewind is not None else None
+                if restored is None:
+                    event["action"] = "skip (no checkpoint to rewind to)"
+                else:
+                    event["rewound_to"] = restored.step
+                    result.state = state = restored
+                    lr_scale *= spike.lr_factor
+                    history = history[:0]
+            result.events.append(event)
+            _fire(callbacks, "on_event", state, event)
+            consecutive += 1
+            if consecutive >= spike.max_consecutive:
+                raise DataError(f"{consecutive} loss spikes or non-finite losses in a row up to step {event['step']} "
+                                f"(last loss {event['loss_nats']}, median {median:.4g}): the weights or the data are "
+                                "broken beyond what skipping or rewinding fixes")
+            if event["action"] != "warn":
+                optimizer.zero_grad(set_to_none=True)
+                continue
+        consecutive = 0
+        update = apply_update(model, optimizer, lr=lr, grad_clip=optim_cfg.grad_clip, accelerator=accelerator,
+                              measure_update=instrument)
+        history.append(metrics["loss_nats"])
         n_tokens = metrics.pop("n_targets")
+        metrics.pop("finite")
         state.step, state.tokens_seen = state.step + 1, state.tokens_seen + n_tokens
-        state.clipped_steps += metrics["clipped"]
-        metrics.update(step=state.step, lr=lr, clip_fraction=state.clip_fraction, tokens_seen=state.tokens_seen,
-                       tokens_per_s=n_tokens / (time.perf_counter() - t0))
+        state.clipped_steps += update["clipped"]
+        metrics.update(update, step=state.step, lr=lr, clip_fraction=state.clip_fraction,
+                       tokens_seen=state.tokens_seen, tokens_per_s=n_tokens / (time.perf_counter() - t0))
+        if probe.max_logit is not None:
+            metrics["max_attention_logit"] = probe.max_logit
+            metrics["peak_memory_mb"] = peak_memory_mb(accelerator.device)
+            if reference is not None and flops_per_tok is not None:
+                peak, kind = reference
+                metrics[kind] = flops_per_tok * metrics["tokens_per_s"] / peak
         result.metrics.append(metrics)
         _fire(callbacks, "on_step_end", state, metrics)
+
+
+class _Probe:
+    max_logit: float | None = None
+
+
+@contextmanager
+def attention_probe(model: nn.Module, enabled: bool):
+    """While enabled, every attention layer also computes max |q·k|/√d_h of its forward; yields an object whose
+    ``max_logit`` holds the maximum over layers afterwards (None when disabled). Outputs are unchanged."""
+    probe = _Probe()
+    layers = [m for m in model.modules() if hasattr(m, "probe_logits")]
+    if not enabled or not layers:
+        yield probe
+        return
+    for layer in layers:
+        layer.probe_logits, layer.max_logit = True, 0.0
+    try:
+        yield probe
+    finally:
+        for layer in layers:
+            layer.probe_logits = False
+        probe.max_logit = max(float(layer.max_logit) for layer in layers)
 
 
 def demo(steps: int = 20) -> TrainResult:

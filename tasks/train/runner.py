@@ -20,9 +20,9 @@ from tasks.tokenizer.config import PackingConfig
 from tasks.tokenizer.stage import TokenizedCorpus
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
-from tasks.train.loop import Callback, TrainResult, TrainState, train
+from tasks.train.loop import Callback, SpikeRule, TrainResult, TrainState, train
 from tasks.train.loop import seed_everything as seed_generators
-from tasks.train.sections import RunBudget
+from tasks.train.sections import RunBudget, StabilityConfig
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
 
@@ -95,6 +95,25 @@ class MetricsToTracker(Callback):
             self.log({f"{self.prefix}{k}": float(v) for k, v in metrics.items() if _is_number(v)}, state.step)
 
 
+class EventLog(Callback):
+    """Collects loss-spike / non-finite events (step, batches_drawn, loss_nats, median, action, rewound_to) and
+    sends each to the tracker at its step as ``spike_event`` = 1 (the loss itself only when finite)."""
+
+    COLUMNS = ["step", "batches_drawn", "loss_nats", "median", "action", "rewound_to"]
+
+    def __init__(self, log: MetricsFn):
+        self.log, self.events = log, []
+
+    def on_event(self, state: TrainState, event: dict) -> None:
+        self.events.append(event)
+        self.log({"spike_event": 1.0, "spike_loss_nats": float(event["loss_nats"])}, int(event["step"]))
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.events, columns=self.COLUMNS).astype(
+            {"step": "int64", "batches_drawn": "int64", "loss_nats": "float64", "median": "float64",
+             "action": "string", "rewound_to": "float64"})
+
+
 class StepProgress(Callback):
     """Advances a progress bar by one per optimiser step."""
 
@@ -120,12 +139,20 @@ class PeriodicEval(Callback):
 
 def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: float, budget: RunBudget,
                  seed: int, callbacks: Sequence[Callback] = (), min_lr_ratio: float = 0.1,
-                 state: TrainState | None = None, optimizer=None, checkpoint_every: int = 0) -> TrainResult:
-    """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (SPEC §6 settings)."""
-    optim = OptimConfig(peak_lr=peak_lr, warmup_steps=budget.warmup_steps, min_lr_ratio=min_lr_ratio)
+                 state: TrainState | None = None, optimizer=None, checkpoint_every: int = 0,
+                 stability: StabilityConfig | None = None, rewind=None) -> TrainResult:
+    """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (SPEC §6 settings); with ``stability``,
+    its z-loss, accumulation, instruments and spike policy (``rewind`` reloads the last checkpoint)."""
+    st = stability or StabilityConfig(spike_policy="warn", instrument_every=0)
+    optim = OptimConfig(peak_lr=peak_lr, warmup_steps=budget.warmup_steps, min_lr_ratio=min_lr_ratio,
+                        z_loss=st.z_loss, micro_batches=st.micro_batches)
+    spike = None if stability is None else SpikeRule(
+        window=st.spike_window, factor=st.spike_factor, min_history=st.spike_min_history, policy=st.spike_policy,
+        lr_factor=st.rewind_lr_factor, max_consecutive=st.max_consecutive_spikes)
     return train(model, sampler, optim, total_steps=budget.steps, eval_every=budget.eval_every,
                  callbacks=list(callbacks), state=state, optimizer=optimizer, seed=seed,
-                 checkpoint_every=checkpoint_every)
+                 checkpoint_every=checkpoint_every, spike=spike, rewind=rewind,
+                 instrument_every=st.instrument_every)
 
 
 def _is_number(value) -> bool:

@@ -6,6 +6,8 @@ multiple of 64/128, SPEC §8), so ``ModelShape.build(vocab_size)`` makes the ful
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from infra.section import Section
@@ -87,6 +89,31 @@ class ProxyConfig(Section):
     peak_lr: float = Field(default=3e-3, gt=0, description="LR of the mixture proxies (the sweep searches its own)")
 
 
+class StabilityConfig(Section):
+    """Loss terms, gradient accumulation, instruments and the loss-spike policy of the main run (SPEC §6).
+
+    Fields:
+        z_loss: coefficient of mean((log Z)²) added to the loss (SPEC §6: 1e-4; 0 = off).
+        micro_batches: gradient-accumulation slices per step; batch_size must divide evenly.
+        spike_window, spike_factor, spike_min_history: a loss above factor × the median of the previous window
+            losses (once min_history exist) is a spike (SPEC §6: 2.0 × median of 50); a non-finite loss always is.
+        spike_policy: warn (record, apply), skip (drop the update) or rewind (reload the last checkpoint, skip the
+            data in between, scale the LR by rewind_lr_factor).
+        max_consecutive_spikes: that many events in a row stop the run.
+        instrument_every: steps between update/weight ratio and max |attention logit| measurements (0 = never).
+    """
+
+    z_loss: float = Field(default=0.0, ge=0)
+    micro_batches: int = Field(default=1, gt=0)
+    spike_window: int = Field(default=50, gt=0)
+    spike_factor: float = Field(default=2.0, gt=1)
+    spike_min_history: int = Field(default=10, ge=1)
+    spike_policy: Literal["warn", "skip", "rewind"] = "rewind"
+    rewind_lr_factor: float = Field(default=1.0, gt=0, le=1)
+    max_consecutive_spikes: int = Field(default=5, gt=0)
+    instrument_every: int = Field(default=10, ge=0)
+
+
 class MainConfig(Section):
     """The main pretraining run (SPEC §2, §6). ``peak_lr`` comes from the sweep unless set here."""
 
@@ -95,6 +122,14 @@ class MainConfig(Section):
     peak_lr: float | None = Field(default=None, gt=0, description="override the swept LR (not recommended)")
     log_every: int = Field(default=10, gt=0)
     checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints; 0 = end only")
+    stability: StabilityConfig = StabilityConfig()
+
+    @model_validator(mode="after")
+    def _micro_batches_divide(self) -> "MainConfig":
+        if self.budget.batch_size % self.stability.micro_batches:
+            raise ValueError(f"stability.micro_batches = {self.stability.micro_batches} does not divide "
+                             f"budget.batch_size = {self.budget.batch_size}")
+        return self
 
 
 class CptConfig(Section):

@@ -24,14 +24,15 @@ from tasks.mixture.candidates import epoch_warnings, epochs
 from tasks.mixture.stage import load_choice
 from tasks.sweep.stage import load_best
 from tasks.tokenizer.stage import TokenizedCorpus
-from tasks.train.checkpoint import CheckpointCallback, load_checkpoint, save_checkpoint
+from tasks.train.checkpoint import CheckpointCallback, latest_checkpoint, load_checkpoint, save_checkpoint
 from tasks.train.optim import build_optimizer
 from tasks.train.config import OptimConfig
-from tasks.train.runner import (MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
+from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
                                 make_sampler, run_training, seed_everything, StepProgress)
 from models.planning import require_fit
 from tasks.train.sections import MainConfig
 from tasks.tokenizer.config import PackingConfig
+from tasks.tokenizer.stage import packing_report
 
 
 def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: float = 4.0,
@@ -68,22 +69,31 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
         PeriodicEval(corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens, report=report),
         CheckpointCallback(ctx.scratch, extra=extra),
     ]
+    events = EventLog(ctx.log_metrics)
+
+    def rewind():
+        """Reload the newest complete checkpoint's weights, optimiser and loop state; the loader moves on."""
+        latest = latest_checkpoint(ctx.scratch)
+        return None if latest is None else load_checkpoint(latest, model=model, optimizer=optimizer)["state"]
+
     started = time.perf_counter()
     with ctx.progress.task("main: training steps", cfg.budget.steps) as advance:
         advance(state.step if state else 0)
         result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed,
-                              callbacks=[*callbacks, StepProgress(advance)], state=state, optimizer=optimizer,
-                              checkpoint_every=cfg.checkpoint_every)
+                              callbacks=[*callbacks, events, StepProgress(advance)], state=state, optimizer=optimizer,
+                              checkpoint_every=cfg.checkpoint_every, stability=cfg.stability, rewind=rewind)
+    events.frame().to_parquet(ctx.out / "events.parquet", index=False)
     wall_s = time.perf_counter() - started
     save_checkpoint(ctx.out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
                     sampler_state=sampler.state_dict(), extra=extra)
     evals = evaluate_sources(model, corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens)
     frame = evals_frame(evals, checkpoint="main", step=result.state.step, tokens_seen=result.state.tokens_seen)
     frame.to_parquet(ctx.out / "heldout.parquet", index=False)
+    packing_report(corpus, [model_cfg.seq_len]).to_parquet(ctx.out / "packing.parquet", index=False)
     summary = {"peak_lr": peak_lr, "steps": result.state.step, "tokens_seen": result.state.tokens_seen,
                "train_wall_s": wall_s, "mixture": choice["name"],
                "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,
-               "resumed_from_step": resumed_from_step, "epochs": main_epochs}
+               "resumed_from_step": resumed_from_step, "epochs": main_epochs, "spike_events": len(result.events)}
     (ctx.out / "run.json").write_text(json.dumps(summary, indent=2))
     shutil.rmtree(ctx.scratch, ignore_errors=True)
     return summary

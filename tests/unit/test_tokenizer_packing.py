@@ -79,7 +79,8 @@ def test_row_returns_ids_and_document_index():
 
 
 @pytest.mark.parametrize("offsets, n, error", [
-    ([1, 5], 10, DataError), ([0, 5, 5], 10, DataError), ([0, 10], 10, DataError)])
+    ([1, 5], 10, DataError), ([0, 5, 5], 10, DataError), ([0, 10], 10, DataError), ([], 10, DataError),
+    ([0.0, 2.5], 10, DataError), ([[0, 2]], 10, DataError)])
 def test_bad_offsets(offsets, n, error):
     with pytest.raises(error):
         plan_rows(np.array(offsets), n, seq_len=4, policy="concat")

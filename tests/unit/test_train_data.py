@@ -146,7 +146,7 @@ def test_resume_across_epochs_and_sources_reproduces_batches():
 
 
 @pytest.mark.parametrize("change, match", [
-    (dict(packing="concat"), "packing"), (dict(seq_len=6), "seq_len")])
+    (dict(packing="concat"), "packing"), (dict(seq_len=6), "seq_len"), (dict(batch_size=4), "batch_size")])
 def test_resume_refuses_a_different_loader(change, match):
     streams_ = {"a": documents([13] * 20)}
     base = dict(seq_len=8, batch_size=5, seed=4, packing="best_fit")
