@@ -191,11 +191,28 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 class CheckpointCallback:
-    """Loop callback: save to ``root/step_{step:08d}`` on every ``on_checkpoint`` (see ``train(checkpoint_every=)``)."""
+    """Loop callback: save to ``root/step_{step:08d}`` on every ``on_checkpoint`` (see ``train(checkpoint_every=)``).
 
-    def __init__(self, root: Path, *, extra: dict | None = None):
+    Retention: after each save, complete checkpoints beyond the newest ``keep_last`` are deleted, except milestones
+    (steps divisible by ``milestone_every``; 0 = none). ``keep_last`` None keeps everything. Only complete
+    checkpoints count, so a torn newer one never causes the last good one to be deleted.
+    """
+
+    def __init__(self, root: Path, *, extra: dict | None = None, keep_last: int | None = 3, milestone_every: int = 0):
         self.root, self.extra = Path(root), dict(extra or {})
+        self.keep_last, self.milestone_every = keep_last, milestone_every
 
     def on_checkpoint(self, state: TrainState, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any) -> None:
         save_checkpoint(self.root / f"step_{state.step:08d}", model=model, optimizer=optimizer, state=state,
                         sampler_state=sampler.state_dict(), extra=self.extra)
+        if self.keep_last is not None:
+            self._prune()
+
+    def _prune(self) -> None:
+        complete = sorted((d for d in self.root.glob("step_*") if (d / COMPLETION).is_file()),
+                          key=lambda d: json.loads((d / "state.json").read_text())["step"])
+        for old in complete[:-self.keep_last] if self.keep_last > 0 else complete:
+            step = json.loads((old / "state.json").read_text())["step"]
+            if self.milestone_every and step % self.milestone_every == 0:
+                continue
+            shutil.rmtree(old, ignore_errors=True)

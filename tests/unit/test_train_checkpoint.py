@@ -113,3 +113,13 @@ def test_config_mismatch_rejected(tmp_path):
     other = Decoder(CFG.model_copy(update={"tied_embeddings": True}))
     with pytest.raises(CheckpointError, match="saved for"):
         load_checkpoint(directory, model=other)
+
+
+def test_retention_keeps_the_last_k_and_milestones(tmp_path):
+    torch.manual_seed(0)
+    model = Decoder(CFG)
+    callback = CheckpointCallback(tmp_path, keep_last=2, milestone_every=4)
+    train(model, sampler(0), OPTIM, total_steps=10, checkpoint_every=1, callbacks=[callback])
+    kept = sorted(int(d.name.split("_")[1]) for d in tmp_path.glob("step_*"))
+    assert kept == [0, 4, 8, 9, 10]  # step 0 is divisible by 4: a milestone too
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_00000010"
