@@ -84,21 +84,28 @@ def review_corpus(cfg: ExperimentConfig, source: str, layout: RunsLayout, k: int
 def find_corpus_artifact(cfg: ExperimentConfig, layout: RunsLayout,
                          store: ArtifactStore) -> tuple[Artifact | None, bool]:
     """(corpus artifact, whether its key is the one the current config and code give) or (None, False)."""
+    return find_stage_artifact(cfg, layout, store, "corpus")
+
+
+def find_stage_artifact(cfg: ExperimentConfig, layout: RunsLayout, store: ArtifactStore,
+                        name: str) -> tuple[Artifact | None, bool]:
+    """(artifact of stage ``name``, whether its key is the one the current config and code give): the current
+    key's artifact when it exists, else the newest one this experiment recorded, else (None, False)."""
     keys: dict[str, str] = {}
     for stage in STAGES:
         keys[stage.name] = artifact_key(stage.name, stage.key_config(cfg), {n: keys[n] for n in stage.inputs},
                                         code_version(*stage.modules))
-        if stage.name == "corpus":
+        if stage.name == name:
             break
-    current = store.get("corpus", keys["corpus"])
+    current = store.get(name, keys[name])
     if current is not None:
         return current, True
     warehouse = Warehouse(layout.duckdb)
     if not warehouse.has_table("stage_runs"):
         return None, False
     recorded = warehouse.query("SELECT DISTINCT artifact_key FROM stage_runs WHERE experiment = ? AND stage = ?",
-                               [cfg.name, "corpus"])
-    found = [a for a in (store.get("corpus", k) for k in recorded.get("artifact_key", [])) if a is not None]
+                               [cfg.name, name])
+    found = [a for a in (store.get(name, k) for k in recorded.get("artifact_key", [])) if a is not None]
     newest = max(found, key=lambda a: a.meta.get("committed_at", 0.0), default=None)
     return newest, False
 

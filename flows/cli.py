@@ -6,6 +6,7 @@
     pretrain gate declare configs/demo.toml            # declare a new gate explicitly (old record kept)
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
+    pretrain stability configs/demo.toml               # Lab 3 grid: LR × interventions, attention-logit growth
 
 Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS_DIR, else ./runs.
 """
@@ -129,6 +130,31 @@ def audit(
     except PretrainError as err:
         _fail(err)
     print_audit(result, console)
+
+
+@app.command()
+def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[Path] = RunsDir) -> None:
+    """Lab 3 grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's shards."""
+    from rich.table import Table
+
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        load_config(config)
+        layout.prepare_environment()
+        _quiet_libraries()
+        from flows.stability import stability as stability_flow
+
+        result = stability_flow(str(config.resolve()), str(layout.root))
+    except PretrainError as err:
+        _fail(err)
+    out = Table(title=f"Stability grid ({result['experiment']}; MLflow run {result['mlflow_run_id']})")
+    columns = ["lr", "interventions", "final_ce", "worst_ce", "max_attention_logit", "mean_log_z", "max_grad_norm",
+               "diverged"]
+    for column in columns:
+        out.add_column(column)
+    for row in result["rows"]:
+        out.add_row(*(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in columns))
+    console.print(out)
 
 
 @app.command()

@@ -20,6 +20,7 @@ from infra.section import Section
 from tasks.corpus.config import CorpusConfig
 from tasks.mixture.config import MixtureConfig
 from tasks.sources.config import SourceConfig
+from tasks.stability.experiment import StabilityExperimentConfig
 from tasks.sweep.config import SweepConfig
 from tasks.tokenizer.config import PackingConfig, TokenizerConfig
 from tasks.train.sections import CptConfig, MainConfig, ProxyConfig
@@ -41,6 +42,7 @@ class ExperimentConfig(Section):
     main: MainConfig
     cpt: CptConfig
     gate: GateConfig
+    stability: StabilityExperimentConfig = StabilityExperimentConfig()
 
     @field_validator("sources", mode="before")
     @classmethod

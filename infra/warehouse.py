@@ -21,7 +21,7 @@ import pandas as pd
 
 TABLES = (
     "manifest", "removals", "funnel", "boilerplate", "decontamination", "audit_crosstab", "tokenizer_report",
-    "tokenizer_fragmentation", "packing_report", "train_events",
+    "tokenizer_fragmentation", "packing_report", "train_events", "stability_runs",
     "mixture_trials", "sweep_trials", "heldout_loss", "cloze_results", "gates", "gate_decisions", "stage_runs",
 )
 

@@ -200,3 +200,24 @@ def test_audit_command_writes_reports_tables_and_mlflow_runs(smoke_runs):
     audit_runs = [r for e in experiments for r in client.search_runs([e.experiment_id])
                   if r.info.run_name == "audit:handbook_en"]
     assert audit_runs and audit_runs[0].info.status == "FINISHED"
+
+
+def test_stability_command_fills_the_grid_table_and_an_mlflow_run(smoke_runs):
+    runs = smoke_runs["runs"]
+    proc = _pretrain("stability", "configs/smoke.toml", runs=runs)
+    assert "Stability grid" in proc.stdout
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        rows = con.execute("SELECT lr, interventions, final_ce, max_attention_logit FROM stability_runs "
+                           "ORDER BY lr, interventions").fetchall()
+    finally:
+        con.close()
+    assert [(lr, name) for lr, name, _, _ in rows] == [(0.01, "bare"), (0.01, "qk_norm"), (0.1, "bare"),
+                                                       (0.1, "qk_norm")]
+    assert all(logit > 0 for *_, logit in rows)
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    found = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+             if r.info.run_name == "stability"]
+    assert found and found[0].info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(found[0].info.run_id, "stability")} == {
+        "stability/stability.csv", "stability/sensitivity.png"}
