@@ -15,11 +15,14 @@ either no checkpoint or a complete one; ``latest_checkpoint`` ignores directorie
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import os
 import random
 import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +82,11 @@ def restore_rng_states(states: dict) -> None:
 
 
 def save_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-                    sampler_state: dict, extra: dict) -> Path:
+                    sampler_state: dict, extra: dict, rng: dict | None = None) -> Path:
     """Write a complete checkpoint at ``directory`` atomically and return its path.
 
-    ``model`` must carry its ``ModelConfig`` as ``model.cfg`` (``Decoder`` does). ``extra`` must be JSON
+    ``model`` must carry its ``ModelConfig`` as ``model.cfg`` (``Decoder`` does). ``rng``: generator states to
+    record (default: taken now; an asynchronous save passes the states of the moment it snapshotted). ``extra`` must be JSON
     serialisable (e.g. ``{"tokenizer_sha256": ..., "manifest_sha256": ...}``). An existing checkpoint at
     ``directory`` is replaced.
 
@@ -97,7 +101,7 @@ def save_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     record = {"step": state.step, "tokens_seen": state.tokens_seen, "clipped_steps": state.clipped_steps,
-              "rng": rng_states(), "sampler": sampler_state, "model_config": cfg.model_dump(), "extra": extra}
+              "rng": rng_states() if rng is None else rng, "sampler": sampler_state, "model_config": cfg.model_dump(), "extra": extra}
     try:
         text = json.dumps(record, indent=1)
     except TypeError as err:
@@ -190,6 +194,47 @@ def latest_checkpoint(root: Path) -> Path | None:
     return max(complete, key=lambda d: json.loads((d / "state.json").read_text())["step"])
 
 
+class _FrozenOptimizer:
+    """Stands in for an optimiser whose ``state_dict()`` was snapshotted (asynchronous saves)."""
+
+    def __init__(self, state: dict):
+        self._state = state
+
+    def state_dict(self) -> dict:
+        return self._state
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    """Same nesting, keys and tensor shapes (so ``b`` can be copied into ``a`` in place)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_layout(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b))
+    return not isinstance(a, (torch.Tensor, dict, list)) and not isinstance(b, (torch.Tensor, dict, list))
+
+
+def _copy_into(mine: dict, theirs: dict) -> None:
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            mine[key].copy_(value)
+        elif isinstance(value, dict):
+            _copy_into(mine[key], value)
+        else:
+            mine[key] = copy.deepcopy(value)
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
+
+
 class CheckpointCallback:
     """Loop callback: save to ``root/step_{step:08d}`` on every ``on_checkpoint`` (see ``train(checkpoint_every=)``).
 
@@ -198,13 +243,53 @@ class CheckpointCallback:
     checkpoints count, so a torn newer one never causes the last good one to be deleted.
     """
 
-    def __init__(self, root: Path, *, extra: dict | None = None, keep_last: int | None = 3, milestone_every: int = 0):
+    def __init__(self, root: Path, *, extra: dict | None = None, keep_last: int | None = 3, milestone_every: int = 0,
+                 asynchronous: bool = False):
         self.root, self.extra = Path(root), dict(extra or {})
         self.keep_last, self.milestone_every = keep_last, milestone_every
+        self.asynchronous = asynchronous
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+        self.stall_seconds: list[float] = []  # time the training thread spent in each on_checkpoint
 
     def on_checkpoint(self, state: TrainState, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any) -> None:
-        save_checkpoint(self.root / f"step_{state.step:08d}", model=model, optimizer=optimizer, state=state,
-                        sampler_state=sampler.state_dict(), extra=self.extra)
+        started = time.perf_counter()
+        directory = self.root / f"step_{state.step:08d}"
+        if not self.asynchronous:
+            self._write(directory, model, optimizer, state, sampler.state_dict(), None)
+        else:
+            self.wait()  # one write in flight at a time, so the snapshot buffers are free to reuse
+            # Snapshot on the CPU now (weights, optimiser moments, loop state, RNG); write in the background. The
+            # buffers are allocated at the first save and overwritten in place after: a memcpy, no page faults.
+            snapshot_model, snapshot_optimizer = self._snapshot(model, optimizer)
+            args = (directory, snapshot_model, snapshot_optimizer, copy.copy(state), copy.deepcopy(sampler.state_dict()),
+                    rng_states())
+            self._writer = self._writer or ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+            self._pending = self._writer.submit(self._write, *args)
+        self.stall_seconds.append(time.perf_counter() - started)
+
+    def _snapshot(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, "_FrozenOptimizer"]:
+        state = optimizer.state_dict()
+        if getattr(self, "_model_copy", None) is None or not _same_layout(self._optim_copy, state):
+            self._model_copy = copy.deepcopy(model).to("cpu")
+            self._optim_copy = _to_cpu(copy.deepcopy(state))
+        else:
+            with torch.no_grad():
+                for mine, theirs in zip(self._model_copy.state_dict().values(), model.state_dict().values()):
+                    mine.copy_(theirs)
+            _copy_into(self._optim_copy, state)
+        return self._model_copy, _FrozenOptimizer(self._optim_copy)
+
+    def wait(self) -> None:
+        """Block until the background write (if any) is complete; re-raises its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _write(self, directory: Path, model: nn.Module, optimizer: Any, state: TrainState, sampler_state: dict,
+               rng: dict | None) -> None:
+        save_checkpoint(directory, model=model, optimizer=optimizer, state=state, sampler_state=sampler_state,
+                        extra=self.extra, rng=rng)
         if self.keep_last is not None:
             self._prune()
 

@@ -123,3 +123,23 @@ def test_retention_keeps_the_last_k_and_milestones(tmp_path):
     kept = sorted(int(d.name.split("_")[1]) for d in tmp_path.glob("step_*"))
     assert kept == [0, 4, 8, 9, 10]  # step 0 is divisible by 4: a milestone too
     assert latest_checkpoint(tmp_path) == tmp_path / "step_00000010"
+
+
+def test_asynchronous_save_writes_the_same_checkpoint_as_a_synchronous_one(tmp_path):
+    results = {}
+    for mode in ("sync", "async"):
+        torch.manual_seed(0)
+        model = Decoder(CFG)
+        callback = CheckpointCallback(tmp_path / mode, keep_last=None, asynchronous=mode == "async")
+        train(model, sampler(0), OPTIM, total_steps=6, checkpoint_every=3, callbacks=[callback], seed=0)
+        callback.wait()
+        results[mode] = callback
+    for step in (3, 6):
+        a, b = (tmp_path / m / f"step_{step:08d}" for m in ("sync", "async"))
+        assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+        sa, sb = (json.loads((d / "state.json").read_text()) for d in (a, b))
+        assert sa == sb  # step, tokens, RNG states and loader position of the moment of the snapshot
+        oa, ob = (torch.load(d / "optimizer.pt", weights_only=True) for d in (a, b))
+        for (ka, va), (kb, vb) in zip(oa["state"].items(), ob["state"].items()):
+            assert ka == kb and all(torch.equal(va[n], vb[n]) for n in va)
+    assert len(results["async"].stall_seconds) == 3  # steps 0, 3, 6
