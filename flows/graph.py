@@ -165,6 +165,7 @@ STAGES: tuple[StageDef, ...] = (
                         "seed": c.seed}, _run_sweep),
     StageDef("main", ("tokenizer", "mixture", "sweep"), ("tasks.train", "models", "evals.heldout"),
              lambda c: {"main": c.main.model_dump(exclude={"log_every": True, "checkpoint_every": True,
+                                                          "keep_checkpoints": True, "async_checkpoints": True,
                                                           "stability": {"instrument_every"}}),
                         "packing": c.packing.model_dump(), "seed": c.seed},
              _run_main, _check_main),

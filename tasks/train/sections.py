@@ -122,6 +122,8 @@ class MainConfig(Section):
     peak_lr: float | None = Field(default=None, gt=0, description="override the swept LR (not recommended)")
     log_every: int = Field(default=10, gt=0)
     checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints; 0 = end only")
+    keep_checkpoints: int = Field(default=3, gt=0, description="newest complete scratch checkpoints kept")
+    async_checkpoints: bool = Field(default=False, description="snapshot to CPU and write in a background thread")
     stability: StabilityConfig = StabilityConfig()
 
     @model_validator(mode="after")

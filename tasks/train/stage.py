@@ -64,15 +64,18 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     def report(step: int, tokens_seen: int, evals) -> None:
         ctx.log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
 
+    checkpointer = CheckpointCallback(ctx.scratch, extra=extra, keep_last=cfg.keep_checkpoints,
+                                      asynchronous=cfg.async_checkpoints)
     callbacks = [
         MetricsToTracker(ctx.log_metrics, cfg.log_every),
         PeriodicEval(corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens, report=report),
-        CheckpointCallback(ctx.scratch, extra=extra),
+        checkpointer,
     ]
     events = EventLog(ctx.log_metrics)
 
     def rewind():
         """Reload the newest complete checkpoint's weights, optimiser and loop state; the loader moves on."""
+        checkpointer.wait()
         latest = latest_checkpoint(ctx.scratch)
         return None if latest is None else load_checkpoint(latest, model=model, optimizer=optimizer)["state"]
 
@@ -82,6 +85,7 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
         result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed,
                               callbacks=[*callbacks, events, StepProgress(advance)], state=state, optimizer=optimizer,
                               checkpoint_every=cfg.checkpoint_every, stability=cfg.stability, rewind=rewind)
+    checkpointer.wait()
     events.frame().to_parquet(ctx.out / "events.parquet", index=False)
     wall_s = time.perf_counter() - started
     save_checkpoint(ctx.out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
