@@ -13,7 +13,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -22,7 +22,7 @@ from infra.section import Section
 from models.arithmetic import flops_6nd, param_count, training_flops
 from models.config import ModelConfig
 from models.planning import (DEVICE_MEMORY_GB, DEVICE_PEAK_BF16, GB, PLANNING_RATE, Chinchilla, checkpoint_bytes,
-                             elapsed_hours, gpu_hours, memory_fit, pipeline_bubble, rate_at_mfu,
+                             detected_device, elapsed_hours, gpu_hours, memory_fit, pipeline_bubble, rate_at_mfu,
                              served_token_break_even, tensor_parallel_traffic, tokens_per_param_allocation,
                              young_interval)
 
@@ -45,11 +45,11 @@ class RunPlan(Section):
     """
 
     name: str
-    tokens: float = Field(gt=0)
+    tokens: float = Field(gt=0, allow_inf_nan=False)
     devices: int = Field(gt=0)
     device: Literal["H100-SXM", "H200", "H100-PCIe", "A100", "L40S"] = "H100-SXM"
     rate: float = Field(default=PLANNING_RATE, gt=0)
-    mfu: list[float] = [0.3, 0.4, 0.5]
+    mfu: list[Annotated[float, Field(gt=0, le=1)]] = [0.3, 0.4, 0.5]
     zero_stage: Literal[0, 1, 2, 3] = 3
     micro_batch: int = Field(default=1, gt=0)
     grad_accum: int = Field(default=1, gt=0)
@@ -59,6 +59,7 @@ class RunPlan(Section):
     pipeline_micro_batches: int = Field(default=1, gt=0)
     save_seconds: float = Field(default=60.0, gt=0)
     mtbf_hours: float = Field(default=3.09, gt=0)
+    check_this_machine: bool = Field(default=False, description="also judge the fit on the detected device")
 
 
 class PlanConfig(Section):
@@ -103,7 +104,7 @@ def _from_experiment(cfg) -> PlanConfig:
     model = main.model.build(-(-cfg.tokenizer.vocab_size // cfg.tokenizer.pad_multiple) * cfg.tokenizer.pad_multiple)
     tokens = main.budget.steps * main.budget.batch_size * main.model.seq_len
     return PlanConfig(model=model, runs=[RunPlan(name="main", tokens=tokens, devices=1, zero_stage=0,
-                                                 micro_batch=main.budget.batch_size)])
+                                                 micro_batch=main.budget.batch_size, check_this_machine=True)])
 
 
 def build_plan(plan: PlanConfig) -> list[PlanTable]:
@@ -143,8 +144,16 @@ def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
                    "← chosen: " + fit.describe() if stage == run.zero_stage else "")
     other = memory_fit(cfg, micro_batch=run.micro_batch, device_gb=device_gb, zero_stage=run.zero_stage,
                        ranks=run.devices, checkpointing=not run.checkpointing, headroom=run.headroom)
-    memory.add("without checkpointing instead" if run.checkpointing else "with full checkpointing instead",
+    memory.add("total without checkpointing" if run.checkpointing else "total with full checkpointing",
                f"{other.total / GB:.2f} GB", other.describe())
+    if run.check_this_machine:
+        name, memory_gb = detected_device()
+        here = memory_fit(cfg, micro_batch=run.micro_batch, device_gb=memory_gb, zero_stage=run.zero_stage,
+                          ranks=run.devices, checkpointing=run.checkpointing, headroom=0.1,
+                          activation_dtype_bytes=4 if name == "cpu" else 2)
+        memory.add(f"on this machine ({name})", f"{here.total / GB:.2f} GB",
+                   here.describe() + ("; fp32 activations on CPU" if name == "cpu" else "") +
+                   " (the check `pretrain run` applies)")
     parallel = PlanTable(f"{run.name}: parallelism and recovery")
     parallel.add("global batch", f"{run.micro_batch * run.grad_accum * run.devices:,} sequences",
                  f"{run.micro_batch} × {run.grad_accum} × {run.devices} (micro-batch × accumulation × DP)")
@@ -152,13 +161,14 @@ def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
         parallel.add("pipeline bubble", f"{pipeline_bubble(run.pipeline_stages, run.pipeline_micro_batches):.1%}",
                      f"p = {run.pipeline_stages}, m = {run.pipeline_micro_batches}")
     each, per_step = tensor_parallel_traffic(cfg, run.micro_batch)
-    parallel.add("TP all-reduce", f"{each:,.0f} B each, {per_step / GB:.2f} GB/step",
+    parallel.add("if tensor-parallel", f"{each:,.0f} B per all-reduce, {per_step / GB:.2f} GB per micro-batch",
                  f"{per_step / 450e9 * 1e3:.1f} ms at 450 GB/s, {per_step / 50e9 * 1e3:.0f} ms at 50 GB/s")
     tau, overhead = young_interval(run.save_seconds, run.mtbf_hours * 3600)
     parallel.add("checkpoint interval", f"{tau / 60:.1f} min", f"Young, δ = {run.save_seconds:g} s, "
                  f"M = {run.mtbf_hours:g} h: overhead {overhead:.1%}")
     states, with_weights = checkpoint_bytes(n)
-    parallel.add("checkpoint size", f"{states / GB:.1f} GB (+ bf16 weights {with_weights / GB:.1f} GB)",
+    parallel.add("checkpoint size", f"{states / GB:.1f} GB master + moments; {with_weights / GB:.1f} GB with bf16 "
+                 "weights",
                  f"{states / 2e9:.0f}–{with_weights / 2e9:.0f} s at 2 GB/s")
     return [compute, memory, parallel]
 
@@ -168,18 +178,30 @@ def _chinchilla(cfg: ModelConfig, tokens: float) -> PlanTable:
     c6 = 6.0 * n * tokens
     table = PlanTable("Chinchilla allocation (L = 1.69 + 406.4/N^0.34 + 410.7/D^0.28, C6 = 6ND)")
     loss = law.loss(n, tokens)
-    table.add("this run", f"N {n / 1e9:.3f}B, D {tokens / 1e12:.3f}T", f"loss {loss:.6f}")
+    table.add("this run", f"N {_si(n)}, D {_si(tokens)}", f"loss {loss:.6f}")
     n_opt, d_opt = law.optimum(c6)
-    table.add("same-compute optimum", f"N {n_opt / 1e9:.3f}B, D {d_opt / 1e12:.3f}T",
-              f"loss {law.loss(n_opt, d_opt):.6f}")
+    table.add("same-compute optimum", f"N {_si(n_opt)}, D {_si(d_opt)}", f"loss {law.loss(n_opt, d_opt):.6f}")
     n20, d20 = tokens_per_param_allocation(c6)
-    table.add("20 tokens/param", f"N {n20 / 1e9:.3f}B, D {d20 / 1e12:.3f}T", f"loss {law.loss(n20, d20):.6f}")
-    n_eq, d_eq = law.equal_loss_optimum(loss)
-    table.add("equal-loss optimum", f"N {n_eq / 1e9:.3f}B, D {d_eq / 1e12:.3f}T", f"C6 {6 * n_eq * d_eq:.4g}")
+    table.add("20 tokens/param", f"N {_si(n20)}, D {_si(d20)}", f"loss {law.loss(n20, d20):.6f}")
+    try:
+        n_eq, d_eq = law.equal_loss_optimum(loss)
+    except ValueError as err:  # far outside the fit's range (a toy model): say so instead of a wrong answer
+        table.add("equal-loss optimum", "outside the fit's range", str(err))
+        return table
+    table.add("equal-loss optimum", f"N {_si(n_eq)}, D {_si(d_eq)}", f"C6 {6 * n_eq * d_eq:.4g}")
     breakeven = served_token_break_even(n, tokens, n_eq, d_eq)
-    table.add("served-token break-even", f"{breakeven:.4g} tokens" if breakeven > 0 else "never",
-              "extra training FLOPs ÷ serving FLOPs saved (2N per token)")
+    verdict = ("never" if breakeven == float("inf") else "already optimal" if breakeven == 0
+               else f"{breakeven:.4g} tokens")
+    table.add("served-token break-even", verdict, "extra training FLOPs ÷ serving FLOPs saved (2N per token)")
     return table
+
+
+def _si(x: float) -> str:
+    """3 decimals in the largest unit ≥ 1: 9.551B, 1.230T, 1.263M."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3f}{unit}"
+    return f"{x:.3g}"
 
 
 def as_rows(tables: list[PlanTable]) -> list[dict[str, Any]]:

@@ -208,9 +208,11 @@ class Chinchilla:
         Raises:
             ValueError: target is at or below the irreducible loss E.
         """
-        if target <= self.E:
-            raise ValueError(f"target loss {target} must exceed the irreducible loss {self.E}")
         lo, hi = 1e10, 1e35  # FLOPs
+        if not (self.loss(*self.optimum(hi)) <= target <= self.loss(*self.optimum(lo))):
+            raise ValueError(f"target loss {target} is outside what {lo:.0e}–{hi:.0e} FLOPs reach "
+                             f"({self.loss(*self.optimum(hi)):.4f}–{self.loss(*self.optimum(lo)):.2f}); the "
+                             f"irreducible loss is {self.E}")
         for _ in range(200):
             mid = math.sqrt(lo * hi)
             if self.loss(*self.optimum(mid)) > target:
@@ -232,6 +234,8 @@ def served_token_break_even(n_trained: float, d_trained: float, n_alternative: f
     (2N each, SPEC §5). Negative when it never pays back."""
     extra_training = 6.0 * (n_trained * d_trained - n_alternative * d_alternative)
     saved_per_token = 2.0 * (n_alternative - n_trained)
+    if saved_per_token <= 0 or extra_training <= 0:  # not smaller, or not dearer to train: nothing to pay back
+        return float("inf") if saved_per_token <= 0 < extra_training else 0.0
     return extra_training / saved_per_token
 
 

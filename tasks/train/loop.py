@@ -114,6 +114,12 @@ class SpikeRule:
     def __post_init__(self) -> None:
         if self.policy not in ("warn", "skip", "rewind"):
             raise ValueError(f"spike policy {self.policy!r}: use warn, skip or rewind")
+        if not (isinstance(self.window, int) and 1 <= self.min_history <= self.window):
+            raise ValueError(f"spike rule needs 1 <= min_history ({self.min_history}) <= window ({self.window}); "
+                             "otherwise no loss could ever count as a spike")
+        if not (self.factor > 1 and 0 < self.lr_factor <= 1 and self.max_consecutive >= 1):
+            raise ValueError(f"spike rule needs factor > 1, 0 < lr_factor <= 1, max_consecutive >= 1; got "
+                             f"{self.factor}, {self.lr_factor}, {self.max_consecutive}")
 
     def check(self, history: Sequence[float], loss: float) -> tuple[bool, float]:
         """(is_spike, median of the window) for ``loss`` given earlier losses (oldest first)."""
@@ -143,7 +149,7 @@ def forward_backward(model: nn.Module, batch: tuple, *, accelerator: Accelerator
     """
     x, y, sources, doc_ids = batch
     rows = x.shape[0]
-    if rows % micro_batches:
+    if micro_batches < 1 or rows < 1 or rows % micro_batches:
         raise DataError(f"batch of {rows} rows does not split into {micro_batches} micro-batches; make batch_size a "
                         "multiple of micro_batches")
     real = (y != IGNORE_INDEX)
@@ -257,6 +263,13 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
         with attention_probe(model, instrument) as probe:
             metrics = forward_backward(model, batch, accelerator=accelerator, micro_batches=optim_cfg.micro_batches,
                                        z_loss=optim_cfg.z_loss)
+        if metrics["n_targets"] == 0:  # all padding: nothing to learn from, and a 0.0 loss would poison the median
+            optimizer.zero_grad(set_to_none=True)
+            event = {"step": state.step + 1, "batches_drawn": int(getattr(sampler, "batches_drawn", -1)),
+                     "loss_nats": float("nan"), "median": float("nan"), "action": "skip (no real targets)"}
+            result.events.append(event)
+            _fire(callbacks, "on_event", state, event)
+            continue
         is_spike, median = (False, float("nan")) if spike is None else spike.check(history, metrics["loss_nats"])
         if not metrics["finite"] and spike is None:
             raise DataError(f"non-finite loss at step {state.step + 1}; rewind to the last checkpoint and skip this "
@@ -284,7 +297,7 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
             if event["action"] != "warn":
                 optimizer.zero_grad(set_to_none=True)
                 continue
-        consecutive = 0
+        consecutive = consecutive if is_spike else 0  # a run of warned spikes still counts towards the stop
         update = apply_update(model, optimizer, lr=lr, grad_clip=optim_cfg.grad_clip, accelerator=accelerator,
                               measure_update=instrument)
         history.append(metrics["loss_nats"])

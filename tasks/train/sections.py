@@ -113,6 +113,13 @@ class StabilityConfig(Section):
     max_consecutive_spikes: int = Field(default=5, gt=0)
     instrument_every: int = Field(default=10, ge=0)
 
+    @model_validator(mode="after")
+    def _history_fits_window(self) -> "StabilityConfig":
+        if self.spike_min_history > self.spike_window:
+            raise ValueError(f"spike_min_history ({self.spike_min_history}) > spike_window ({self.spike_window}): "
+                             "no loss could ever count as a spike; lower it or widen the window")
+        return self
+
 
 class MainConfig(Section):
     """The main pretraining run (SPEC §2, §6). ``peak_lr`` comes from the sweep unless set here."""

@@ -161,3 +161,24 @@ def test_main_run_refuses_a_layout_that_does_not_fit():
     with pytest.raises(ConfigError, match=r"does not fit on .*states.*activations.*logits"):
         require_fit(CASE, micro_batch=64)
     assert require_fit(SMALL.model_copy(update={"n_layers": 2}), micro_batch=1).fits
+
+
+@pytest.mark.parametrize("line, field", [("mfu = [0.3, 1.5]", "runs.0.mfu"), ("mfu = [0.0]", "runs.0.mfu"),
+                                         ("tokens = inf", "runs.0.tokens")])
+def test_plan_rejects_impossible_utilisation_and_infinite_tokens(tmp_path, line, field):
+    with open("configs/plan_case_study.toml") as f:
+        text = f.read().replace('name = "pretrain"', f'name = "pretrain"\n{line}', 1)
+    if line.startswith("tokens"):
+        text = text.replace("tokens = 2e12\n", "", 1)
+    (tmp_path / "p.toml").write_text(text)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_plan(tmp_path / "p.toml")
+
+
+def test_break_even_edges_and_out_of_range_targets():
+    assert served_token_break_even(1e9, 2e10, 1e9, 2e10) == 0.0  # already the optimum
+    assert served_token_break_even(2e9, 2e10, 1e9, 2e10) == float("inf")  # bigger and dearer: never
+    law = Chinchilla()
+    for target in (1.6921, 40.0, float("nan")):
+        with pytest.raises(ValueError, match="outside"):
+            law.equal_loss_optimum(target)

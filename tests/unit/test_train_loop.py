@@ -262,3 +262,35 @@ def test_persistent_non_finite_loss_stops_after_max_consecutive_events():
     with pytest.raises(DataError, match="3 loss spikes or non-finite losses in a row"):
         train(model, sampler, OPTIM, total_steps=10, callbacks=[Poison()],
               spike=SpikeRule(policy="warn", max_consecutive=3))
+
+
+def test_warned_spikes_in_a_row_also_stop_the_run():
+    model, sampler = make()
+    with pytest.raises(DataError, match="3 loss spikes"):
+        train(model, CorruptAt(sampler, bad=set(range(25, 40))), OptimConfig(peak_lr=1e-2, warmup_steps=2),
+              total_steps=40, spike=SpikeRule(window=10, min_history=5, policy="warn", max_consecutive=3))
+
+
+@pytest.mark.parametrize("kwargs", [dict(window=5, min_history=10), dict(factor=1.0), dict(lr_factor=0.0),
+                                    dict(max_consecutive=0)])
+def test_spike_rule_refuses_settings_that_disable_it(kwargs):
+    with pytest.raises(ValueError):
+        SpikeRule(**kwargs)
+
+
+def test_a_batch_without_real_targets_is_skipped_not_scored_as_zero():
+    model, sampler = make()
+
+    class Padded:
+        def __getattr__(self, name):
+            return getattr(sampler, name)
+
+        def next_batch(self):
+            batch = sampler.next_batch()
+            if sampler.batches_drawn == 3:
+                return batch._replace(y=torch.full_like(batch.y, IGNORE_INDEX))
+            return batch
+
+    result = train(model, Padded(), OPTIM, total_steps=4, spike=SpikeRule(policy="warn"))
+    assert [e["action"] for e in result.events] == ["skip (no real targets)"]
+    assert result.state.step == 4 and all(m["loss_nats"] > 0 for m in result.metrics)
