@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from prefect import flow
 from prefect.context import get_run_context
 
@@ -82,6 +81,3 @@ def stability(config_path: str, runs_dir: str) -> dict[str, Any]:
     tracker.end_run(run_id)
     return {"experiment": cfg.name, "mlflow_run_id": run_id, "rows": json.loads(table.to_json(orient="records"))}
 
-
-def stability_table(result: dict[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame(result["rows"])

@@ -7,6 +7,7 @@ fp32 matmul measured on the same machine, in the same process, with the same thr
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -16,7 +17,7 @@ from models.planning import DEVICE_PEAK_BF16
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
     """Best FLOP/s of an n × n fp32 matmul on the CPU over ``repeats`` timed runs (2·n³ FLOPs each), after one
-    untimed warm-up."""
+    untimed warm-up. Measured anew on each call (benchmarks time it before and after a run)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)
     best = float("inf")
@@ -35,7 +36,13 @@ def device_peak_flops(device: torch.device) -> tuple[float, str]:
         for key, peak in DEVICE_PEAK_BF16.items():
             if key.split("-")[0] in name and ("PCIe" in name) == ("PCIe" in key):
                 return peak, "mfu"
-    return matmul_peak_flops(), "utilisation_proxy"
+    return _cpu_reference(torch.get_num_threads()), "utilisation_proxy"
+
+
+@functools.cache
+def _cpu_reference(threads: int) -> float:
+    # Once per process and thread count: a training loop per sweep trial or stability cell need not re-time it.
+    return matmul_peak_flops()
 
 
 def peak_memory_mb(device: torch.device) -> float:

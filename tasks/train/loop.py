@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -244,7 +245,8 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
     model.to(accelerator.device).train()
     optimizer = build_optimizer(model, optim_cfg) if optimizer is None else optimizer
     result, start = TrainResult(state=state, optimizer=optimizer), state.step
-    history: list[float] = []
+    # Only the last ``window`` losses matter; a bounded deque keeps the per-step check O(window) for any run length.
+    history: deque[float] = deque(maxlen=spike.window if spike is not None else 1)
     lr_scale, consecutive = 1.0, 0
     # Utilisation reference, once per run: the device's bf16 peak (MFU) or a measured matmul rate (CPU proxy).
     reference = device_peak_flops(accelerator.device) if instrument_every > 0 else None
@@ -286,7 +288,7 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
                     event["rewound_to"] = restored.step
                     result.state = state = restored
                     lr_scale *= spike.lr_factor
-                    history = history[:0]
+                    history.clear()
             result.events.append(event)
             _fire(callbacks, "on_event", state, event)
             consecutive += 1
