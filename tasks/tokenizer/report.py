@@ -33,7 +33,17 @@ def tokenizer_report(tok: Tokenizer, docs: pd.DataFrame, *, by: str) -> pd.DataF
     missing = [c for c in ("text", *GROUP_COLUMNS) if c not in docs.columns]
     if missing:
         raise DataError(f"tokenizer_report needs columns text, language, source; missing {missing}")
+    return _grouped_report(_per_doc_counts(tok, docs), docs, by)
+
+
+def tokenizer_reports(tok: Tokenizer, docs: pd.DataFrame, bys: tuple[str, ...] = GROUP_COLUMNS) -> pd.DataFrame:
+    """:func:`tokenizer_report` for each grouping in ``bys``, concatenated with a ``group_by`` column; the documents
+    are encoded once for all groupings."""
     per_doc = _per_doc_counts(tok, docs)
+    return pd.concat([_grouped_report(per_doc, docs, by).assign(group_by=by) for by in bys], ignore_index=True)
+
+
+def _grouped_report(per_doc: pd.DataFrame, docs: pd.DataFrame, by: str) -> pd.DataFrame:
     rows = [_group_row(group, g) for group, g in per_doc.groupby(docs[by].astype(str), sort=True)]
     return pd.DataFrame(rows, columns=REPORT_COLUMNS)
 

@@ -28,7 +28,7 @@ from tasks.tokenizer.decontam import decontaminate_train
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer, padded_vocab_size, sample_texts, tokenizer_hash
 from tasks.tokenizer.packing import POLICIES, plan_rows
-from tasks.tokenizer.report import fragmentation, tokenizer_report
+from tasks.tokenizer.report import fragmentation, tokenizer_reports
 from tasks.tokenizer.shards import encode_documents, read_shard, write_shard
 from tasks.tokenizer.split import assign_splits
 from tasks.train.data import TokenStream
@@ -64,8 +64,8 @@ def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
     }
     headers = _pack(ctx, tok, kept, meta)
     (ctx.out / "tokenizer.meta.json").write_text(json.dumps(meta, indent=2))
-    report = pd.concat([tokenizer_report(tok, part, by=by).assign(group_by=by, split=split)
-                        for split, part in kept.groupby("split", sort=True) for by in ("language", "source")])
+    report = pd.concat([tokenizer_reports(tok, part).assign(split=split)
+                        for split, part in kept.groupby("split", sort=True)])
     report.to_parquet(ctx.out / "report.parquet", index=False)
     fragmentation(tok, cfg.domain_terms).to_parquet(ctx.out / "fragmentation.parquet", index=False)
     return {**{k: v for k, v in meta.items() if k not in ("fit_sample_chars", "fit_weights")},
