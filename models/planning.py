@@ -130,9 +130,10 @@ class MemoryFit:
 
     def describe(self) -> str:
         verdict = "fits" if self.fits else "does NOT fit"
+        spare = f", keeping {self.headroom:.0%} free" if self.headroom else ""
         return (f"{self.states / GB:.2f} (states) + {self.activations / GB:.2f} (activations) + "
                 f"{self.logits / GB:.2f} (logits) = {self.total / GB:.2f} GB {verdict} in "
-                f"{self.device_bytes / GB:.0f} GB with {self.headroom:.0%} headroom")
+                f"{self.device_bytes / GB:.0f} GB{spare}")
 
 
 def memory_fit(cfg: ModelConfig, *, micro_batch: int, device_gb: float, zero_stage: int = 0, ranks: int = 1,
