@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.functional as F
 from torch import nn
 
@@ -125,10 +126,21 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = SwiGLU(cfg)
+        self.recompute = False  # activation checkpointing, set through Decoder.activation_checkpointing
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, d) → (B, T, d); ``mask`` as in :meth:`Attention.forward`."""
+        """(B, T, d) → (B, T, d); ``mask`` as in :meth:`Attention.forward`.
+
+        With ``recompute`` (training only) the block keeps just its input and recomputes the rest in backward.
+        The checkpoint sits inside the block so that, under FSDP, the unit's parameter gathering wraps it.
+        """
+        if self.recompute and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
+        return self._forward(x, cos, sin, mask)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -152,6 +164,17 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # (T_max, d_h)
         self.register_buffer("rope_sin", sin, persistent=False)  # (T_max, d_h)
         self.reset_parameters()
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Recompute each block's activations in backward instead of storing them (SPEC §3: stored activations
+        drop to the block inputs). A runtime choice: not part of the config or the weights."""
+        return all(block.recompute for block in self.blocks)
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, enabled: bool) -> None:
+        for block in self.blocks:
+            block.recompute = bool(enabled)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -10,6 +10,16 @@ Layout of one checkpoint directory::
 
 Files are written into a hidden sibling temp directory, fsynced, then renamed into place, so a crash leaves
 either no checkpoint or a complete one; ``latest_checkpoint`` ignores directories without checksums.json.
+
+Sharded layout (runs of several processes, ``save_sharded_checkpoint``)::
+
+    shards/             torch.distributed.checkpoint: one ``__<rank>_0.distcp`` per rank plus ``.metadata``
+    state.json          as above, plus "format": "sharded" and the world size that wrote it
+    checksums.json      sha256 of every file above
+
+A sharded checkpoint loads on any world size (the tensors are stored by name and placement, and resharded on
+load). Its ``.metadata`` is a pickle written by this run into its own scratch folder; artifacts that leave the run
+(the stage's final checkpoint) are always consolidated into the single-file layout.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from models.decoder import Decoder
 from tasks.train.loop import TrainState
 
 FILES = ("model.safetensors", "optimizer.pt", "state.json")
+SHARDED_FILES = ("shards/.metadata", "state.json")
 COMPLETION = "checksums.json"
 
 
@@ -138,7 +149,8 @@ def verify_checkpoint(directory: Path) -> dict:
     if not (directory / COMPLETION).is_file():
         raise CheckpointError(f"{directory} has no {COMPLETION}: missing or unfinished checkpoint; use an earlier one")
     expected = json.loads((directory / COMPLETION).read_text())
-    for name in FILES:
+    required = SHARDED_FILES if "shards/.metadata" in expected else FILES
+    for name in sorted(set(required) | set(expected)):
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name} is missing; the checkpoint is incomplete")
         if _sha256(directory / name) != expected.get(name):
@@ -157,14 +169,23 @@ def load_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim
         CheckpointError: missing/corrupt files, or the saved model config differs from ``model.cfg``.
     """
     record = verify_checkpoint(directory)
+    if record.get("format") == "sharded":
+        raise CheckpointError(f"{directory} is a sharded checkpoint written by {record.get('world_size')} processes; "
+                              "load it with load_sharded_checkpoint (run main with [main.distributed] launch = "
+                              "\"accelerate\")")
     saved_cfg = ModelConfig(**record["model_config"])
     if getattr(model, "cfg", saved_cfg) != saved_cfg:
         raise CheckpointError(f"checkpoint {directory} was saved for {saved_cfg!r}, not the model given ({model.cfg!r})")
     try:
         safetensors.torch.load_model(model, str(Path(directory) / "model.safetensors"), device=_device(model))
         if optimizer is not None:
-            optimizer.load_state_dict(torch.load(Path(directory) / "optimizer.pt", weights_only=True,
-                                                 map_location=_device(model)))
+            saved = torch.load(Path(directory) / "optimizer.pt", weights_only=True, map_location=_device(model))
+            if any(isinstance(k, str) for k in saved.get("state", {})):  # keyed by parameter name (consolidated)
+                from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+                set_optimizer_state_dict(model, optimizer, saved)
+            else:
+                optimizer.load_state_dict(saved)
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"checkpoint {directory} does not fit the model/optimizer given: {err}") from err
     if restore_rng:
@@ -184,6 +205,128 @@ def load_model(directory: Path) -> Decoder:
     model = Decoder(ModelConfig(**record["model_config"]))
     load_checkpoint(directory, model=model, restore_rng=False)
     return model
+
+
+def _barrier(accelerator: Any) -> None:
+    if accelerator.num_processes > 1:
+        accelerator.wait_for_everyone()
+
+
+def save_sharded_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                            state: TrainState, sampler_state: dict, extra: dict, accelerator: Any) -> Path:
+    """Collective: every rank writes its own shard of weights and optimiser moments (torch.distributed.checkpoint);
+    rank 0 writes state.json and the checksums, and renames the directory into place once all shards are down.
+
+    ``model`` may be DDP-wrapped or FSDP2-sharded (state is taken by parameter name, so the checkpoint loads on
+    any world size). The loader state is global (``parallel``), so rank 0's copy is the run's. Call it after the
+    first optimiser step: taking the state of an optimiser that never stepped initialises its moments with a step.
+
+    Raises:
+        CheckpointError: the model carries no ModelConfig, or ``extra``/``sampler_state`` is not JSON serialisable.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from tasks.train.parallel import unwrap
+
+    directory = Path(directory)
+    cfg = getattr(unwrap(model), "cfg", None)
+    if not isinstance(cfg, ModelConfig):
+        raise CheckpointError(f"model {type(model).__name__} has no ModelConfig at .cfg; a checkpoint must record it")
+    record = {"format": "sharded", "world_size": accelerator.num_processes, "step": state.step,
+              "tokens_seen": state.tokens_seen, "clipped_steps": state.clipped_steps, "rng": rng_states(),
+              "sampler": sampler_state, "model_config": cfg.model_dump(), "extra": extra}
+    try:
+        text = json.dumps(record, indent=1)
+    except TypeError as err:
+        raise CheckpointError(f"checkpoint state is not JSON serialisable ({err}); pass plain values in extra") from err
+    tmp = directory.parent / f".{directory.name}.tmp"  # one name for every rank
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(accelerator)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "shards"))
+    _barrier(accelerator)
+    if accelerator.is_main_process:
+        (tmp / "state.json").write_text(text)
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        for name in files:
+            _fsync(tmp / name)
+        _fsync(tmp / "shards")
+        (tmp / COMPLETION).write_text(json.dumps({name: _sha256(tmp / name) for name in files}, indent=1))
+        _fsync(tmp / COMPLETION)
+        _replace_dir(tmp, directory)
+    _barrier(accelerator)
+    return directory
+
+
+def load_sharded_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                            accelerator: Any, restore_rng: bool = True) -> dict[str, Any]:
+    """Collective inverse of ``save_sharded_checkpoint`` onto a model already wrapped for this world size.
+
+    Rank 0 verifies the checksums and tells the others (every rank gets the same verdict, so none is left waiting).
+    Returns the same dict as ``load_checkpoint`` plus "world_size" (of the run that wrote it).
+
+    Raises:
+        CheckpointError: missing/corrupt files, a single-file checkpoint (written in-process), or a model config
+            different from the one saved.
+    """
+    import torch.distributed.checkpoint as dcp
+    from accelerate.utils import broadcast_object_list
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from tasks.train.parallel import unwrap
+
+    verdict = [None]
+    if accelerator.is_main_process:
+        try:
+            verify_checkpoint(directory)
+        except CheckpointError as err:
+            verdict = [str(err)]
+    if accelerator.num_processes > 1:
+        verdict = broadcast_object_list(verdict)
+    if verdict[0] is not None:
+        raise CheckpointError(verdict[0])
+    record = json.loads((Path(directory) / "state.json").read_text())
+    if record.get("format") != "sharded":
+        raise CheckpointError(f"{directory} was written by an in-process run (single-file layout); resume it with "
+                              "[main.distributed] launch = \"inprocess\", or remove the scratch folder to start over")
+    saved_cfg = ModelConfig(**record["model_config"])
+    if unwrap(model).cfg != saved_cfg:
+        raise CheckpointError(f"checkpoint {directory} was saved for {saved_cfg!r}, not the model given")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    try:
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(directory) / "shards"))
+    except Exception as err:  # DCP raises CheckpointException and others for a layout that does not fit
+        raise CheckpointError(f"checkpoint {directory} does not fit the model/optimizer given: {err}") from err
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    if restore_rng:
+        restore_rng_states(record["rng"])
+    state = TrainState(step=record["step"], tokens_seen=record["tokens_seen"], clipped_steps=record["clipped_steps"])
+    return {"state": state, "sampler_state": record["sampler"], "extra": record["extra"],
+            "model_config": saved_cfg, "rng": record["rng"], "world_size": record["world_size"]}
+
+
+def save_consolidated_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                                 state: TrainState, sampler_state: dict, extra: dict, accelerator: Any) -> Path | None:
+    """Collective: gather full weights and optimiser state to rank 0 (on CPU) and write the single-file layout
+    there (optimiser state keyed by parameter name; ``load_checkpoint`` accepts both). Returns the path on rank
+    0, None elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    from tasks.train.parallel import unwrap
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    path = None
+    if accelerator.is_main_process:
+        plain = Decoder(unwrap(model).cfg)
+        plain.load_state_dict(model_sd)
+        path = save_checkpoint(directory, model=plain, optimizer=_FrozenOptimizer(optim_sd), state=state,
+                               sampler_state=sampler_state, extra={**extra, "world_size": accelerator.num_processes})
+    _barrier(accelerator)
+    return path
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -244,7 +387,11 @@ class CheckpointCallback:
     """
 
     def __init__(self, root: Path, *, extra: dict | None = None, keep_last: int | None = 3, milestone_every: int = 0,
-                 asynchronous: bool = False):
+                 asynchronous: bool = False, accelerator: Any = None):
+        if asynchronous and accelerator is not None:
+            raise CheckpointError("asynchronous checkpoints are written by one process; a sharded (launched) run "
+                                  "saves synchronously: set async_checkpoints = false")
+        self.accelerator = accelerator  # given: sharded, collective saves (every rank calls on_checkpoint)
         self.root, self.extra = Path(root), dict(extra or {})
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.asynchronous = asynchronous
@@ -255,7 +402,17 @@ class CheckpointCallback:
     def on_checkpoint(self, state: TrainState, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any) -> None:
         started = time.perf_counter()
         directory = self.root / f"step_{state.step:08d}"
-        if not self.asynchronous:
+        if self.accelerator is not None:
+            if state.step == 0:
+                # Nothing a fresh start lacks; and taking the sharded state of an untouched optimiser would
+                # initialise it with a zero step, shifting Adam's bias correction by one.
+                return
+            save_sharded_checkpoint(directory, model=model, optimizer=optimizer, state=state,
+                                    sampler_state=sampler.state_dict(), extra=self.extra, accelerator=self.accelerator)
+            if self.keep_last is not None and self.accelerator.is_main_process:
+                self._prune()
+            _barrier(self.accelerator)
+        elif not self.asynchronous:
             self._write(directory, model, optimizer, state, sampler.state_dict(), None)
         else:
             self.wait()  # one write in flight at a time, so the snapshot buffers are free to reuse

@@ -31,6 +31,8 @@ from models.arithmetic import flops_per_token
 from tasks.train.data import IGNORE_INDEX
 from tasks.train.instruments import device_peak_flops, peak_memory_mb
 from tasks.train.optim import build_optimizer
+from tasks.train.parallel import (all_finite, all_sum, clip_grad_norm, global_norm, gradient_sync, is_sharded,
+                                  rank_rows, unwrap)
 from tasks.train.schedule import lr_at
 
 
@@ -133,7 +135,8 @@ class SpikeRule:
 
 def forward_backward(model: nn.Module, batch: tuple, *, accelerator: Accelerator, micro_batches: int = 1,
                      z_loss: float = 0.0) -> dict:
-    """Forward and backward over one optimiser step's batch in ``micro_batches`` equal slices of rows.
+    """Forward and backward over one optimiser step's *global* batch: this rank's contiguous slice of rows
+    (``parallel.rank_rows``), in ``micro_batches`` equal slices.
 
     Normalisation: every micro-batch's summed token cross-entropy is divided by the number of real target tokens
     of the whole step, counted over all micro-batches and all ranks (ignored padding targets count in neither sum),
@@ -141,78 +144,81 @@ def forward_backward(model: nn.Module, batch: tuple, *, accelerator: Accelerator
     means, which overweights short micro-batches). z-loss (SPEC §6): ``z_loss`` · mean over real tokens of
     (log Z)², log Z = logsumexp of the logits, in fp32, added to the objective and reported separately.
 
-    Returns loss_nats, z_loss, mean_log_z, per-source loss_nats/<source>, n_targets and ``finite``; when a
-    micro-batch's loss is not finite nothing more is back-propagated and ``finite`` is False (gradients must then
-    be discarded by the caller).
+    Returns global figures (summed over ranks): loss_nats, z_loss, mean_log_z, per-source loss_nats/<source>,
+    n_targets and ``finite``. When any rank's micro-batch loss is not finite, every rank stops back-propagating
+    (so no collective is left waiting) and ``finite`` is False: the caller must discard the gradients.
 
     Raises:
-        DataError: the batch's rows do not split into ``micro_batches`` equal slices.
+        DataError: the batch's rows do not split into world size × ``micro_batches`` equal slices.
     """
     x, y, sources, doc_ids = batch
-    rows = x.shape[0]
-    if micro_batches < 1 or rows < 1 or rows % micro_batches:
-        raise DataError(f"batch of {rows} rows does not split into {micro_batches} micro-batches; make batch_size a "
-                        "multiple of micro_batches")
+    rows = rank_rows(x.shape[0], accelerator, micro_batches)
+    n_global = int((y != IGNORE_INDEX).sum())  # every rank holds the global batch: no collective needed
+    x, y, sources = x[rows], y[rows], list(sources)[rows]
+    doc_ids = None if doc_ids is None else doc_ids[rows]
+    local_rows = x.shape[0]
     real = (y != IGNORE_INDEX)
-    n_local = int(real.sum())
-    n_global = n_local
-    if accelerator.num_processes > 1:  # every rank normalises by the same global count
-        n_global = int(accelerator.reduce(torch.tensor(n_local, device=accelerator.device), reduction="sum"))
-    # DDP averages gradients over ranks; multiplying by the world size turns that average back into the sum.
+    # DDP and FSDP average gradients over ranks; multiplying by the world size turns that average into the sum.
     scale = accelerator.num_processes / max(n_global, 1)
-    size = rows // micro_batches
+    size = local_rows // micro_batches
     sum_nats, sum_z, sum_log_z = 0.0, 0.0, 0.0
-    row_nats = torch.zeros(rows)
+    row_nats = torch.zeros(local_rows, dtype=torch.float64)
     finite = True
-    for lo in range(0, rows, size):
+    for lo in range(0, local_rows, size):
         xs, ys = x[lo:lo + size].to(accelerator.device), y[lo:lo + size].to(accelerator.device)
         ds = None if doc_ids is None else doc_ids[lo:lo + size].to(accelerator.device)
-        with accelerator.autocast():
-            logits = model(xs) if ds is None else model(xs, ds)  # (b, T, V)
-        logits = logits.float()
-        nats = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="none",
-                               ignore_index=IGNORE_INDEX).view_as(ys)  # (b, T), 0 at ignored targets
-        mask = (ys != IGNORE_INDEX).float()
-        log_z = torch.logsumexp(logits, dim=-1)  # (b, T)
-        z_term = (log_z.square() * mask).sum()
-        objective = (nats.sum() + z_loss * z_term) * scale
-        if not torch.isfinite(objective):
-            finite = False
-            sum_nats = float("nan")
-            break
-        accelerator.backward(objective)
+        with gradient_sync(model, enabled=lo + size >= local_rows):
+            with accelerator.autocast():
+                logits = model(xs) if ds is None else model(xs, ds)  # (b, T, V)
+            logits = logits.float()
+            nats = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="none",
+                                   ignore_index=IGNORE_INDEX).view_as(ys)  # (b, T), 0 at ignored targets
+            mask = (ys != IGNORE_INDEX).float()
+            log_z = torch.logsumexp(logits, dim=-1)  # (b, T)
+            z_term = (log_z.square() * mask).sum()
+            objective = (nats.sum() + z_loss * z_term) * scale
+            if not all_finite(bool(torch.isfinite(objective)), accelerator):
+                finite = False
+                break
+            accelerator.backward(objective)
         sum_nats += float(nats.detach().sum())
         sum_z += float(z_term.detach())
         sum_log_z += float((log_z.detach() * mask).sum())
-        row_nats[lo:lo + size] = nats.detach().sum(dim=1).cpu()
+        row_nats[lo:lo + size] = nats.detach().sum(dim=1).double().cpu()
+    # Per-source sums over the sources of the global batch, in one collective with the step's totals.
+    names = sorted(set(batch[2]))
     row_targets = real.sum(dim=1)
+    per_nats = [float(row_nats[[i for i, s in enumerate(sources) if s == name]].sum()) for name in names]
+    per_targets = [int(row_targets[[i for i, s in enumerate(sources) if s == name]].sum()) for name in names]
+    totals = all_sum([sum_nats, sum_z, sum_log_z, *per_nats, *per_targets], accelerator)
+    sum_nats, sum_z, sum_log_z = totals[:3]
     per_source = {}
     if finite:
-        for source in sorted(set(sources)):
-            idx = [i for i, s in enumerate(sources) if s == source]
-            per_source[f"loss_nats/{source}"] = float(row_nats[idx].sum()) / max(int(row_targets[idx].sum()), 1)
-    n = max(n_local, 1)
-    return {"loss_nats": sum_nats / n, "z_loss": z_loss * sum_z / n, "mean_log_z": sum_log_z / n,
-            "n_targets": n_local, "finite": finite, **per_source}
+        for i, name in enumerate(names):
+            per_source[f"loss_nats/{name}"] = totals[3 + i] / max(totals[3 + len(names) + i], 1)
+    n = max(n_global, 1)
+    return {"loss_nats": sum_nats / n if finite else float("nan"), "z_loss": z_loss * sum_z / n,
+            "mean_log_z": sum_log_z / n, "n_targets": n_global, "finite": finite, **per_source}
 
 
 def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer, *, lr: float, grad_clip: float,
                  accelerator: Accelerator, measure_update: bool = False) -> dict:
     """Clip the global gradient norm at ``grad_clip`` and take the AdamW step at ``lr``; returns grad_norm_preclip,
-    clipped and (when ``measure_update``) update_weight_ratio = ‖Δθ‖ / ‖θ‖ over all parameters."""
+    clipped and (when ``measure_update``) update_weight_ratio = ‖Δθ‖ / ‖θ‖ over all parameters (global norms,
+    also under FSDP sharding)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), grad_clip))
+    grad_norm = clip_grad_norm(model, grad_clip)
+    sharded = is_sharded(model) if measure_update else False
     before = [p.detach().clone() for p in model.parameters()] if measure_update else None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     out = {"grad_norm_preclip": grad_norm, "clipped": int(grad_norm > grad_clip)}
     if before is not None:
         with torch.no_grad():
-            delta = torch.sqrt(sum(((p - b).float().square().sum() for p, b in zip(model.parameters(), before)),
-                                   torch.tensor(0.0)))
-            weight = torch.sqrt(sum((b.float().square().sum() for b in before), torch.tensor(0.0)))
-        out["update_weight_ratio"] = float(delta / weight.clamp_min(1e-12))
+            delta = global_norm([p.detach() - b for p, b in zip(model.parameters(), before)], accelerator, sharded)
+            weight = global_norm(before, accelerator, sharded)
+        out["update_weight_ratio"] = delta / max(weight, 1e-12)
     return out
 
 
@@ -242,7 +248,9 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
     if accelerator is None:
         cuda = torch.cuda.is_available()
         accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
-    model.to(accelerator.device).train()
+    if accelerator.num_processes == 1:
+        model.to(accelerator.device)
+    model.train()
     optimizer = build_optimizer(model, optim_cfg) if optimizer is None else optimizer
     result, start = TrainResult(state=state, optimizer=optimizer), state.step
     # Only the last ``window`` losses matter; a bounded deque keeps the per-step check O(window) for any run length.
@@ -250,7 +258,8 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
     lr_scale, consecutive = 1.0, 0
     # Utilisation reference, once per run: the device's bf16 peak (MFU) or a measured matmul rate (CPU proxy).
     reference = device_peak_flops(accelerator.device) if instrument_every > 0 else None
-    flops_per_tok = flops_per_token(model.cfg) if hasattr(model, "cfg") else None
+    core = unwrap(model)
+    flops_per_tok = flops_per_token(core.cfg) if hasattr(core, "cfg") else None
     while True:
         if _due(state.step, eval_every, start, total_steps):
             _fire(callbacks, "on_eval", state, model)

@@ -144,7 +144,7 @@ def test_accumulated_gradient_equals_the_full_batch_gradient():
 
 
 def test_micro_batches_must_divide_the_batch():
-    with pytest.raises(DataError, match="micro-batches"):
+    with pytest.raises(DataError, match="micro-batch"):
         forward_backward(Decoder(LONG), ragged_batch(), accelerator=Accelerator(cpu=True), micro_batches=3)
 
 
