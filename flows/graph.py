@@ -166,6 +166,7 @@ STAGES: tuple[StageDef, ...] = (
     StageDef("main", ("tokenizer", "mixture", "sweep"), ("tasks.train", "models", "evals.heldout"),
              lambda c: {"main": c.main.model_dump(exclude={"log_every": True, "checkpoint_every": True,
                                                           "keep_checkpoints": True, "async_checkpoints": True,
+                                                          "distributed": True,
                                                           "stability": {"instrument_every"}}),
                         "packing": c.packing.model_dump(), "seed": c.seed},
              _run_main, _check_main),

@@ -27,3 +27,7 @@ class CheckpointError(PretrainError):
 
 class GateError(PretrainError):
     """The gate was changed after results exist, or its declaration is inconsistent."""
+
+
+class TrainingError(PretrainError):
+    """A launched training run failed; the message carries the tail of the workers' output."""

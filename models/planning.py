@@ -252,8 +252,12 @@ def detected_device() -> tuple[str, float]:
     return "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
 
 
-def require_fit(cfg: ModelConfig, micro_batch: int, *, headroom: float = 0.1) -> MemoryFit:
-    """The single-device layout's memory on the detected device; refuses one that does not fit.
+def require_fit(cfg: ModelConfig, micro_batch: int, *, headroom: float = 0.1, zero_stage: int = 0, ranks: int = 1,
+                checkpointing: bool = False, local_processes: int = 1) -> MemoryFit:
+    """One rank's memory (SPEC §3) on the detected device; refuses a layout that does not fit.
+
+    ``micro_batch``: rows one rank holds at a time; ``zero_stage``/``ranks``: how model states are sharded (FSDP
+    full shard = ZeRO-3 over all ranks); ``local_processes``: processes sharing one CPU's RAM (each gets its share).
 
     Raises:
         ConfigError: the layout needs more than (1 − headroom) of the device's memory; the message gives the
@@ -262,8 +266,10 @@ def require_fit(cfg: ModelConfig, micro_batch: int, *, headroom: float = 0.1) ->
     from infra.errors import ConfigError
 
     name, memory_gb = detected_device()
-    fit = memory_fit(cfg, micro_batch=micro_batch, device_gb=memory_gb, headroom=headroom,
-                     activation_dtype_bytes=2 if name != "cpu" else 4)
+    if name == "cpu":
+        memory_gb /= max(local_processes, 1)
+    fit = memory_fit(cfg, micro_batch=micro_batch, device_gb=memory_gb, headroom=headroom, zero_stage=zero_stage,
+                     ranks=ranks, checkpointing=checkpointing, activation_dtype_bytes=2 if name != "cpu" else 4)
     if not fit.fits:
         raise ConfigError(f"the run does not fit on {name}: {fit.describe()}; lower batch_size or seq_len, use a "
                           "smaller model, or shard it over more devices (see `pretrain plan`)")

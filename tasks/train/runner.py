@@ -140,7 +140,7 @@ class PeriodicEval(Callback):
 def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: float, budget: RunBudget,
                  seed: int, callbacks: Sequence[Callback] = (), min_lr_ratio: float = 0.1,
                  state: TrainState | None = None, optimizer=None, checkpoint_every: int = 0,
-                 stability: StabilityConfig | None = None, rewind=None) -> TrainResult:
+                 stability: StabilityConfig | None = None, rewind=None, accelerator=None) -> TrainResult:
     """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (SPEC §6 settings); with ``stability``,
     its z-loss, accumulation, instruments and spike policy (``rewind`` reloads the last checkpoint)."""
     st = stability or StabilityConfig(spike_policy="warn", instrument_every=0)
@@ -152,7 +152,7 @@ def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: fl
     return train(model, sampler, optim, total_steps=budget.steps, eval_every=budget.eval_every,
                  callbacks=list(callbacks), state=state, optimizer=optimizer, seed=seed,
                  checkpoint_every=checkpoint_every, spike=spike, rewind=rewind,
-                 instrument_every=st.instrument_every)
+                 instrument_every=st.instrument_every, accelerator=accelerator)
 
 
 def _is_number(value) -> bool:

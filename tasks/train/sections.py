@@ -121,6 +121,39 @@ class StabilityConfig(Section):
         return self
 
 
+class DistributedConfig(Section):
+    """How the main run is launched and parallelised (``tasks/train/parallel.py``).
+
+    Fields:
+        launch: ``inprocess`` trains inside the pipeline's process (one process, this machine); ``accelerate``
+            starts ``processes`` workers with ``accelerate launch`` (the same command a Prefect worker runs on an
+            H100 node) and streams their metrics into the stage's MLflow run.
+        processes: processes on this machine (GPUs on a GPU node). Multi-node layouts come from the accelerate
+            config (see infra/accelerate/h100_multinode.yaml).
+        accelerate_config: accelerate launch config; a relative path is looked up from the working directory,
+            then from the installed project (infra/accelerate/).
+        strategy: ``fsdp`` (FSDP2 full shard, ZeRO-3), ``hybrid`` (shard within ``shard_size`` ranks, replicate
+            across) or ``ddp`` (replicated).
+        activation_checkpointing: recompute each block's activations in backward (SPEC §3).
+
+    Not in the stage key: a layout changes results only by float reduction order (tests/unit/test_train_distributed).
+    """
+
+    launch: Literal["inprocess", "accelerate"] = "inprocess"
+    processes: int = Field(default=1, gt=0)
+    accelerate_config: str = "infra/accelerate/local_processes.yaml"
+    strategy: Literal["ddp", "fsdp", "hybrid"] = "fsdp"
+    shard_size: int = Field(default=0, ge=0, description="hybrid: ranks per shard group; 0 = one node's processes")
+    activation_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _one_process_in_process(self) -> "DistributedConfig":
+        if self.launch == "inprocess" and self.processes != 1:
+            raise ValueError(f"processes = {self.processes} needs launch = \"accelerate\" (an in-process run is one "
+                             "process)")
+        return self
+
+
 class MainConfig(Section):
     """The main pretraining run (SPEC §2, §6). ``peak_lr`` comes from the sweep unless set here."""
 
@@ -132,12 +165,18 @@ class MainConfig(Section):
     keep_checkpoints: int = Field(default=3, gt=0, description="newest complete scratch checkpoints kept")
     async_checkpoints: bool = Field(default=False, description="snapshot to CPU and write in a background thread")
     stability: StabilityConfig = StabilityConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     @model_validator(mode="after")
     def _micro_batches_divide(self) -> "MainConfig":
-        if self.budget.batch_size % self.stability.micro_batches:
-            raise ValueError(f"stability.micro_batches = {self.stability.micro_batches} does not divide "
-                             f"budget.batch_size = {self.budget.batch_size}")
+        split = self.stability.micro_batches * self.distributed.processes
+        if self.budget.batch_size % split:
+            raise ValueError(f"budget.batch_size = {self.budget.batch_size} does not split over "
+                             f"distributed.processes = {self.distributed.processes} × stability.micro_batches = "
+                             f"{self.stability.micro_batches}; use a multiple of {split}")
+        if self.async_checkpoints and self.distributed.launch == "accelerate":
+            raise ValueError("async_checkpoints applies to in-process runs; a launched run writes sharded "
+                             "checkpoints collectively: set async_checkpoints = false")
         return self
 
 

@@ -13,18 +13,22 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from accelerate import Accelerator
 
 from infra.errors import CheckpointError
-from infra.stage import StageContext
+from infra.stage import Progress, StageContext
 from tasks.mixture.candidates import epoch_warnings, epochs
 from tasks.mixture.stage import load_choice
 from tasks.sweep.stage import load_best
 from tasks.tokenizer.stage import TokenizedCorpus
-from tasks.train.checkpoint import CheckpointCallback, latest_checkpoint, load_checkpoint, save_checkpoint
+from tasks.train.checkpoint import (CheckpointCallback, latest_checkpoint, load_checkpoint, load_model,
+                                   load_sharded_checkpoint, save_checkpoint, save_consolidated_checkpoint)
+from tasks.train.parallel import check_layout, parallelize
 from tasks.train.optim import build_optimizer
 from tasks.train.config import OptimConfig
 from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
@@ -35,71 +39,147 @@ from tasks.tokenizer.config import PackingConfig
 from tasks.tokenizer.stage import packing_report
 
 
+@dataclass
+class MainJob:
+    """Everything one main-run process needs, JSON-serialisable so launched workers receive it as a file."""
+
+    out: str
+    scratch: str
+    inputs: dict[str, str]
+    seed: int
+    torch_threads: int
+    cfg: dict
+    sources: list[str]
+    max_epochs: float
+    packing: dict
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> "MainJob":
+        return cls(**json.loads(Path(path).read_text()))
+
+
 def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: float = 4.0,
         packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
     """Train the main model and score it on every source's held-out split.
+
+    In process (``[main.distributed] launch = "inprocess"``) or through ``accelerate launch`` of
+    ``tasks.train.launch`` on ``processes`` workers, whose rank 0 streams metrics back to this stage's MLflow run.
 
     Before training, refuses a layout whose memory (SPEC §3) exceeds 90% of the detected device's (ConfigError
     naming the numbers), and prints a warning for each mixture source the planned run repeats more than ``max_epochs``
     times (w·D/U, SPEC §8); the threshold only shapes that message, so it is not part of the stage key.
     """
-    seed_everything(ctx.seed, ctx.torch_threads)
-    corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
-    choice = load_choice(ctx.inputs["mixture"])
-    peak_lr = cfg.peak_lr or load_best(ctx.inputs["sweep"])["best_lr"]
+    job = MainJob(out=str(ctx.out), scratch=str(ctx.scratch), inputs={k: str(v) for k, v in ctx.inputs.items()},
+                  seed=ctx.seed, torch_threads=ctx.torch_threads, cfg=cfg.model_dump(), sources=list(sources),
+                  max_epochs=max_epochs, packing=packing.model_dump())
+    if cfg.distributed.launch == "accelerate":
+        from tasks.train.launch import launch
+
+        return launch(job, cfg.distributed, log_metrics=ctx.log_metrics, progress=ctx.progress)
+    return train_main(job, log_metrics=ctx.log_metrics, progress=ctx.progress)
+
+
+def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Accelerator | None = None) -> dict:
+    """The main run on this process: alone (``accelerator`` None) or as one rank of a launched run (every rank
+    calls this; rank 0 alone logs, reports progress and writes the artifact files)."""
+    cfg = MainConfig(**job.cfg)
+    packing = PackingConfig(**job.packing)
+    out, scratch = Path(job.out), Path(job.scratch)
+    main_rank = accelerator is None or accelerator.is_main_process
+    processes = 1 if accelerator is None else accelerator.num_processes
+    dist = cfg.distributed
+    seed_everything(job.seed, max(1, job.torch_threads // processes))
+    corpus = TokenizedCorpus(Path(job.inputs["tokenizer"]))
+    choice = load_choice(Path(job.inputs["mixture"]))
+    peak_lr = cfg.peak_lr or load_best(Path(job.inputs["sweep"]))["best_lr"]
     model_cfg = cfg.model.build(corpus.vocab_size)
-    require_fit(model_cfg, cfg.budget.batch_size)  # refuse before allocating anything (SPEC §3 arithmetic)
-    model = build_model(model_cfg, ctx.seed)
+    check_layout(cfg.budget.batch_size, cfg.stability.micro_batches, processes)
+    sharded = accelerator is not None and processes > 1 and dist.strategy != "ddp"
+    # Refuse before allocating anything (SPEC §3 arithmetic), for one rank's share of the work.
+    require_fit(model_cfg, cfg.budget.batch_size // (processes * cfg.stability.micro_batches),
+                zero_stage=3 if sharded else 0, ranks=processes, checkpointing=dist.activation_checkpointing,
+                local_processes=processes)
+    model = build_model(model_cfg, job.seed)
+    if accelerator is not None:
+        model = parallelize(model, accelerator, dist.strategy, shard_size=dist.shard_size,
+                            activation_checkpointing=dist.activation_checkpointing)
+    else:
+        model.activation_checkpointing = dist.activation_checkpointing
     optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
     sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,
-                           batch_size=cfg.budget.batch_size, seed=ctx.seed, packing=packing)
-    extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "manifest_hash": corpus.meta.get("manifest_hash", ""), "mixture": choice["weights"], "peak_lr": peak_lr}
+                           batch_size=cfg.budget.batch_size, seed=job.seed, packing=packing)
+    extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "manifest_hash": corpus.meta.get("manifest_hash", ""),
+             "mixture": choice["weights"], "peak_lr": peak_lr}
     main_epochs = planned_epochs(cfg, choice["weights"], corpus)
-    for warning in epoch_warnings(main_epochs, max_epochs):
-        print(f"warning: main run: {warning}")
-    state = _resume(ctx.scratch, model, optimizer, sampler)
+    if main_rank:
+        for warning in epoch_warnings(main_epochs, job.max_epochs):
+            print(f"warning: main run: {warning}")
+    state = _resume(scratch, model, optimizer, sampler, accelerator)
     # Training advances ``state`` in place: read the resume point before it moves.
     resumed_from_step = state.step if state else 0
+    if not main_rank:
+        log_metrics, progress = (lambda metrics, step: None), Progress()
 
     def report(step: int, tokens_seen: int, evals) -> None:
-        ctx.log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
+        log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
 
-    checkpointer = CheckpointCallback(ctx.scratch, extra=extra, keep_last=cfg.keep_checkpoints,
-                                      asynchronous=cfg.async_checkpoints)
+    checkpointer = CheckpointCallback(scratch, extra=extra, keep_last=cfg.keep_checkpoints,
+                                      asynchronous=cfg.async_checkpoints, accelerator=accelerator)
     callbacks = [
-        MetricsToTracker(ctx.log_metrics, cfg.log_every),
-        PeriodicEval(corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens, report=report),
+        MetricsToTracker(log_metrics, cfg.log_every),
+        PeriodicEval(corpus, job.sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens,
+                     report=report),
         checkpointer,
     ]
-    events = EventLog(ctx.log_metrics)
+    events = EventLog(log_metrics)
 
     def rewind():
         """Reload the newest complete checkpoint's weights, optimiser and loop state; the loader moves on."""
         checkpointer.wait()
-        latest = latest_checkpoint(ctx.scratch)
-        return None if latest is None else load_checkpoint(latest, model=model, optimizer=optimizer)["state"]
+        latest = latest_checkpoint(scratch)
+        if latest is None:
+            return None
+        if accelerator is not None:
+            return load_sharded_checkpoint(latest, model=model, optimizer=optimizer, accelerator=accelerator)["state"]
+        return load_checkpoint(latest, model=model, optimizer=optimizer)["state"]
 
     started = time.perf_counter()
-    with ctx.progress.task("main: training steps", cfg.budget.steps) as advance:
+    with progress.task("main: training steps", cfg.budget.steps) as advance:
         advance(state.step if state else 0)
-        result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed,
+        result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=job.seed,
                               callbacks=[*callbacks, events, StepProgress(advance)], state=state, optimizer=optimizer,
-                              checkpoint_every=cfg.checkpoint_every, stability=cfg.stability, rewind=rewind)
+                              checkpoint_every=cfg.checkpoint_every, stability=cfg.stability, rewind=rewind,
+                              accelerator=accelerator)
     checkpointer.wait()
-    events.frame().to_parquet(ctx.out / "events.parquet", index=False)
     wall_s = time.perf_counter() - started
-    save_checkpoint(ctx.out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
-                    sampler_state=sampler.state_dict(), extra=extra)
-    evals = evaluate_sources(model, corpus, sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens)
+    if accelerator is not None:
+        save_consolidated_checkpoint(out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
+                                     sampler_state=sampler.state_dict(), extra=extra, accelerator=accelerator)
+        if not main_rank:
+            return {}
+        model = load_model(out / "checkpoint")  # rank 0 scores the consolidated weights alone
+    else:
+        save_checkpoint(out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
+                        sampler_state=sampler.state_dict(), extra=extra)
+    events.frame().to_parquet(out / "events.parquet", index=False)
+    evals = evaluate_sources(model, corpus, job.sources, seq_len=model_cfg.seq_len,
+                             eval_tokens=cfg.budget.eval_tokens)
     frame = evals_frame(evals, checkpoint="main", step=result.state.step, tokens_seen=result.state.tokens_seen)
-    frame.to_parquet(ctx.out / "heldout.parquet", index=False)
-    packing_report(corpus, [model_cfg.seq_len]).to_parquet(ctx.out / "packing.parquet", index=False)
+    frame.to_parquet(out / "heldout.parquet", index=False)
+    packing_report(corpus, [model_cfg.seq_len]).to_parquet(out / "packing.parquet", index=False)
     summary = {"peak_lr": peak_lr, "steps": result.state.step, "tokens_seen": result.state.tokens_seen,
                "train_wall_s": wall_s, "mixture": choice["name"],
                "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,
-               "resumed_from_step": resumed_from_step, "epochs": main_epochs, "spike_events": len(result.events)}
-    (ctx.out / "run.json").write_text(json.dumps(summary, indent=2))
-    shutil.rmtree(ctx.scratch, ignore_errors=True)
+               "resumed_from_step": resumed_from_step, "epochs": main_epochs, "spike_events": len(result.events),
+               "world_size": processes, "strategy": dist.strategy if processes > 1 else "single",
+               "activation_checkpointing": dist.activation_checkpointing}
+    (out / "run.json").write_text(json.dumps(summary, indent=2))
+    if accelerator is None:  # a launched run's scratch also holds the launch folder: the launcher removes it
+        shutil.rmtree(scratch, ignore_errors=True)
     return summary
 
 
@@ -112,16 +192,25 @@ def planned_epochs(cfg: MainConfig, weights: dict[str, float], corpus: Tokenized
     return epochs(weights, tokens, corpus.train_sizes(list(weights)))
 
 
-def _resume(folder: Path, model, optimizer, sampler):
-    """Load the newest complete scratch checkpoint, if any; returns its TrainState or None."""
+def _resume(folder: Path, model, optimizer, sampler, accelerator: Accelerator | None = None):
+    """Load the newest complete scratch checkpoint, if any; returns its TrainState or None. Launched runs read
+    sharded checkpoints (on any world size); every rank reaches the same verdict for each candidate."""
+    main_rank = accelerator is None or accelerator.is_main_process
     for candidate in sorted(folder.glob("step_*"), reverse=True):
         try:
-            saved = load_checkpoint(candidate, model=model, optimizer=optimizer)
+            if accelerator is None:
+                saved = load_checkpoint(candidate, model=model, optimizer=optimizer)
+            else:
+                saved = load_sharded_checkpoint(candidate, model=model, optimizer=optimizer, accelerator=accelerator)
         except CheckpointError as err:  # a torn or corrupt checkpoint: fall back to the previous one
-            print(f"warning: skipping unusable checkpoint {candidate.name}: {err}")
+            if main_rank:
+                print(f"warning: skipping unusable checkpoint {candidate.name}: {err}")
             continue
         sampler.load_state_dict(saved["sampler_state"])
-        print(f"{folder.parent.name}: resuming from step {saved['state'].step:,} ({candidate})")
+        if main_rank:
+            written = saved.get("world_size")
+            note = f", written by {written} processes" if written and accelerator and written != accelerator.num_processes else ""
+            print(f"{folder.parent.name}: resuming from step {saved['state'].step:,} ({candidate}{note})")
         return saved["state"]
     return None
 

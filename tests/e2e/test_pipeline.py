@@ -135,6 +135,35 @@ def test_changing_cpt_reruns_only_cpt_and_gate(smoke_runs, tmp_path):
     assert {k for k, v in status.items() if v == "ran"} == {"cpt", "gate"}
 
 
+def test_main_run_launched_on_two_processes_matches_the_in_process_run(smoke_runs, tmp_path):
+    """`accelerate launch` of two CPU workers (gloo, FSDP2 full shard, activation checkpointing), forced with
+    --refresh main: the layout is not in the key, and the result matches the in-process run's."""
+    runs = tmp_path / "runs"
+    shutil.copytree(smoke_runs["runs"], runs)
+    layout = ('async_checkpoints = false\ndistributed = { launch = "accelerate", processes = 2, strategy = "fsdp", '
+              'activation_checkpointing = true }')
+    changed = ROOT / "configs" / ".smoke-launched.toml"
+    changed.write_text((ROOT / "configs/smoke.toml").read_text().replace("async_checkpoints = true", layout))
+    try:
+        proc = _pretrain("run", str(changed), "--refresh", "main", runs=runs)
+    finally:
+        changed.unlink()
+    assert _stage_status(proc.stdout)["main"] == "ran"
+    assert "launching 2 process(es) (fsdp)" in proc.stdout
+    (before,) = [json.loads(p.read_text()) for p in (smoke_runs["runs"] / "artifacts" / "main").glob("*/run.json")]
+    (after,) = [json.loads(p.read_text()) for p in (runs / "artifacts" / "main").glob("*/run.json")]
+    assert (after["world_size"], after["strategy"], before["world_size"]) == (2, "fsdp", 1)
+    assert after["tokens_seen"] == before["tokens_seen"]
+    assert after["final_loss_nats"] == pytest.approx(before["final_loss_nats"], abs=1e-4)
+    # Rank 0's metrics reached the stage's MLflow run, each at its step.
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    (main_run,) = client.search_runs([experiment.experiment_id], "tags.stage = 'main'", order_by=["start_time DESC"],
+                                     max_results=1)
+    history = client.get_metric_history(main_run.info.run_id, "loss_nats")
+    assert sorted(m.step for m in history) == list(range(2, 17, 2))
+
+
 def test_deleting_an_artifact_reruns_that_stage(smoke_runs, tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(smoke_runs["runs"], runs)

@@ -6,11 +6,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from infra.errors import TrainingError
 from infra.runs import RunsLayout
 from infra.stage import StageContext
 from tasks.tokenizer.shards import write_shard
-from tasks.train.sections import MainConfig, ModelShape, RunBudget
+from tasks.train.checkpoint import load_model
+from tasks.train.sections import DistributedConfig, MainConfig, ModelShape, RunBudget
 from tasks.train.stage import run
 
 VOCAB, TOKENIZER_HASH = 64, "synthetic"
@@ -68,3 +71,40 @@ def test_fresh_run_reports_epochs_per_source_and_warns_above_the_limit(tmp_path,
     assert summary["epochs"] == pytest.approx({"a": 0.12, "b": 1.2})
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "'b' is repeated 1.20 epochs (> 1)" in warnings[0]
+
+
+LONGER = CFG.model_copy(update={"budget": RunBudget(steps=30, batch_size=2, warmup_steps=1, eval_tokens=64)})
+LAUNCHED = LONGER.model_copy(update={"distributed": DistributedConfig(launch="accelerate", processes=2,
+                                                                      strategy="fsdp")})
+
+
+def test_launched_run_matches_in_process_and_resumes_after_sigkill(tmp_path, inputs, capsys):
+    """Two worker processes (FSDP2 on gloo) give the in-process losses; SIGKILL of every worker after the step-4
+    checkpoint, then the same call again: it resumes from the newest complete checkpoint without a flag and ends
+    where an uninterrupted run ends."""
+    import psutil
+
+    in_process = {}
+    run(_context(tmp_path / "a", inputs, "one", lambda m, step: in_process.update({step: m.get("loss_nats")})),
+        LONGER, sources=["a", "b"])
+    launched = {}
+    summary = run(_context(tmp_path / "b", inputs, "two", lambda m, step: launched.update({step: m.get("loss_nats")})),
+                  LAUNCHED, sources=["a", "b"])
+    assert summary["world_size"] == 2 and summary["strategy"] == "fsdp"
+    losses = {k: v for k, v in launched.items() if v is not None}
+    assert losses == pytest.approx({k: v for k, v in in_process.items() if v is not None}, abs=2e-5)
+
+    def kill_workers_after_step_5(metrics, step):
+        if step >= 5:
+            for child in psutil.Process().children(recursive=True):
+                child.kill()  # SIGKILL: no handler runs, nothing is flushed
+
+    with pytest.raises(TrainingError, match="exit"):
+        run(_context(tmp_path / "c", inputs, "killed", kill_workers_after_step_5), LAUNCHED, sources=["a", "b"])
+    resumed = run(_context(tmp_path / "c", inputs, "rerun"), LAUNCHED, sources=["a", "b"])
+    assert resumed["resumed_from_step"] >= 4 and resumed["resumed_from_step"] % 2 == 0
+    assert "resuming from step" in capsys.readouterr().out
+    final = load_model(tmp_path / "c/runs/artifacts/main/.tmp-rerun/checkpoint")
+    reference = load_model(tmp_path / "b/runs/artifacts/main/.tmp-two/checkpoint")
+    for (name, p), q in zip(final.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name

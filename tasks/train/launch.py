@@ -1,0 +1,174 @@
+"""The main run across processes: the stage starts ``accelerate launch -m tasks.train.launch JOB`` and follows it.
+
+Every worker process runs ``stage.train_main`` as one rank. Rank 0 appends its metrics and progress to
+``<scratch>/launch/metrics.jsonl``, which the stage (in the pipeline's process, inside its MLflow run) tails and
+forwards, so a launched run's MLflow record looks like an in-process one. Worker output goes to
+``<scratch>/launch/workers.log``; a failed launch raises with its tail.
+
+The same module is what a Prefect worker on a GPU node runs (``infra/accelerate/h100x8.yaml``); the command is an
+argument list (no shell), and killing the stage kills the whole worker process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from infra.errors import ConfigError, TrainingError
+from infra.stage import Progress
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+POLL_S = 0.5
+
+
+def resolve_launch_config(path: str) -> Path:
+    """An accelerate config path: as given (absolute or from the working directory), else under the project.
+
+    Raises:
+        ConfigError: the file exists in neither place, or is not a YAML mapping.
+    """
+    for candidate in (Path(path), PROJECT_ROOT / path):
+        if candidate.is_file():
+            try:
+                loaded = yaml.safe_load(candidate.read_text())
+            except yaml.YAMLError as err:
+                raise ConfigError(f"main.distributed.accelerate_config {candidate} is not valid YAML: {err}") from err
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"main.distributed.accelerate_config {candidate} is not a YAML mapping")
+            return candidate.resolve()
+    raise ConfigError(f"main.distributed.accelerate_config {path!r} not found (looked in {Path.cwd()} and "
+                      f"{PROJECT_ROOT}); use one of infra/accelerate/*.yaml")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(job_path: Path, config_path: Path, processes: int) -> list[str]:
+    """The ``accelerate launch`` argument list for ``processes`` local workers (a free loopback port on a
+    single-machine layout; multi-node layouts take address and port from their config or the scheduler)."""
+    layout = yaml.safe_load(config_path.read_text())
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
+           "--num_processes", str(processes)]
+    if int(layout.get("num_machines", 1)) == 1:
+        cmd += ["--num_machines", "1", "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port())]
+    return [*cmd, "-m", "tasks.train.launch", str(job_path)]
+
+
+def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], progress: Progress) -> dict:
+    """Run ``job`` (a ``stage.MainJob``) on ``dist.processes`` workers and return rank 0's run summary.
+
+    Raises:
+        ConfigError: the accelerate config is missing or malformed.
+        TrainingError: a worker failed (the message ends with the tail of the workers' log).
+    """
+    config_path = resolve_launch_config(dist.accelerate_config)
+    folder = Path(job.scratch) / "launch"
+    folder.mkdir(parents=True, exist_ok=True)
+    job_path = job.write(folder / "job.json")
+    metrics_path, log_path = folder / "metrics.jsonl", folder / "workers.log"
+    metrics_path.write_text("")
+    cmd = launch_command(job_path, config_path, dist.processes)
+    threads = max(1, job.torch_threads // dist.processes)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PRETRAIN_METRICS_FILE": str(metrics_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    print(f"main: launching {dist.processes} process(es) ({dist.strategy}) with {config_path.name}; "
+          f"worker log {log_path}")
+    with ExitStack() as stack, open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        stack.callback(_stop, proc)
+        advance = stack.enter_context(progress.task("main: training steps", job.cfg["budget"]["steps"]))
+        offset = 0
+        while True:
+            finished = proc.poll() is not None
+            offset = _forward(metrics_path, offset, log_metrics, advance)
+            if finished:
+                break
+            time.sleep(POLL_S)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-4000:]
+        raise TrainingError(f"main: the launched run failed (exit {proc.returncode}); last worker output:\n{tail}")
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith(("warning:", "main:")) or "resuming from step" in line:
+            print(line)
+    summary = json.loads((Path(job.out) / "run.json").read_text())
+    shutil.rmtree(job.scratch, ignore_errors=True)  # checkpoints and the launch folder: the artifact is complete
+    return summary
+
+
+def _forward(path: Path, offset: int, log_metrics: Callable[[dict, int], None], advance: Callable[[int], None]) -> int:
+    """Forward complete lines written since ``offset``; returns the new offset (a partial last line waits)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].splitlines():
+        record = json.loads(line)
+        if "advance" in record:
+            advance(record["advance"])
+        else:
+            log_metrics(record["metrics"], record["step"])
+    return offset + end
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """On the way out (normally a no-op): terminate the workers' process group if it is still running."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+class _FileReporter(Progress):
+    """Rank 0's metrics and progress, one JSON line each, for the launching stage to forward."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", buffering=1)
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items()}
+        self.file.write(json.dumps({"step": int(step), "metrics": clean}) + "\n")
+
+    def task(self, description: str, total: int | None):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def bar():
+            yield lambda n=1: self.file.write(json.dumps({"advance": int(n)}) + "\n")
+        return bar()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Worker entry point: ``python -m tasks.train.launch JOB.json`` under ``accelerate launch``."""
+    import torch
+    from accelerate import Accelerator
+
+    from tasks.train.stage import MainJob, train_main
+
+    args = sys.argv[1:] if argv is None else argv
+    job = MainJob.read(Path(args[0]))
+    cuda = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not cuda)
+    reporter = _FileReporter(Path(os.environ.get("PRETRAIN_METRICS_FILE", Path(job.scratch) / "launch" / "metrics.jsonl")))
+    train_main(job, log_metrics=reporter.log_metrics, progress=reporter, accelerator=accelerator)
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()
