@@ -119,12 +119,39 @@ def _log_named_metrics(env: "Env", run_id: str, metrics: dict) -> None:
 
 
 def _mixture(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
-    env.warehouse.replace("mixture_trials", pd.read_parquet(artifact.path / "trials.parquet"), artifact.key)
+    trials = pd.read_parquet(artifact.path / "trials.parquet")
+    if "unique_train_tokens" in trials:
+        # Epochs each source would get in the main run under each candidate, e = w·D/U (SPEC §8), D from
+        # today's [main] budget: the main budget is not in the mixture key, so this is computed at publish time.
+        main_tokens = env.cfg.main.budget.steps * env.cfg.main.budget.batch_size * env.cfg.main.model.seq_len
+        trials["main_epochs"] = trials["weight"] * main_tokens / trials["unique_train_tokens"].clip(lower=1)
+        trials["epochs_over_limit"] = trials["main_epochs"] > env.cfg.mixture.max_epochs
+    env.warehouse.replace("mixture_trials", trials, artifact.key)
+    choice = json.loads((artifact.path / "choice.json").read_text())
+    env.tracker.log_params(run_id, {"mixture.chosen": choice["name"], "mixture.rule": choice["rule"][:500],
+                                    "mixture.runner_up": str(choice.get("runner_up")),
+                                    **{f"mixture.weight.{s}": round(w, 6) for s, w in choice["weights"].items()}})
+    if choice.get("transfer"):
+        t = choice["transfer"]
+        env.tracker.set_tags(run_id, {"mixture.transfer_winner_flips": str(t["winner_flips"]).lower(),
+                                      "mixture.transfer_flipped_pairs": json.dumps(t["flipped_pairs"])[:500]})
+    over = trials[trials.get("epochs_over_limit", False) & trials["candidate"].eq(choice["name"])] \
+        if "epochs_over_limit" in trials else trials.iloc[0:0]
+    if not over.empty:
+        env.tracker.set_tags(run_id, {"epoch_warnings": " | ".join(
+            f"{r.source}: {r.main_epochs:.2f} epochs" for r in over.drop_duplicates("source").itertuples())})
     _log_files(env, run_id, cached, artifact, "choice.json", "mixture_loss.png")
 
 
 def _sweep(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     env.warehouse.replace("sweep_trials", pd.read_parquet(artifact.path / "trials.parquet"), artifact.key)
+    best = json.loads((artifact.path / "best.json").read_text())
+    env.tracker.log_params(run_id, {"sweep.best_lr": best["best_lr"], "sweep.study_name": best["study_name"]})
+    for row in best.get("widths", []):  # best LR against width: one metric point per width (step = d_model)
+        env.tracker.log_metrics(run_id, {"best_lr_by_width": row["best_lr"]}, step=int(row["d_model"]))
+    forecasts = best.get("forecast")
+    if isinstance(forecasts, list):
+        _log_named_metrics(env, run_id, {f"forecast_error_nats.window_{f['window']:g}": f["error"] for f in forecasts})
     _log_files(env, run_id, cached, artifact, "best.json")
 
 
@@ -133,6 +160,17 @@ def _main(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         run_id=artifact.meta.get("mlflow_run_id", run_id), stage="main")
     env.warehouse.replace("heldout_loss", frame, artifact.key)
     env.tracker.set_tags(run_id, {"checkpoint_path": str(artifact.path / "checkpoint")})
+    # Lineage of the two proxy decisions the run consumed: the mixture choice and the sweep's study.
+    inputs = artifact.meta.get("input_keys", {})
+    decisions = {}
+    if inputs.get("sweep") and (env.layout.artifacts / "sweep" / inputs["sweep"] / "best.json").exists():
+        best = json.loads((env.layout.artifacts / "sweep" / inputs["sweep"] / "best.json").read_text())
+        decisions |= {"sweep_artifact_key": inputs["sweep"], "sweep_study": best["study_name"]}
+    if inputs.get("mixture") and (env.layout.artifacts / "mixture" / inputs["mixture"] / "choice.json").exists():
+        choice = json.loads((env.layout.artifacts / "mixture" / inputs["mixture"] / "choice.json").read_text())
+        decisions |= {"mixture_artifact_key": inputs["mixture"], "mixture_choice": choice["name"]}
+    if decisions:
+        env.tracker.set_tags(run_id, decisions)
     main_epochs = json.loads((artifact.path / "run.json").read_text()).get("epochs", {})
     env.tracker.log_metrics(run_id, {f"epochs.{source}": e for source, e in main_epochs.items()}, step=0)
     # The threshold is read from the current config, so a cached run is judged by today's limit.

@@ -95,8 +95,30 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     for row in choice.get("scores", []):
         if not row.get("eligible", True):
             console.print(f"  {row['candidate']}: ineligible ({row.get('reason', '')})")
+    if choice.get("proposal"):
+        proposed = ", ".join(f"{k} {v:.3f}" for k, v in choice["proposal"]["weights"].items())
+        console.print(f"  regression proposal ({proposed}) verified by a proxy run; it competed under the same rule")
+    if choice.get("transfer"):
+        t = choice["transfer"]
+        flips = "the winner flips" if t["winner_flips"] else "same winner"
+        console.print(f"  proxy sizes d_model {t['d_model']['proxy']} vs {t['d_model']['transfer']}: Kendall τ "
+                      f"{t['tau']:.2f} ({flips}; {len(t['flipped_pairs'])} pair(s) swap order)")
+    if "proxies_reused" in choice:
+        console.print(f"  proxies trained {choice['proxies_trained']}, reused from cache {choice['proxies_reused']}")
     best = json.loads((paths["sweep"] / "best.json").read_text())
     console.print(f"[bold]Peak LR:[/] {best['best_lr']:.3e} (proxy held-out {best['best_value']:.4f} nats/token)")
+    if best.get("spread"):
+        sp = best["spread"]
+        console.print(f"  {sp['n_within']} of {sp['n_complete']} completed trials within {sp['tolerance']:.0%} of the "
+                      f"best loss, LR {sp['lr_low']:.2e} – {sp['lr_high']:.2e}")
+    if best.get("lr_drift"):
+        d = best["lr_drift"]
+        lrs = ", ".join(f"d{w}: {lr:.2e}" for w, lr in zip(d["widths"], d["best_lrs"]))
+        console.print(f"  best LR by width {lrs}; ratio {d['ratio']:.2f}, lr* ∝ d_model^{d['exponent']:.2f}")
+    if isinstance(best.get("forecast"), list):
+        for f in best["forecast"]:
+            console.print(f"  loss forecast from the first {f['window']:.0%} of the best trial: predicted "
+                          f"{f['predicted']:.4f}, measured {f['actual']:.4f} nats/token (error {f['error']:+.4f})")
     if best.get("warning"):
         console.print(f"  [yellow]warning:[/] {best['warning']}")
     heldout = pd.read_parquet(paths["main"] / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]

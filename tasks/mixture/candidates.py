@@ -9,7 +9,8 @@ Up to ~4 epochs of a small high-quality source is almost as good as fresh data (
 from dataclasses import dataclass
 
 from infra.errors import ConfigError, DataError
-from tasks.mixture.config import MixtureConfig, check_alpha
+from tasks.mixture.config import MixtureConfig, MixtureGenerate, check_alpha
+from tasks.mixture.design import grid_mixtures, simplex_mixtures
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,21 @@ def resolve_candidates(cfg: MixtureConfig, sizes: dict[str, int]) -> list[Resolv
         else:
             weights = _explicit_weights(candidate.name, candidate.weights, sizes)
         resolved.append(ResolvedCandidate(candidate.name, weights, candidate.alpha))
+    if cfg.generate is not None:
+        resolved += generated_candidates(cfg.generate, sizes)
     return resolved
+
+
+def generated_candidates(gen: MixtureGenerate, sizes: dict[str, int]) -> list[ResolvedCandidate]:
+    """The ``[mixture.generate]`` candidates over the sources with tokens, named ``<kind>-<i>`` (1-based);
+    sources without tokens get weight 0."""
+    active = [s for s in sizes if sizes[s] > 0]
+    if gen.kind == "grid":
+        mixtures = grid_mixtures(active, gen.step, gen.count)
+    else:
+        mixtures = simplex_mixtures(active, gen.count, gen.seed, gen.concentration)
+    return [ResolvedCandidate(f"{gen.kind}-{i}", {s: m.get(s, 0.0) for s in sizes}, None)
+            for i, m in enumerate(mixtures, start=1)]
 
 
 def _explicit_weights(name: str, weights: dict[str, float], sizes: dict[str, int]) -> dict[str, float]:

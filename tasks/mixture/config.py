@@ -7,12 +7,14 @@ A candidate is either explicit per-source weights or a temperature α (SPEC §8:
 import math
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from infra.errors import ConfigError
 from infra.section import Section
+from tasks.train.sections import ModelShape
 
 NATURAL_NAME = "natural"
+PROPOSED_NAME = "proposed"
 WEIGHT_SUM_TOLERANCE = 1e-6
 
 
@@ -66,6 +68,22 @@ def _check_weights(weights: dict[str, float], where: str) -> None:
         raise ConfigError(f"{where} sums to {total:.9f}: weights must sum to 1 (within {WEIGHT_SUM_TOLERANCE:g})")
 
 
+class MixtureGenerate(Section):
+    """Candidates generated from a budget of proxy runs (``tasks/mixture/design.py``), added to the listed ones.
+
+    Fields:
+        kind: ``grid`` (simplex lattice in multiples of ``step``, thinned evenly to ``count``) or ``simplex``
+            (``count`` Dirichlet(``concentration``) draws, seeded by ``seed``).
+        count: the budget: at most this many generated candidates (each one a proxy run per proxy size).
+    """
+
+    kind: Literal["grid", "simplex"]
+    count: int = Field(gt=0, le=200)
+    step: float = Field(default=0.25, gt=0, le=0.5)
+    concentration: float = Field(default=1.0, gt=0)
+    seed: int = Field(default=0, ge=0)
+
+
 class MixtureConfig(Section):
     """The mixture ablation: ≥ 2 candidates (unique names, one natural) and the selection rule.
 
@@ -75,6 +93,11 @@ class MixtureConfig(Section):
             natural mixture by more than δ.
         max_epochs: epochs per source in the main run (w·D/U, D from ``[main]``'s budget) above which the main
             stage warns (~4, SPEC §8). It only sets a warning threshold, so it is left out of every stage key.
+        generate: candidates generated from a budget (grid or simplex sample), in addition to ``candidates``.
+        transfer_model: a second proxy shape; every candidate is also trained at it and the stage reports Kendall's
+            τ between the two sizes' scores, and whether the winner flips. The choice uses ``[proxy]``'s size.
+        propose: fit a per-source regression on the trials, propose the mixture it predicts best, verify it with
+            one more proxy run and let it compete under the same rule.
 
     Raises:
         ConfigError: naming the field and the fix.
@@ -84,6 +107,9 @@ class MixtureConfig(Section):
     rule: Literal["min_mean_bpb", "min_token_weighted_bpb"] = "min_token_weighted_bpb"
     max_regression_bpb: float = 0.05
     max_epochs: float = 4.0
+    generate: MixtureGenerate | None = None
+    transfer_model: ModelShape | None = None
+    propose: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -96,8 +122,14 @@ class MixtureConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> "MixtureConfig":
         names = [c.name for c in self.candidates]
-        if len(names) < 2:
-            raise ConfigError(f"mixture.candidates has {len(names)} entries: give at least 2 (the natural one + one)")
+        generated = self.generate.count if self.generate else 0
+        if len(names) + generated + int(self.propose) < 2:
+            raise ConfigError(f"mixture.candidates has {len(names)} entries and nothing is generated or proposed: "
+                              "give at least 2 (the natural one + one), or a [mixture.generate] budget")
+        reserved = sorted(n for n in names if n == PROPOSED_NAME or n.startswith(("grid-", "simplex-")))
+        if reserved:
+            raise ConfigError(f"mixture.candidates names {reserved} are reserved for generated/proposed candidates: "
+                              "rename them")
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(f"mixture.candidates has duplicate names {duplicates}: names must be unique")

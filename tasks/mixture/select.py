@@ -39,7 +39,8 @@ class MixtureChoice:
     scores: pd.DataFrame
 
 
-def select_mixture(trials: pd.DataFrame, cfg: MixtureConfig, *, natural: str) -> MixtureChoice:
+def select_mixture(trials: pd.DataFrame, cfg: MixtureConfig, *, natural: str,
+                   names: list[str] | None = None) -> MixtureChoice:
     """Choose the eligible candidate with the lowest score under ``cfg.rule``.
 
     Args:
@@ -47,6 +48,7 @@ def select_mixture(trials: pd.DataFrame, cfg: MixtureConfig, *, natural: str) ->
             heldout_tokens. A candidate of ``cfg`` with no rows is reported ineligible ("no results").
         cfg: the mixture section (rule and δ).
         natural: name of the natural (reference) candidate; always eligible.
+        names: every candidate competing (default: ``cfg.candidates``; the stage adds generated and proposed ones).
 
     Ties go to the natural mixture, then to the alphabetically first name.
 
@@ -54,10 +56,11 @@ def select_mixture(trials: pd.DataFrame, cfg: MixtureConfig, *, natural: str) ->
         DataError: missing columns, duplicate (candidate, source) rows, a candidate not in ``cfg``, a candidate
             without every source the natural one has, non-positive held-out tokens, or no usable natural results.
     """
-    _check_trials(trials, cfg, natural)
+    names = [c.name for c in cfg.candidates] if names is None else list(names)
+    _check_trials(trials, names, natural)
     bpb = trials.pivot(index="candidate", columns="source", values="bits_per_byte")
     tokens = trials.pivot(index="candidate", columns="source", values="heldout_tokens")
-    rows = [_score_row(name, bpb, tokens, cfg, natural) for name in (c.name for c in cfg.candidates)]
+    rows = [_score_row(name, bpb, tokens, cfg, natural) for name in names]
     scores = pd.DataFrame(rows, columns=["candidate", "score", "eligible", "worst_regression_bpb", "reason"])
     ranked = scores[scores["eligible"]].assign(_not_natural=lambda d: d["candidate"] != natural)
     ranked = ranked.sort_values(["score", "_not_natural", "candidate"])
@@ -78,7 +81,7 @@ def select_mixture(trials: pd.DataFrame, cfg: MixtureConfig, *, natural: str) ->
     )
 
 
-def _check_trials(trials: pd.DataFrame, cfg: MixtureConfig, natural: str) -> None:
+def _check_trials(trials: pd.DataFrame, names: list[str], natural: str) -> None:
     missing = [c for c in TRIAL_COLUMNS if c not in trials.columns]
     if missing:
         raise DataError(f"mixture trials lack column(s) {missing}: expected {list(TRIAL_COLUMNS)}")
@@ -86,7 +89,7 @@ def _check_trials(trials: pd.DataFrame, cfg: MixtureConfig, natural: str) -> Non
     if not duplicated.empty:
         pairs = sorted(set(zip(duplicated["candidate"], duplicated["source"])))
         raise DataError(f"mixture trials have duplicate (candidate, source) rows {pairs}: keep one row per pair")
-    known = {c.name for c in cfg.candidates}
+    known = set(names)
     unknown = sorted(set(trials["candidate"]) - known)
     if unknown:
         raise DataError(f"mixture trials name candidate(s) {unknown} not in the config: known are {sorted(known)}")

@@ -20,6 +20,12 @@ class SweepConfig(Section):
         pruner_warmup_steps: steps within a trial before it may be pruned.
         report_every: steps between intermediate held-out evaluations reported to the pruner, ≥ 1.
         seed: base seed; the sampler and every trial's seed derive from it.
+        widths: further proxy widths (d_model) to sweep with the same settings, for the width-transfer check;
+            d_ff scales with the width, heads stay. The LR that feeds the main run is the one at ``[proxy]``'s width.
+        spread_tolerance: completed trials within this relative distance of the best held-out loss count as "near
+            the optimum"; their LR range is reported as the spread of the choice.
+        forecast_windows: shares of the best trial's tokens on which L(D) = L∞ + a·D^−γ is fitted to forecast its
+            final held-out loss (SPEC §10); at least 3 held-out reports must fall in a window.
 
     Raises:
         ConfigError: naming the field and the fix.
@@ -33,6 +39,9 @@ class SweepConfig(Section):
     pruner_warmup_steps: int = 0
     report_every: int
     seed: int = 0
+    widths: list[int] = []
+    spread_tolerance: float = 0.02
+    forecast_windows: list[float] = [0.5, 0.75]
 
     @model_validator(mode="after")
     def _check(self) -> "SweepConfig":
@@ -50,4 +59,10 @@ class SweepConfig(Section):
             raise ConfigError(f"sweep.report_every = {self.report_every}: must be ≥ 1 step")
         if self.seed < 0:
             raise ConfigError(f"sweep.seed = {self.seed}: must be ≥ 0")
+        if any(w <= 0 for w in self.widths) or len(set(self.widths)) != len(self.widths):
+            raise ConfigError(f"sweep.widths = {self.widths}: give distinct positive d_model values")
+        if not 0.0 <= self.spread_tolerance < 1.0:
+            raise ConfigError(f"sweep.spread_tolerance = {self.spread_tolerance}: must lie in [0, 1)")
+        if any(not 0.0 < w <= 1.0 for w in self.forecast_windows):
+            raise ConfigError(f"sweep.forecast_windows = {self.forecast_windows}: each must lie in (0, 1]")
         return self

@@ -8,11 +8,12 @@ fit windows are reported side by side, because the forecast is only as good as i
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import curve_fit
+from scipy.optimize import OptimizeWarning, curve_fit
 
 from infra.errors import DataError
 
@@ -60,8 +61,10 @@ def fit_power_law(tokens: Sequence[float], losses: Sequence[float]) -> tuple[flo
     l0 = float(loss.min()) * 0.9
     start = (l0, max(float(loss[0] - l0), 1e-6) * float(d[0]) ** 0.3, 0.3)
     try:
-        params, _ = curve_fit(power_law, d, loss, p0=start, bounds=([0.0, 0.0, 1e-3], [np.inf, np.inf, 3.0]),
-                              maxfev=20_000)
+        with warnings.catch_warnings():  # an exact fit (3 points) has no covariance; only the parameters are used
+            warnings.simplefilter("ignore", OptimizeWarning)
+            params, _ = curve_fit(power_law, d, loss, p0=start, bounds=([0.0, 0.0, 1e-3], [np.inf, np.inf, 3.0]),
+                                  maxfev=20_000)
     except (RuntimeError, ValueError) as err:
         raise DataError(f"the power-law fit did not converge on {len(d)} points: {err}") from err
     return float(params[0]), float(params[1]), float(params[2])

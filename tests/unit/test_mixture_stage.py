@@ -1,0 +1,71 @@
+"""The mixture stage on a tiny synthetic token corpus: per-candidate proxy cache, transfer τ, verified proposal."""
+
+import json
+
+import pandas as pd
+
+from infra.runs import RunsLayout
+from infra.stage import StageContext
+from tasks.mixture.config import MixtureConfig
+from tasks.mixture.stage import run
+from tasks.train.sections import ModelShape, ProxyConfig, RunBudget
+from tests.unit.test_train_stage import inputs  # noqa: F401  (fixture: a synthetic tokenizer artifact)
+
+PROXY = ProxyConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, seq_len=8),
+                    budget=RunBudget(steps=4, batch_size=2, warmup_steps=1, eval_tokens=64), peak_lr=1e-2)
+CANDIDATES = [{"name": "natural", "alpha": 1.0}, {"name": "a_heavy", "weights": {"a": 0.9, "b": 0.1}}]
+CFG = MixtureConfig(candidates=CANDIDATES, generate={"kind": "grid", "count": 3, "step": 0.5},
+                    transfer_model=ModelShape(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, seq_len=8),
+                    propose=True)
+
+
+def _run(tmp_path, inputs, name, cfg, metrics=None):
+    out = tmp_path / "runs" / "artifacts" / "mixture" / name
+    out.mkdir(parents=True)
+    log = (lambda m, step: metrics.update(m)) if metrics is not None else (lambda m, step: None)
+    ctx = StageContext(out=out, inputs={"tokenizer": inputs["tokenizer"]}, layout=RunsLayout(tmp_path / "runs"),
+                       key=name, experiment="t", torch_threads=1, log_metrics=log)
+    return run(ctx, cfg, PROXY, general=["a", "b"]), out
+
+
+def test_candidates_transfer_proposal_and_per_candidate_reuse(tmp_path, inputs):  # noqa: F811
+    metrics = {}
+    summary, out = _run(tmp_path, inputs, "first", CFG, metrics)
+    # 2 listed + 3 generated candidates at two sizes, plus the verified proposal at the proxy size (read back
+    # from the cache when the proposal coincides with a candidate already trained).
+    assert summary["proxies_trained"] + summary["proxies_reused"] == 11 and summary["proxies_trained"] >= 10
+    choice = json.loads((out / "choice.json").read_text())
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert set(trials["candidate"]) == {"natural", "a_heavy", "grid-1", "grid-2", "grid-3", "proposed"}
+    assert sorted(set(trials["d_model"])) == [16, 32]
+    assert abs(sum(choice["proposal"]["weights"].values()) - 1.0) < 1e-9
+    assert {r["candidate"] for r in choice["scores"]} >= {"proposed", "grid-2"}  # the proposal competed
+    transfer = choice["transfer"]
+    assert -1.0 <= transfer["tau"] <= 1.0 and transfer["d_model"] == {"proxy": 16, "transfer": 32}
+    assert transfer["winner_flips"] == (transfer["best"]["proxy"] != transfer["best"]["transfer"])
+    assert choice["margin"] is not None and choice["margin"] >= 0
+    assert "transfer.natural.a.bits_per_byte" in metrics and "proposed.b.bits_per_byte" in metrics
+
+    # One more candidate: only it is trained (at both sizes), plus the proposal if the new trial moved it.
+    more = CFG.model_copy(update={"candidates": [*CFG.candidates, *MixtureConfig(
+        candidates=[{"name": "natural", "alpha": 1.0}, {"name": "b_heavy", "weights": {"a": 0.2, "b": 0.8}}]
+    ).candidates[1:]]})
+    summary, out = _run(tmp_path, inputs, "second", more)
+    assert summary["proxies_trained"] <= 3  # b_heavy at two sizes (+ a moved proposal)
+    assert summary["proxies_reused"] == 13 - summary["proxies_trained"]
+    assert "b_heavy" in set(pd.read_parquet(out / "trials.parquet")["candidate"])
+
+
+def test_cached_proxy_results_equal_fresh_ones(tmp_path, inputs):  # noqa: F811
+    cfg = MixtureConfig(candidates=CANDIDATES)
+    _, first = _run(tmp_path, inputs, "first", cfg)
+    _, second = _run(tmp_path, inputs, "second", cfg)
+    fresh, cached = pd.read_parquet(first / "trials.parquet"), pd.read_parquet(second / "trials.parquet")
+    pd.testing.assert_frame_equal(fresh, cached)
+    # The cache is keyed by the proxy: another LR trains both candidates anew.
+    other = PROXY.model_copy(update={"peak_lr": 3e-3})
+    out = tmp_path / "runs" / "artifacts" / "mixture" / "third"
+    out.mkdir(parents=True)
+    summary = run(StageContext(out=out, inputs={"tokenizer": inputs["tokenizer"]}, layout=RunsLayout(tmp_path / "runs"),
+                               key="third", experiment="t", torch_threads=1), cfg, other, general=["a", "b"])
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (2, 0)

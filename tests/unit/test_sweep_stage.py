@@ -1,0 +1,67 @@
+"""The sweep stage on a tiny synthetic token corpus: widths, spread, forecast, and a study that grows."""
+
+import json
+
+import optuna
+import pandas as pd
+import pytest
+
+from infra.errors import DataError
+from infra.runs import RunsLayout
+from infra.stage import StageContext
+from tasks.sweep.config import SweepConfig
+from tasks.sweep.stage import at_width, lr_spread, run
+from tasks.train.sections import ModelShape, ProxyConfig, RunBudget
+from tests.unit.test_train_stage import inputs  # noqa: F401  (fixture: tokenizer artifact + mixture choice)
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+PROXY = ProxyConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, seq_len=8),
+                    budget=RunBudget(steps=6, batch_size=2, warmup_steps=1, eval_tokens=64))
+CFG = SweepConfig(n_trials=3, lr_min=1e-3, lr_max=1e-1, report_every=1, widths=[32], pruner_startup_trials=10,
+                  forecast_windows=[0.5, 1.0], spread_tolerance=0.05)
+
+
+def _run(tmp_path, inputs, name, cfg, children=None):
+    out = tmp_path / "runs" / "artifacts" / "sweep" / name
+    out.mkdir(parents=True)
+    ctx = StageContext(out=out, inputs=inputs, layout=RunsLayout(tmp_path / "runs"), key=name, experiment="t",
+                       torch_threads=1,
+                       log_child=(lambda n, params, rows: children.append((n, params))) if children is not None
+                       else (lambda *a: None))
+    return run(ctx, cfg, PROXY, general=["a", "b"]), out
+
+
+def test_widths_spread_forecast_and_a_growing_study(tmp_path, inputs):  # noqa: F811
+    children = []
+    summary, out = _run(tmp_path, inputs, "first", CFG, children)
+    best = json.loads((out / "best.json").read_text())
+    assert [w["d_model"] for w in best["widths"]] == [16, 32]
+    assert best["best_lr"] == best["widths"][0]["best_lr"] == summary["best_lr"]  # the proxy width feeds main
+    assert best["spread"]["lr_low"] <= best["best_lr"] <= best["spread"]["lr_high"]
+    assert 1 <= best["spread"]["n_within"] <= best["spread"]["n_complete"] <= 3
+    drift = best["lr_drift"]
+    assert drift["widths"] == [16, 32] and drift["ratio"] == pytest.approx(
+        best["widths"][1]["best_lr"] / best["widths"][0]["best_lr"])
+    assert [f["window"] for f in best["forecast"]] == [0.5, 1.0]
+    assert best["forecast"][1]["error"] == pytest.approx(0.0, abs=0.05)  # the full window fits its own end point
+    assert all(f["points"] >= 3 for f in best["forecast"])
+    assert len(children) == 6 and {p["d_model"] for _, p in children} == {16, 32}
+    first = pd.read_parquet(out / "trials.parquet")
+
+    # Raising n_trials continues both studies: the first three trials are kept, one more is run per width.
+    summary, out = _run(tmp_path, inputs, "second", CFG.model_copy(update={"n_trials": 4}))
+    second = pd.read_parquet(out / "trials.parquet")
+    assert len(second) == 8 and set(second["study_name"]) == set(first["study_name"])
+    kept = second.merge(first, on=["study_name", "number"], suffixes=("", "_before"))
+    assert len(kept) == 6 and (kept["peak_lr"] == kept["peak_lr_before"]).all()
+
+
+def test_width_scaling_and_spread_rules():
+    wide = at_width(PROXY.model, 64)
+    assert (wide.d_model, wide.d_ff, wide.n_heads) == (64, 128, 2)
+    with pytest.raises(DataError, match="multiple of n_heads"):
+        at_width(PROXY.model, 33)
+    trials = pd.DataFrame({"state": ["COMPLETE", "COMPLETE", "COMPLETE", "PRUNED"], "value": [2.0, 2.03, 2.5, None],
+                           "peak_lr": [1e-3, 3e-3, 1e-2, 1e-4]})
+    assert lr_spread(trials, 0.02) == {"tolerance": 0.02, "best_value": 2.0, "lr_low": 1e-3, "lr_high": 3e-3,
+                                       "n_within": 2, "n_complete": 3}
