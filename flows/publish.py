@@ -128,13 +128,13 @@ def _mixture(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         trials["epochs_over_limit"] = trials["main_epochs"] > env.cfg.mixture.max_epochs
     env.warehouse.replace("mixture_trials", trials, artifact.key)
     choice = json.loads((artifact.path / "choice.json").read_text())
-    env.tracker.log_params(run_id, {"mixture.chosen": choice["name"], "mixture.rule": choice["rule"][:500],
-                                    "mixture.runner_up": str(choice.get("runner_up")),
-                                    **{f"mixture.weight.{s}": round(w, 6) for s, w in choice["weights"].items()}})
+    env.tracker.log_params(run_id, {"choice.mixture": choice["name"], "choice.rule_text": choice["rule"][:500],
+                                    "choice.runner_up": str(choice.get("runner_up")),
+                                    **{f"choice.weight.{s}": round(w, 6) for s, w in choice["weights"].items()}})
     if choice.get("transfer"):
         t = choice["transfer"]
-        env.tracker.set_tags(run_id, {"mixture.transfer_winner_flips": str(t["winner_flips"]).lower(),
-                                      "mixture.transfer_flipped_pairs": json.dumps(t["flipped_pairs"])[:500]})
+        env.tracker.set_tags(run_id, {"choice.transfer_winner_flips": str(t["winner_flips"]).lower(),
+                                      "choice.transfer_flipped_pairs": json.dumps(t["flipped_pairs"])[:500]})
     over = trials[trials.get("epochs_over_limit", False) & trials["candidate"].eq(choice["name"])] \
         if "epochs_over_limit" in trials else trials.iloc[0:0]
     if not over.empty:
@@ -146,7 +146,7 @@ def _mixture(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
 def _sweep(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     env.warehouse.replace("sweep_trials", pd.read_parquet(artifact.path / "trials.parquet"), artifact.key)
     best = json.loads((artifact.path / "best.json").read_text())
-    env.tracker.log_params(run_id, {"sweep.best_lr": best["best_lr"], "sweep.study_name": best["study_name"]})
+    env.tracker.log_params(run_id, {"choice.best_lr": best["best_lr"], "choice.study_name": best["study_name"]})
     for row in best.get("widths", []):  # best LR against width: one metric point per width (step = d_model)
         env.tracker.log_metrics(run_id, {"best_lr_by_width": row["best_lr"]}, step=int(row["d_model"]))
     forecasts = best.get("forecast")

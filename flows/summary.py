@@ -119,6 +119,8 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         for f in best["forecast"]:
             console.print(f"  loss forecast from the first {f['window']:.0%} of the best trial: predicted "
                           f"{f['predicted']:.4f}, measured {f['actual']:.4f} nats/token (error {f['error']:+.4f})")
+    elif best.get("forecast"):
+        console.print(f"  no loss forecast: {best['forecast']}")
     if best.get("warning"):
         console.print(f"  [yellow]warning:[/] {best['warning']}")
     heldout = pd.read_parquet(paths["main"] / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]
