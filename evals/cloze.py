@@ -7,8 +7,12 @@ the row is flagged ``boundary_shift``.
 
 Item file (JSON lines, one item per line)::
 
-    {"item_id": "deb-001", "group": "general", "context": "To install a package, run apt",
-     "options": [" install", " remove"], "answer": 0}
+    {"item_id": "gen-001", "group": "general", "source": "handbook_en", "kind": "local",
+     "context": "To install a package, run apt", "correct": " install", "distractor": " remove"}
+
+``kind`` says what the answer depends on: ``local`` (the last few words) or ``earlier_context`` (something stated
+several words back, SPEC §10 Lab 2's split). ``distractor`` may also be a list of wrong continuations. The older
+form with ``options`` and an ``answer`` index is still read (kind and source then empty).
 
 Usage::
 
@@ -37,8 +41,9 @@ from infra.errors import DataError
 class ClozeItem:
     """One cloze item: ``options[answer]`` is the correct continuation of ``context``.
 
-    ``group`` labels the item's register (e.g. "general" or "domain"); each option starts with its leading
-    space (SPEC §10).
+    ``group`` labels the item's register (e.g. "general" or "domain"); ``source`` the corpus source it tests;
+    ``kind`` is "local" or "earlier_context"; each option starts with its leading space (SPEC §10), except in
+    scripts written without spaces (then no option has one).
     """
 
     item_id: str
@@ -46,12 +51,19 @@ class ClozeItem:
     context: str
     options: list[str]
     answer: int
+    kind: str = ""
+    source: str = ""
+
+
+KINDS = ("local", "earlier_context")
 
 
 def _item_from_record(record: object) -> ClozeItem:
     """Build and check one item; raises ValueError with the reason (wrapped by the caller)."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    if "correct" in record:
+        return _item_from_pair(record)
     fields = {"item_id", "group", "context", "options", "answer"}
     missing, unknown = fields - record.keys(), record.keys() - fields
     if missing or unknown:
@@ -70,6 +82,50 @@ def _item_from_record(record: object) -> ClozeItem:
         if not isinstance(record[key], str) or not record[key].strip():
             raise ValueError(f"{key} must be a non-empty string, got {record[key]!r}")
     return ClozeItem(record["item_id"], record["group"], record["context"], list(options), answer)
+
+
+def _item_from_pair(record: dict) -> ClozeItem:
+    """The (correct, distractor) schema; the correct continuation becomes option 0."""
+    fields = {"item_id", "group", "source", "kind", "context", "correct", "distractor"}
+    missing, unknown = fields - record.keys(), record.keys() - fields
+    if missing or unknown:
+        raise ValueError(f"missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+    distractors = record["distractor"] if isinstance(record["distractor"], list) else [record["distractor"]]
+    options = [record["correct"], *distractors]
+    if not all(isinstance(o, str) and o.strip() for o in options):
+        raise ValueError(f"correct and distractor must be non-empty strings, got {options!r}")
+    if len(set(options)) != len(options):
+        raise ValueError(f"the distractor must differ from the correct continuation, got {options!r}")
+    spaced = [o.startswith(" ") for o in options]
+    if any(spaced) and not all(spaced):
+        raise ValueError(f"either every option carries its leading space or none does (SPEC §10), got {options!r}")
+    if not all(spaced) and record["context"][-1:].isascii() and record["context"][-1:].isalnum():
+        raise ValueError(f"options without a leading space after a Latin word would glue onto it: {options!r}")
+    if record["kind"] not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)}, got {record['kind']!r}")
+    for key in ("item_id", "group", "source", "context"):
+        if not isinstance(record[key], str) or not record[key].strip():
+            raise ValueError(f"{key} must be a non-empty string, got {record[key]!r}")
+    return ClozeItem(record["item_id"], record["group"], record["context"], options, 0, record["kind"],
+                     record["source"])
+
+
+def load_cloze_sets(paths: Sequence[Path]) -> list[ClozeItem]:
+    """``load_cloze_items`` over several files; item ids must be unique across all of them.
+
+    Raises:
+        DataError: as ``load_cloze_items``, or an item id repeated across files (names both files).
+    """
+    items: list[ClozeItem] = []
+    seen: dict[str, Path] = {}
+    for path in paths:
+        for item in load_cloze_items(path):
+            if item.item_id in seen:
+                raise DataError(f"cloze item_id {item.item_id!r} appears in {seen[item.item_id]} and {path}; "
+                                "item ids must be unique across sets")
+            seen[item.item_id] = Path(path)
+            items.append(item)
+    return items
 
 
 def load_cloze_items(path: Path) -> list[ClozeItem]:
@@ -164,7 +220,7 @@ def score_cloze(model: torch.nn.Module, encode: Callable[[str], list[int]], item
     one item form one right-padded batch. With ``max_len`` the model sees only the last ``max_len`` input
     tokens of context+option (left truncation).
 
-    Returns one row per item with columns: ``item_id, group, answer, predicted`` (argmax option; ties go to
+    Returns one row per item with columns: ``item_id, group, kind, source, answer, predicted`` (argmax option; ties go to
     the lower index), ``correct`` (bool), ``logprob_answer`` (nats), ``logprobs`` (list[float] per option,
     nats), ``n_option_tokens`` (list[int] per option, tokens scored), ``boundary_shift`` (bool: some option's
     context tokens changed when the option was appended, so the scored tokens start earlier).
@@ -190,14 +246,15 @@ def score_cloze(model: torch.nn.Module, encode: Callable[[str], list[int]], item
                 lps = _option_logprobs(model, [s[0] for s in splits], [s[1] for s in splits], max_len, device)
                 predicted = max(range(len(lps)), key=lambda i: (lps[i], -i))
                 rows.append({
-                    "item_id": item.item_id, "group": item.group, "answer": item.answer,
+                    "item_id": item.item_id, "group": item.group, "kind": item.kind, "source": item.source,
+                    "answer": item.answer,
                     "predicted": predicted, "correct": predicted == item.answer,
                     "logprob_answer": lps[item.answer], "logprobs": lps, "n_option_tokens": n_tokens,
                     "boundary_shift": any(s[2] for s in splits),
                 })
     finally:
         model.train(was_training)
-    columns = ["item_id", "group", "answer", "predicted", "correct", "logprob_answer", "logprobs",
+    columns = ["item_id", "group", "kind", "source", "answer", "predicted", "correct", "logprob_answer", "logprobs",
                "n_option_tokens", "boundary_shift"]
     return pd.DataFrame(rows, columns=columns)
 

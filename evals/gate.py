@@ -85,7 +85,12 @@ class GateConfig(Section):
     criteria: list[GateCriterion]
     rule: Literal["all"] = "all"
     select: Literal["max_domain_loss_reduction", "min_general_loss_rise"] = "max_domain_loss_reduction"
-    cloze_items: str = "configs/cloze/demo.jsonl"
+    cloze_items: str | list[str] = "configs/cloze/demo.jsonl"
+
+    @property
+    def cloze_paths(self) -> list[str]:
+        """The cloze item files (one path or several)."""
+        return [self.cloze_items] if isinstance(self.cloze_items, str) else list(self.cloze_items)
 
     @field_validator("criteria")
     @classmethod

@@ -87,6 +87,21 @@ def heldout_loss(model: nn.Module, tokens: np.ndarray, *, seq_len: int, batch_si
                        window_nats=per_window, window_tokens=per_window_tokens)
 
 
+def keep_windows(loss: HeldoutLoss, keep: np.ndarray) -> HeldoutLoss:
+    """``loss`` over the windows where ``keep`` (n_windows,) is True (e.g. after decontamination).
+
+    Raises:
+        DataError: the mask's length differs from the number of windows, or it keeps none.
+    """
+    keep = np.asarray(keep, dtype=bool)
+    if len(keep) != len(loss.window_nats) or not keep.any():
+        raise DataError(f"window mask keeps {int(keep.sum())} of {len(keep)} entries for {len(loss.window_nats)} "
+                        "windows: it must match the windows and keep at least one")
+    nats, tokens = loss.window_nats[keep], loss.window_tokens[keep]
+    total, n = float(nats.sum()), int(tokens.sum())
+    return HeldoutLoss(loss_nats=total / n, sum_nats=total, n_tokens=n, window_nats=nats, window_tokens=tokens)
+
+
 def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
     """Bits per UTF-8 byte = loss_nats · tokens_per_byte / ln 2 (SPEC units: Σ nats / (ln 2 · bytes)).
 

@@ -4,6 +4,8 @@
     pretrain run configs/demo.toml --dry-run           # resolved config and stage graph, nothing runs
     pretrain run configs/demo.toml --refresh cpt       # recompute CPT and everything after it
     pretrain gate declare configs/demo.toml            # declare a new gate explicitly (old record kept)
+    pretrain gate show configs/demo.toml               # declarations and the decision table with intervals
+    pretrain eval runs/artifacts/main/<key>/checkpoint # held-out loss per source and cloze, no training
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
     pretrain stability configs/demo.toml               # Lab 3 grid: LR × interventions, attention-logit growth
@@ -201,6 +203,57 @@ def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
     console.print(escape(f"gate {row['gate_hash'][:12]} of '{cfg.name}' {what} (DuckDB table gates in "
                          f"{layout.duckdb})"), soft_wrap=True)
     console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2), soft_wrap=True)
+
+
+@gate_app.command("show")
+def gate_show(config: Path, runs_dir: Optional[Path] = RunsDir,
+              as_json: bool = typer.Option(False, "--json", help="print the rows as JSON")) -> None:
+    """The experiment's gate declarations and, for the one in force, the decision table with intervals."""
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        from flows.gates import decision_rows, declarations
+        from infra.warehouse import Warehouse
+
+        warehouse = Warehouse(layout.duckdb)
+        gates = declarations(warehouse, cfg.name)
+        decisions = decision_rows(warehouse, cfg.name, gates["gate_hash"].iloc[0] if len(gates) else None)
+    except PretrainError as err:
+        _fail(err)
+    if as_json:
+        print(json.dumps({"gates": gates.astype(str).to_dict("records"),
+                          "decisions": decisions.astype(object).where(decisions.notna(), None).to_dict("records")},
+                         indent=2, default=str))
+        return
+    from flows.summary import gate_tables
+
+    for table in gate_tables(gates, decisions, cfg.gate):
+        console.print(table)
+
+
+@app.command("eval")
+def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json)"),
+             config: Path = typer.Argument(..., help="experiment TOML: its tokenizer, sources and cloze sets"),
+             runs_dir: Optional[Path] = RunsDir,
+             as_json: bool = typer.Option(False, "--json", help="print the results as JSON")) -> None:
+    """Score any checkpoint on the experiment's held-out splits and cloze sets, without training."""
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        from evals.checkpoint import evaluate_checkpoint
+
+        result = evaluate_checkpoint(checkpoint, cfg, layout)
+    except PretrainError as err:
+        _fail(err)
+    if as_json:
+        print(json.dumps({"heldout": result["heldout"].to_dict("records"), "cloze": result["cloze"].to_dict("records"),
+                          "tokenizer": str(result["tokenizer"])}, indent=2, default=str))
+        return
+    from flows.summary import _table
+
+    console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})", soft_wrap=True)
+    console.print(_table("Held-out loss per source", result["heldout"]))
+    console.print(_table("Cloze accuracy (binomial SE in points, SPEC §10)", result["cloze"]))
 
 
 if __name__ == "__main__":

@@ -80,3 +80,18 @@ def record_gate(cfg: ExperimentConfig, warehouse: Warehouse, tracker: Tracker, p
     tracker.set_tags(parent_run_id, {"gate_hash": record["gate_hash"], "gate_declared_at": record["declared_at"]})
     tracker.log_params(parent_run_id, {"gate": cfg.gate.model_dump()})
     return record
+
+
+def declarations(warehouse: Warehouse, experiment: str) -> pd.DataFrame:
+    """Every gate declaration of ``experiment``, newest first (empty frame when none)."""
+    if not warehouse.has_table("gates"):
+        return pd.DataFrame(columns=["experiment", "gate_hash", "declared_at", "gate_json"])
+    return warehouse.query("SELECT * FROM gates WHERE experiment = ? ORDER BY declared_at DESC", [experiment])
+
+
+def decision_rows(warehouse: Warehouse, experiment: str, gate: str | None) -> pd.DataFrame:
+    """The decision table recorded under ``gate`` for ``experiment`` (empty when none)."""
+    if gate is None or not warehouse.has_table("gate_decisions"):
+        return pd.DataFrame()
+    return warehouse.query("SELECT * FROM gate_decisions WHERE experiment = ? AND gate_hash = ? ORDER BY candidate",
+                           [experiment, gate])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from evals.cloze import load_cloze_items
+from evals.cloze import load_cloze_items, load_cloze_sets
 from flows.config import ExperimentConfig
 from infra.errors import ConfigError
 from infra.expectations import check_heldout, check_kept_corpus, check_ledger, check_shards
@@ -30,11 +30,13 @@ class StageDef:
     validate: Callable[[Path, ExperimentConfig], None] = lambda out, cfg: None
 
 
-def cloze_path(cfg: ExperimentConfig) -> Path:
-    path = Path(cfg.gate.cloze_items)
-    if not path.is_file():
-        raise ConfigError(f"gate.cloze_items: {path} not found (relative paths are read from the working directory)")
-    return path
+def cloze_paths(cfg: ExperimentConfig) -> list[Path]:
+    paths = [Path(p) for p in cfg.gate.cloze_paths]
+    for path in paths:
+        if not path.is_file():
+            raise ConfigError(f"gate.cloze_items: {path} not found (relative paths are read from the working "
+                              "directory)")
+    return paths
 
 
 def _sources(cfg):
@@ -64,9 +66,8 @@ def eval_items(cfg: ExperimentConfig):
     correct option) and the files in ``corpus.decontamination.eval_files``."""
     from tasks.corpus.decontam import EvalItem, load_eval_files
 
-    path = cloze_path(cfg)
     cloze = [EvalItem(f"cloze:{path.name}", item.item_id, item.context + item.options[item.answer])
-             for item in load_cloze_items(path)]
+             for path in cloze_paths(cfg) for item in load_cloze_items(path)]
     return cloze + load_eval_files(cfg.corpus.decontamination.eval_files)
 
 
@@ -138,7 +139,7 @@ def _check_main(out: Path, cfg: ExperimentConfig) -> None:
 
 def _run_cpt(ctx, cfg):
     from tasks.cpt.stage import run
-    return run(ctx, cfg.cpt, general=cfg.general_sources, cloze_items=load_cloze_items(cloze_path(cfg)),
+    return run(ctx, cfg.cpt, general=cfg.general_sources, cloze_items=load_cloze_sets(cloze_paths(cfg)),
                packing=cfg.packing)
 
 
@@ -172,7 +173,7 @@ STAGES: tuple[StageDef, ...] = (
              _run_main, _check_main),
     StageDef("cpt", ("tokenizer", "mixture", "main"), ("tasks.cpt", "tasks.train", "models", "evals"),
              lambda c: {"cpt": c.cpt.model_dump(), "packing": c.packing.model_dump(), "seed": c.seed,
-                        "cloze_items": _file_digest(cloze_path(c))},
+                        "cloze_items": [_file_digest(p) for p in cloze_paths(c)]},
              _run_cpt),
     StageDef("gate", ("main", "cpt"), ("tasks.gate", "evals"),
              lambda c: {"gate": c.gate.model_dump(), "seed": c.seed}, _run_gate),

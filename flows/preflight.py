@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from flows.config import ExperimentConfig
-from flows.graph import STAGE_NAMES, cloze_path
+from flows.graph import STAGE_NAMES, cloze_paths
 from flows.gates import check_gate
 from infra.errors import ConfigError
 from infra.warehouse import Warehouse
@@ -21,7 +21,7 @@ def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: War
     unknown = sorted(set(refresh) - set(STAGE_NAMES))
     if unknown:
         raise ConfigError(f"--refresh {unknown}: unknown stage; choose from {list(STAGE_NAMES)}")
-    cloze_path(cfg)
+    cloze_paths(cfg)
     for name, source in cfg.sources.items():
         if source.kind == "local":
             match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches

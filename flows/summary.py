@@ -148,3 +148,42 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
                   "decontamination, audit_crosstab, tokenizer_report, tokenizer_fragmentation, packing_report, train_events, "
                   "stability_runs, heldout_loss, cloze_results, mixture_trials, sweep_trials, gates, gate_decisions, stage_runs)")
     console.print(f"Artifacts:   {layout.artifacts}")
+
+
+def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
+    """Rich renderables for ``pretrain gate show``: the declarations (newest first, the first is in force) and
+    the decision table in Lab 5's form, each metric with its confidence interval and each criterion's verdict."""
+    out = []
+    if gates.empty:
+        return ["no gate declared yet for this experiment: `pretrain run` or `pretrain gate declare` records it"]
+    declared = pd.DataFrame({"gate_hash": gates["gate_hash"].str[:12], "declared_at": gates["declared_at"].astype(str),
+                             "in force": ["yes"] + ["no"] * (len(gates) - 1)})
+    out.append(_table("Gate declarations", declared))
+    lines = [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}" for c in gate_cfg.criteria]
+    out.append("criteria in the config: " + "; ".join(lines))
+    if decisions.empty:
+        out.append("no decisions recorded under the gate in force yet")
+        return out
+
+    def interval(row, metric):
+        low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
+        value = row.get(metric)
+        if value is None or value != value:
+            return "-"
+        return f"{value:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    rows = []
+    for row in decisions.to_dict("records"):
+        entry = {"candidate": row["candidate"],
+                 "replay": "-" if pd.isna(row.get("param_replay_fraction")) else f"{row['param_replay_fraction']:g}",
+                 "peak_lr": "-" if pd.isna(row.get("param_peak_lr")) else f"{row['param_peak_lr']:g}",
+                 "general rise (nats)": interval(row, "general_loss_rise_nats"),
+                 "domain reduction (nats)": interval(row, "domain_loss_reduction_nats"),
+                 "cloze acc": "-" if pd.isna(row.get("cloze_accuracy")) else
+                 f"{row['cloze_accuracy']:.3f} ± {row.get('cloze_accuracy_se_pts', float('nan')) / 100:.3f}"}
+        for column in (c for c in decisions.columns if c.startswith("status_")):
+            entry[column.removeprefix("status_")] = row[column]
+        entry["decision"] = row["decision"] + (" (kept)" if row.get("kept") else "")
+        rows.append(entry)
+    out.append(_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]}", pd.DataFrame(rows)))
+    return out

@@ -5,7 +5,10 @@ state and a short warmup (SPEC §11). The replay stream is the base run's mixtur
 weights) taking ``replay_fraction`` of every batch. General and domain held-out loss are evaluated every
 ``cpt.budget.eval_every`` steps, so the forgetting curve is visible in MLflow, and the cloze set at the end.
 
-Outputs: ``candidates/<name>/`` checkpoints, ``evals/<name>.npz`` (per-window general/domain nats and
+Before training: the base checkpoint's tokenizer is checked against the experiment's, and the evaluation sets
+against the CPT training stream (``tasks/cpt/decontam.py``).
+
+Outputs: ``candidates/<name>/`` checkpoints, ``decontamination.parquet`` (evaluation windows/items left out), ``evals/<name>.npz`` (per-window general/domain nats and
 tokens, cloze correctness — the paired units the gate compares), ``heldout.parquet``, ``cloze.parquet``,
 ``candidates.json``.
 """
@@ -20,12 +23,15 @@ import numpy as np
 import pandas as pd
 
 from evals.cloze import ClozeItem, score_cloze
+from evals.heldout import bits_per_byte, heldout_windows, keep_windows
+from infra.errors import CheckpointError
 from infra.stage import StageContext
+from tasks.cpt.decontam import cloze_hits, hits_frame, training_ngrams, window_hits
 from tasks.mixture.stage import load_choice
 from tasks.tokenizer.stage import TokenizedCorpus
-from tasks.train.checkpoint import load_model, save_checkpoint
-from tasks.train.runner import (MetricsToTracker, PeriodicEval, evals_frame, evaluate_sources, make_sampler,
-                                run_training, seed_everything, StepProgress)
+from tasks.train.checkpoint import load_model, save_checkpoint, verify_checkpoint
+from tasks.train.runner import (MetricsToTracker, PeriodicEval, SourceEval, evals_frame, evaluate_sources,
+                                make_sampler, run_training, seed_everything, StepProgress)
 from tasks.train.sections import CptConfig
 from tasks.tokenizer.config import PackingConfig
 
@@ -38,55 +44,116 @@ def replay_weights(domain: list[str], general_weights: dict[str, float], replay_
     return weights
 
 
+def base_checkpoint(ctx: StageContext, cfg: CptConfig, corpus: TokenizedCorpus) -> Path:
+    """The checkpoint CPT starts from: ``cfg.base_checkpoint`` if given, else the main run's; checked before any
+    training against this experiment's tokenizer.
+
+    Raises:
+        CheckpointError: missing/corrupt checkpoint, or one trained with another tokenizer or vocabulary (the
+            message gives both hashes: a new vocabulary needs an embedding transition, SPEC §11).
+    """
+    path = Path(cfg.base_checkpoint) if cfg.base_checkpoint else ctx.inputs["main"] / "checkpoint"
+    record = verify_checkpoint(path)
+    saved = record.get("extra", {}).get("tokenizer_hash")
+    vocab = record.get("model_config", {}).get("vocab_size")
+    if saved != corpus.meta["tokenizer_hash"] or vocab != corpus.vocab_size:
+        raise CheckpointError(f"CPT base {path} was trained with tokenizer {saved!r} (vocab {vocab}), this "
+                              f"experiment's is {corpus.meta['tokenizer_hash']!r} (vocab {corpus.vocab_size}): keep "
+                              "the tokenizer fixed for CPT, or train the base with this one")
+    return path
+
+
 def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem],
         packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
-    """Score the base, then train and score every grid candidate."""
+    """Check the base and the evaluation sets, score the base, then train and score every grid candidate."""
     seed_everything(ctx.seed, ctx.torch_threads)
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     tokenizer = corpus.tokenizer
     encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
-    base_weights = load_choice(ctx.inputs["mixture"])["weights"]
-    checkpoint = ctx.inputs["main"] / "checkpoint"
-    scorer = _Scorer(ctx, corpus, general, cfg, cloze_items, encode)
-    scorer.score("base", load_model(checkpoint), {"replay_fraction": None, "peak_lr": None}, step=0)
-    grid = [(f, lr) for f in cfg.replay_fractions for lr in cfg.peak_lrs]
+    base_weights = dict(cfg.replay_weights) or load_choice(ctx.inputs["mixture"])["weights"]
+    checkpoint = base_checkpoint(ctx, cfg, corpus)
+    base = load_model(checkpoint)
+    stream = sorted(set(cfg.domain_sources) | {s for s, w in base_weights.items() if w > 0})
+    masks, cloze_items = _decontaminate(ctx, cfg, corpus, general, cloze_items, encode, stream, base.cfg.seq_len)
+    scorer = _Scorer(ctx, corpus, general, cfg, cloze_items, encode, masks)
+    scorer.score("base", base, {"replay_fraction": None, "peak_lr": None, "seed": None}, step=0)
+    grid = [(f, lr, s) for f in cfg.replay_fractions for lr in cfg.peak_lrs for s in cfg.seeds]
     with ctx.progress.task("cpt: replay × LR grid steps", len(grid) * cfg.budget.steps) as advance:
-        for index, (fraction, peak_lr) in enumerate(grid):
-            name = f"replay{fraction:g}_lr{peak_lr:g}"
+        for index, (fraction, peak_lr, offset) in enumerate(grid):
+            name = f"replay{fraction:g}_lr{peak_lr:g}" + (f"_s{offset}" if len(cfg.seeds) > 1 else "")
+            seed = ctx.seed + index if len(cfg.seeds) == 1 else ctx.seed + 1000 * offset + index
             model = load_model(checkpoint)
             weights = replay_weights(cfg.domain_sources, base_weights, fraction)
             sampler = make_sampler(corpus, weights, seq_len=model.cfg.seq_len, batch_size=cfg.budget.batch_size,
-                                   seed=ctx.seed + index, packing=packing)
+                                   seed=seed, packing=packing, sampling=cfg.replay_sampling)
             callbacks = [MetricsToTracker(ctx.log_metrics, 1, prefix=f"{name}."), scorer.curve(name, model.cfg.seq_len),
                          StepProgress(advance)]
-            result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=ctx.seed + index,
+            result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=seed,
                                   callbacks=callbacks, min_lr_ratio=cfg.min_lr_ratio)
             save_checkpoint(ctx.out / "candidates" / name, model=model, optimizer=result.optimizer,
                             state=result.state, sampler_state=sampler.state_dict(),
                             extra={"tokenizer_hash": corpus.meta["tokenizer_hash"], "replay_weights": weights,
-                                   "manifest_hash": corpus.meta.get("manifest_hash", "")})
+                                   "manifest_hash": corpus.meta.get("manifest_hash", ""), "base": str(checkpoint)})
             realised = sampler.realised_fractions()
-            params = {"replay_fraction": fraction, "peak_lr": peak_lr,
-                      "realised_replay_fraction": float(sum(realised.get(g, 0.0) for g in general))}
+            replay_sources = [s for s in weights if s not in cfg.domain_sources]
+            params = {"replay_fraction": fraction, "peak_lr": peak_lr, "seed": seed,
+                      "realised_replay_fraction": float(sum(realised.get(g, 0.0) for g in replay_sources))}
             scorer.score(name, model, params, step=result.state.step)
-    return scorer.write()
+    summary = scorer.write()
+    summary["base_checkpoint"] = str(checkpoint)
+    return summary
+
+
+def _decontaminate(ctx, cfg, corpus, general, items, encode, stream, seq_len):
+    """Window masks per evaluated source and the cloze items kept, after the 13-gram check against the training
+    split of the CPT stream; every hit goes to ``decontamination.parquet``."""
+    sources = list(dict.fromkeys(general + cfg.domain_sources))
+    masks: dict[str, np.ndarray] = {}
+    frames = [hits_frame("cloze", "", [], np.empty(0))]
+    if not cfg.decontaminate:
+        pd.concat(frames).to_parquet(ctx.out / "decontamination.parquet", index=False)
+        return masks, list(items)
+    train = training_ngrams(corpus.tokens(s, "train") for s in stream if corpus.has(s, "train"))
+    for source in sources:
+        if not corpus.has(source, "heldout"):
+            continue
+        windows = heldout_windows(corpus.tokens(source, "heldout"), seq_len, cfg.budget.eval_tokens)
+        hits = window_hits(windows, train)
+        masks[source] = hits == 0
+        frames.append(hits_frame("heldout_window", source, [str(i) for i in range(len(windows))], hits))
+    hits = cloze_hits(items, encode, train)
+    frames.append(hits_frame("cloze", "", [i.item_id for i in items], hits))
+    table = pd.concat(frames, ignore_index=True)
+    table.to_parquet(ctx.out / "decontamination.parquet", index=False)
+    if len(table):
+        print(f"cpt: {len(table)} evaluation window(s)/item(s) share a 13-gram with the CPT training stream and are "
+              "left out of every score (decontamination.parquet)")
+    return masks, [item for item, h in zip(items, hits) if h == 0]
 
 
 class _Scorer:
     """Scores models on the held-out splits and the cloze items; collects the rows and paired arrays."""
 
-    def __init__(self, ctx, corpus, general, cfg, items, encode):
+    def __init__(self, ctx, corpus, general, cfg, items, encode, masks=None):
         self.ctx, self.corpus, self.general, self.cfg = ctx, corpus, general, cfg
-        self.items, self.encode = items, encode
+        self.items, self.encode, self.masks = items, encode, masks or {}
         self.heldout, self.cloze, self.candidates = [], [], {}
         (ctx.out / "evals").mkdir(parents=True, exist_ok=True)
 
     def _arrays(self, model, sources) -> tuple[np.ndarray, np.ndarray, list]:
-        evals = evaluate_sources(model, self.corpus, sources, seq_len=model.cfg.seq_len,
-                                 eval_tokens=self.cfg.budget.eval_tokens)
+        evals = [self._decontaminated(e) for e in evaluate_sources(
+            model, self.corpus, sources, seq_len=model.cfg.seq_len, eval_tokens=self.cfg.budget.eval_tokens)]
         nats = np.concatenate([e.loss.window_nats for e in evals])
         tokens = np.concatenate([e.loss.window_tokens for e in evals])
         return nats / np.maximum(tokens, 1), tokens, evals
+
+    def _decontaminated(self, e: SourceEval) -> SourceEval:
+        mask = self.masks.get(e.source)
+        if mask is None or mask.all():
+            return e
+        loss = keep_windows(e.loss, mask)
+        return SourceEval(e.source, e.split, loss, bits_per_byte(loss.loss_nats,
+                                                                 self.corpus.tokens_per_byte(e.source, e.split)))
 
     def score(self, name: str, model, params: dict, step: int) -> None:
         g_nats, g_tokens, g_evals = self._arrays(model, self.general)

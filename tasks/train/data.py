@@ -61,6 +61,8 @@ class MixtureSampler:
         document_mask: return ``doc_ids`` so the model masks attention across documents.
         pad_id: input id placed at padding positions (their targets are ``IGNORE_INDEX``, and padding only ever
             follows real tokens, so causal attention never lets a real token see it).
+        sampling: ``exact`` (every batch holds w·B rows of each source, remainders carried by largest remainder)
+            or ``bernoulli`` (each row drawn from a source with probability w: the shares hold in expectation).
 
     Raises:
         ConfigError: weights name a source missing from streams (or the reverse), a weight is negative or
@@ -70,7 +72,8 @@ class MixtureSampler:
     """
 
     def __init__(self, streams: dict[str, TokenStream | np.ndarray], weights: dict[str, float], *, seq_len: int,
-                 batch_size: int, seed: int, packing: str = "concat", document_mask: bool = False, pad_id: int = 0):
+                 batch_size: int, seed: int, packing: str = "concat", document_mask: bool = False, pad_id: int = 0,
+                 sampling: str = "exact"):
         streams = {s: v if isinstance(v, TokenStream) else TokenStream(v, np.zeros(1, np.int64))
                    for s, v in streams.items()}
         _check_config(streams, weights, seq_len, batch_size)
@@ -79,6 +82,10 @@ class MixtureSampler:
         self.weights = {s: float(weights[s]) for s in self.sources}
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.packing, self.document_mask, self.pad_id = packing, document_mask, pad_id
+        if sampling not in ("exact", "bernoulli"):
+            raise ConfigError(f"sampling {sampling!r}: use exact (largest remainder per batch) or bernoulli (each row "
+                              "drawn from a source with probability equal to its weight)")
+        self.sampling = sampling
         self.plans: dict[str, PackPlan] = {}
         for s in self.sources:
             if self.weights[s] > 0:
@@ -102,6 +109,12 @@ class MixtureSampler:
         until the batch holds exactly B rows. Ties go to the alphabetically first source.
         """
         live = [s for s in self.sources if self.weights[s] > 0]
+        if self.sampling == "bernoulli":
+            # Each row picks its source independently (a multinomial over the batch), from a generator keyed by
+            # the batch number, so a resumed loader draws the same counts without extra state.
+            rng = np.random.Generator(np.random.PCG64([self.seed, 0xB3, self.batches_drawn]))
+            counts = rng.multinomial(self.batch_size, [self.weights[s] for s in live])
+            return {s: int(counts[live.index(s)]) if s in live else 0 for s in self.sources}
         quota = {s: self.weights[s] * self.batch_size + self._carry[s] for s in live}
         rows = {s: max(math.floor(quota[s]), 0) for s in live}
         remainder = lambda s: quota[s] - rows[s]  # noqa: E731 - reads with the current rows
@@ -176,6 +189,7 @@ class MixtureSampler:
             "version": STATE_VERSION,
             "seed": self.seed,
             "packing": self.packing,
+            "sampling": self.sampling,
             "seq_len": self.seq_len,
             "batch_size": self.batch_size,
             "batches_drawn": self.batches_drawn,
@@ -204,8 +218,8 @@ class MixtureSampler:
                 f"sampler state has weights {state['weights']} but this sampler has {self.weights}; "
                 "resume with the mixture the checkpoint was trained on"
             )
-        for field in ("packing", "seq_len", "batch_size"):
-            if state[field] != getattr(self, field):
+        for field in ("packing", "seq_len", "batch_size", "sampling"):
+            if state.get(field, "exact") != getattr(self, field):
                 raise DataError(f"loader state has {field} = {state[field]!r}, this loader {getattr(self, field)!r}")
         for s, pos in state["position"].items():
             rows = self.plans[s].n_rows if s in self.plans else 0

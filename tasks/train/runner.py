@@ -40,12 +40,13 @@ def build_model(cfg: ModelConfig, seed: int) -> Decoder:
 
 
 def make_sampler(corpus: TokenizedCorpus, weights: Mapping[str, float], *, seq_len: int, batch_size: int,
-                 seed: int, packing: PackingConfig = PackingConfig()) -> MixtureSampler:
+                 seed: int, packing: PackingConfig = PackingConfig(), sampling: str = "exact") -> MixtureSampler:
     """A loader over the train shards of the sources with non-zero weight, packed as ``packing`` says."""
     active = {k: float(v) for k, v in weights.items() if v > 0}
     streams = {name: corpus.stream(name, "train") for name in active}
     return MixtureSampler(streams, active, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                          packing=packing.policy, document_mask=packing.document_mask, pad_id=corpus.pad_id)
+                          packing=packing.policy, document_mask=packing.document_mask, pad_id=corpus.pad_id,
+                          sampling=sampling)
 
 
 @dataclass

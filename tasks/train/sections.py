@@ -181,13 +181,29 @@ class MainConfig(Section):
 
 
 class CptConfig(Section):
-    """Continued pretraining on the domain source(s) with replay of the base mixture (SPEC §11)."""
+    """Continued pretraining on the domain source(s) with replay of the base mixture (SPEC §11).
+
+    Fields:
+        replay_fractions × peak_lrs × seeds: the candidate grid (seeds are offsets to the experiment seed).
+        replay_sampling: ``exact`` (every batch holds the replay share, up to carried rounding) or ``bernoulli``
+            (each sequence is replay with probability f); the realised share is logged either way.
+        replay_weights: the replay stream's source weights; empty = the base run's mixture (same sources, weights).
+        base_checkpoint: an external base (a checkpoint directory: model.safetensors + state.json with its model
+            config and tokenizer hash) instead of the main run's; its tokenizer must be this experiment's.
+        decontaminate: drop held-out windows and cloze items sharing a 13-gram with the CPT training stream
+            before any scoring (the hits are listed in ``decontamination.parquet``).
+    """
 
     domain_sources: list[str] = Field(min_length=1)
     replay_fractions: list[float] = Field(min_length=1)
     peak_lrs: list[float] = Field(min_length=1)
     budget: RunBudget
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    seeds: list[int] = Field(default=[0], min_length=1)
+    replay_sampling: Literal["exact", "bernoulli"] = "exact"
+    replay_weights: dict[str, float] = {}
+    base_checkpoint: str = ""
+    decontaminate: bool = True
 
     @model_validator(mode="after")
     def _ranges(self) -> "CptConfig":
@@ -196,4 +212,10 @@ class CptConfig(Section):
                 raise ValueError(f"replay fraction {fraction} must be in [0, 1); it is the share of general text")
         if any(lr <= 0 for lr in self.peak_lrs):
             raise ValueError("every CPT peak_lr must be > 0")
+        if len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+            raise ValueError(f"seeds {self.seeds}: give distinct offsets ≥ 0")
+        if self.replay_weights:
+            total = sum(self.replay_weights.values())
+            if min(self.replay_weights.values()) < 0 or abs(total - 1.0) > 1e-6:
+                raise ValueError(f"replay_weights {self.replay_weights} must be ≥ 0 and sum to 1 (they sum to {total:g})")
         return self

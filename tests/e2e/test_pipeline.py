@@ -164,6 +164,24 @@ def test_main_run_launched_on_two_processes_matches_the_in_process_run(smoke_run
     assert sorted(m.step for m in history) == list(range(2, 17, 2))
 
 
+def test_eval_reproduces_the_main_run_scores_and_gate_show_prints_the_table(smoke_runs):
+    runs = smoke_runs["runs"]
+    (checkpoint,) = (runs / "artifacts" / "main").glob("*/checkpoint")
+    scored = json.loads(_pretrain("eval", str(checkpoint), "configs/smoke.toml", "--json", runs=runs).stdout)
+    import pandas as pd
+
+    recorded = pd.read_parquet(checkpoint.parent / "heldout.parquet").set_index("source")["loss_nats"]
+    assert {r["source"]: r["loss_nats"] for r in scored["heldout"]} == pytest.approx(recorded.to_dict(), abs=1e-9)
+    assert scored["cloze"][-1]["items"] == 30
+    shown = json.loads(_pretrain("gate", "show", "configs/smoke.toml", "--json", runs=runs).stdout)
+    assert len(shown["gates"]) == 1 and len(shown["decisions"]) == 4
+    assert all(row["decision"] in {"pass", "fail", "inconclusive"} for row in shown["decisions"])
+    assert all(row["domain_loss_reduction_nats_ci_low"] <= row["domain_loss_reduction_nats"]
+               <= row["domain_loss_reduction_nats_ci_high"] for row in shown["decisions"])
+    text = _pretrain("gate", "show", "configs/smoke.toml", runs=runs).stdout
+    assert "Decisions under gate" in text and "(kept)" in text
+
+
 def test_deleting_an_artifact_reruns_that_stage(smoke_runs, tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(smoke_runs["runs"], runs)

@@ -108,3 +108,26 @@ def test_launched_run_matches_in_process_and_resumes_after_sigkill(tmp_path, inp
     reference = load_model(tmp_path / "b/runs/artifacts/main/.tmp-two/checkpoint")
     for (name, p), q in zip(final.named_parameters(), reference.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_cpt_refuses_a_base_trained_with_another_tokenizer(tmp_path, inputs):
+    from infra.errors import CheckpointError
+    from tasks.cpt.stage import base_checkpoint
+    from tasks.tokenizer.stage import TokenizedCorpus
+    from tasks.train.sections import CptConfig
+
+    summary = run(_context(tmp_path, inputs, "main"), CFG, sources=["a", "b"])
+    assert summary["steps"] == 6
+    main = tmp_path / "runs/artifacts/main/.tmp-main"
+    corpus = TokenizedCorpus(inputs["tokenizer"])
+    cpt = CptConfig(domain_sources=["b"], replay_fractions=[0.1], peak_lrs=[1e-3],
+                    budget=RunBudget(steps=2, batch_size=2, warmup_steps=1))
+    ctx = _context(tmp_path, {**inputs, "main": main}, "cpt")
+    assert base_checkpoint(ctx, cpt, corpus) == main / "checkpoint"
+    meta = json.loads((inputs["tokenizer"] / "tokenizer.meta.json").read_text())
+    (inputs["tokenizer"] / "tokenizer.meta.json").write_text(json.dumps({**meta, "tokenizer_hash": "retrained"}))
+    with pytest.raises(CheckpointError, match="trained with tokenizer 'synthetic'.*'retrained'"):
+        base_checkpoint(ctx, cpt, TokenizedCorpus(inputs["tokenizer"]))
+    external = cpt.model_copy(update={"base_checkpoint": str(tmp_path / "nowhere")})
+    with pytest.raises(CheckpointError, match="missing or unfinished"):
+        base_checkpoint(ctx, external, corpus)

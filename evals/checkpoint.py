@@ -1,0 +1,76 @@
+"""Scoring any checkpoint on an experiment's evaluation sets without training (``pretrain eval``).
+
+The tokenizer is the experiment's tokenizer artifact whose hash the checkpoint records, so a checkpoint is never
+scored with a tokenizer it was not trained with. Held-out loss per source (nats/token and bits per byte) uses
+the tokenizer stage's held-out splits and the CPT evaluation budget; cloze accuracy is reported per group and
+kind with its binomial standard error (SPEC §10).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from evals.cloze import load_cloze_sets, score_cloze
+from evals.stats import binomial_se
+from infra.errors import CheckpointError
+from infra.runs import RunsLayout
+
+
+def find_tokenizer(layout: RunsLayout, tokenizer_hash: str) -> Path:
+    """The tokenizer artifact under ``layout`` whose ``tokenizer_hash`` is the given one.
+
+    Raises:
+        CheckpointError: no complete tokenizer artifact has that hash (names the ones present).
+    """
+    folder = layout.artifacts / "tokenizer"
+    found = []
+    for meta in sorted(folder.glob("*/tokenizer.meta.json")) if folder.is_dir() else []:
+        saved = json.loads(meta.read_text()).get("tokenizer_hash")
+        found.append(saved)
+        if saved == tokenizer_hash:
+            return meta.parent
+    raise CheckpointError(f"no tokenizer artifact in {folder} has hash {tokenizer_hash!r} (present: {found}); run "
+                          "the experiment's pipeline up to the tokenizer stage with the tokenizer this model used")
+
+
+def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[str, Any]:
+    """Held-out loss per source and cloze accuracy of ``checkpoint`` on ``cfg``'s evaluation sets.
+
+    Returns {"heldout": DataFrame(source, tokens, loss_nats, bits_per_byte), "cloze": DataFrame(group, kind,
+    correct, items, accuracy, se_points), "tokenizer": Path}.
+
+    Raises:
+        CheckpointError: missing/corrupt checkpoint, or no tokenizer artifact matching its recorded hash.
+        DataError: unreadable cloze sets.
+    """
+    from flows.graph import cloze_paths
+    from tasks.tokenizer.stage import TokenizedCorpus
+    from tasks.train.checkpoint import load_model, verify_checkpoint
+    from tasks.train.runner import evaluate_sources, evals_frame
+
+    record = verify_checkpoint(checkpoint)
+    tokenizer_hash = record.get("extra", {}).get("tokenizer_hash")
+    if not tokenizer_hash:
+        raise CheckpointError(f"{checkpoint} records no tokenizer_hash: it cannot be matched to a tokenizer")
+    tokenizer_dir = find_tokenizer(layout, tokenizer_hash)
+    corpus = TokenizedCorpus(tokenizer_dir)
+    model = load_model(checkpoint)
+    sources = list(dict.fromkeys(cfg.general_sources + cfg.domain_sources))
+    evals = evaluate_sources(model, corpus, sources, seq_len=model.cfg.seq_len, eval_tokens=cfg.cpt.budget.eval_tokens)
+    heldout = evals_frame(evals)[["source", "tokens", "loss_nats", "bits_per_byte"]]
+    tokenizer = corpus.tokenizer
+    scored = score_cloze(model, lambda text: tokenizer.encode(text).ids, load_cloze_sets(cloze_paths(cfg)),
+                         max_len=model.cfg.seq_len)
+    rows = []
+    for (group, kind), part in scored.groupby(["group", "kind"], sort=True):
+        n, k = len(part), int(part["correct"].sum())
+        rows.append({"group": group, "kind": kind or "-", "correct": k, "items": n, "accuracy": k / n,
+                     "se_points": 100 * binomial_se(k / n, n)})
+    n, k = len(scored), int(scored["correct"].sum())
+    rows.append({"group": "all", "kind": "all", "correct": k, "items": n, "accuracy": k / n,
+                 "se_points": 100 * binomial_se(k / n, n)})
+    return {"heldout": heldout, "cloze": pd.DataFrame(rows), "tokenizer": tokenizer_dir}
