@@ -205,7 +205,25 @@ def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         experiment=env.cfg.name, gate_hash=decision["gate_hash"])
     env.warehouse.replace("gate_decisions", table, artifact.key)
     env.tracker.set_tags(env.parent_run_id, {"gate_kept": decision["kept"], "gate_hash": decision["gate_hash"]})
-    _log_files(env, run_id, cached, artifact, "decisions.parquet", "decision.json")
+    _log_files(env, run_id, cached, artifact, "decisions.parquet", "decision.json", "gate_scatter.png")
+    # Each candidate's verdict and failing criteria as tags of the gate run, and on its registered version.
+    failing = {row["candidate"]: [c.removeprefix("status_") for c in table.columns
+                                  if c.startswith("status_") and row[c] != "pass"]
+               for row in table.to_dict("records")}
+    env.tracker.set_tags(run_id, {f"verdict.{name}": f"{row['decision']}" + (
+        f" ({', '.join(failing[name])})" if failing[name] else "") for name, row in
+        ((r["candidate"], r) for r in table.to_dict("records"))})
+    cpt_dir = Path(decision["candidates_dir"]) if decision.get("candidates_dir") else None
+    if cpt_dir is not None:
+        for row in table.to_dict("records"):
+            if row["candidate"] == decision["kept"]:
+                continue
+            verdict = "rejected" if row["decision"] == "fail" else row["decision"]
+            env.tracker.register_version(f"{env.cfg.name}-cpt-candidates", source=str(cpt_dir / row["candidate"]),
+                                         run_id=run_id, identity={"gate_artifact_key": artifact.key,
+                                                                  "candidate": row["candidate"]},
+                                         tags={"verdict": verdict, "failing_criteria": ", ".join(failing[row["candidate"]]),
+                                               "gate_hash": decision["gate_hash"]})
     # Cached or not: a cached gate may repeat an older decision after a different one moved the alias.
     _register(decision, artifact.key, env, run_id)
 

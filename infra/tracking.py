@@ -103,6 +103,23 @@ class Tracker:
     def artifact_uri(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.artifact_uri
 
+    def register_version(self, name: str, *, source: str, run_id: str, identity: Mapping[str, str],
+                         tags: Mapping[str, str] | None = None) -> int:
+        """The version of ``name`` with this ``source`` and ``identity`` tags, registered if missing; ``tags``
+        are (re)set on it either way. Returns the version number."""
+        if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
+            self.client.create_registered_model(name)
+        wanted = {k: str(v) for k, v in identity.items()}
+        matches = [int(v.version) for v in self.client.search_model_versions(f"name = '{name}'")
+                   if v.source == source and all(v.tags.get(k) == val for k, val in wanted.items())]
+        if matches:
+            version = min(matches)
+        else:
+            version = int(self.client.create_model_version(name, source=source, run_id=run_id, tags=wanted).version)
+        for key, value in (tags or {}).items():
+            self.client.set_model_version_tag(name, str(version), key, str(value))
+        return version
+
     def point_alias(self, name: str, alias: str, *, source: str, run_id: str, identity: Mapping[str, str],
                     tags: Mapping[str, str] | None = None) -> tuple[int, bool]:
         """Point ``alias`` of the registered model ``name`` at the version identified by ``identity``.

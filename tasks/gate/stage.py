@@ -30,6 +30,36 @@ def load_eval(cpt_dir: Path, name: str, params: dict) -> CandidateEval:
     )
 
 
+def plot_decision(table, cfg: GateConfig, path: Path) -> None:
+    """Lab 5's figure: domain loss reduction (x) against general loss rise (y) per candidate, with the intervals
+    as error bars, the gate's thresholds as lines, and the verdict as colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange"}
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for row in table.to_dict("records"):
+        x, y = row["domain_loss_reduction_nats"], row["general_loss_rise_nats"]
+        xerr = [[x - row["domain_loss_reduction_nats_ci_low"]], [row["domain_loss_reduction_nats_ci_high"] - x]]
+        yerr = [[y - row["general_loss_rise_nats_ci_low"]], [row["general_loss_rise_nats_ci_high"] - y]]
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color=colours.get(row["decision"], "grey"), capsize=3)
+        ax.annotate(row["candidate"] + (" (kept)" if row.get("kept") else ""), (x, y), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
+    for c in cfg.criteria:
+        if c.metric == "domain_loss_reduction_nats":
+            ax.axvline(c.threshold, color="grey", linestyle="--", linewidth=1)
+        elif c.metric == "general_loss_rise_nats":
+            ax.axhline(c.threshold, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("domain loss reduction (nats/token, base − candidate)")
+    ax.set_ylabel("general loss rise (nats/token, candidate − base)")
+    ax.set_title("CPT candidates and the gate (green pass, red fail, orange inconclusive)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
     """Decide; the kept checkpoint is the best passing candidate, else the base (the main run)."""
     cpt_dir = ctx.inputs["cpt"]
@@ -42,6 +72,8 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
     kept_path = (ctx.inputs["main"] / "checkpoint" if decision.kept == "base"
                  else cpt_dir / "candidates" / decision.kept)
     record = {"gate_hash": gate_hash(cfg), "kept": decision.kept, "kept_checkpoint": str(kept_path),
+              "candidates_dir": str(cpt_dir / "candidates"), "base_checkpoint": str(ctx.inputs["main"] / "checkpoint"),
               "summary": decision.summary()}
     (ctx.out / "decision.json").write_text(json.dumps(record, indent=2))
+    plot_decision(decision.table, cfg, ctx.out / "gate_scatter.png")
     return {"kept": decision.kept, "gate_hash": record["gate_hash"]}
