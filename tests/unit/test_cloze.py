@@ -142,3 +142,37 @@ def test_bad_line_names_its_line_number(tmp_path, bad):
     path.write_text(json.dumps(GOOD) + "\n" + second + "\n", encoding="utf-8")
     with pytest.raises(DataError, match="line 2"):
         load_cloze_items(path)
+
+
+def test_shipped_sets_use_the_pair_schema_with_enough_items_of_both_kinds():
+    from evals.cloze import load_cloze_sets
+
+    folder = DEMO.parent
+    items = load_cloze_sets([folder / "general.jsonl", folder / "domain.jsonl"])
+    for group in ("general", "domain"):
+        mine = [i for i in items if i.group == group]
+        assert len(mine) >= 24
+        assert {i.kind for i in mine} == {"local", "earlier_context"}
+        assert all(i.answer == 0 and len(i.options) == 2 and i.source for i in mine)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kind": "global"}, "kind must be one of"),
+    ({"distractor": " install"}, "must differ"),
+    ({"distractor": "remove"}, "leading space"),
+    ({"source": ""}, "source must be a non-empty"),
+])
+def test_pair_schema_errors_name_the_line_and_the_fix(tmp_path, change, message):
+    from evals.cloze import load_cloze_sets
+
+    good = {"item_id": "x-1", "group": "general", "source": "handbook_en", "kind": "local",
+            "context": "To install a package, run apt", "correct": " install", "distractor": " remove"}
+    path = tmp_path / "items.jsonl"
+    path.write_text(json.dumps({**good, **change}) + "\n")
+    with pytest.raises(DataError, match=message):
+        load_cloze_sets([path])
+    path.write_text(json.dumps(good) + "\n")
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps(good) + "\n")
+    with pytest.raises(DataError, match="unique across sets"):
+        load_cloze_sets([path, other])
