@@ -225,8 +225,14 @@ def gate_show(config: Path, runs_dir: Optional[Path] = RunsDir,
                           "decisions": decisions.astype(object).where(decisions.notna(), None).to_dict("records")},
                          indent=2, default=str))
         return
+    from evals.gate import gate_hash
     from flows.summary import gate_tables
 
+    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    if len(gates) and gates["gate_hash"].iloc[0] != gate_hash(cfg.gate):
+        console.print(f"[yellow]note:[/] the config's [gate] ({gate_hash(cfg.gate)[:12]}) differs from the one in "
+                      f"force ({gates['gate_hash'].iloc[0][:12]}); the table below is under the one in force. "
+                      "`pretrain gate declare CONFIG` makes the config's gate the one in force.")
     for table in gate_tables(gates, decisions, cfg.gate):
         console.print(table)
 

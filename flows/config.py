@@ -68,6 +68,30 @@ class ExperimentConfig(Section):
                 raise ValueError(
                     f"mixture.candidates '{candidate.name}': {sorted(unknown)} are not general sources {general}"
                 )
+        heads = self.proxy.model.n_heads
+        for width in self.sweep.widths:
+            if width % heads or (width // heads) % 2:
+                raise ValueError(f"sweep.widths: {width} must be a multiple of 2 × proxy n_heads = {2 * heads} "
+                                 "(an even head dimension for RoPE)")
+        unknown = set(self.cpt.replay_weights) - set(general)
+        if unknown:
+            raise ValueError(f"cpt.replay_weights: {sorted(unknown)} are not general sources {general} (replay is "
+                             "general text; the domain sources are the CPT stream itself)")
+        if self.cpt.base_checkpoint and not Path(self.cpt.base_checkpoint).is_dir():
+            raise ValueError(f"cpt.base_checkpoint: {self.cpt.base_checkpoint} is not a directory (give a checkpoint "
+                             "folder with model.safetensors and state.json; relative paths are read from the working "
+                             "directory)")
+        dist = self.main.distributed
+        if dist.launch == "accelerate":
+            from tasks.train.launch import resolve_launch_config
+
+            try:
+                resolve_launch_config(dist.accelerate_config)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
+            if dist.strategy == "hybrid" and dist.shard_size and dist.processes % dist.shard_size:
+                raise ValueError(f"main.distributed.shard_size = {dist.shard_size} does not divide processes = "
+                                 f"{dist.processes}")
         return self
 
     @property

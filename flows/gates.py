@@ -90,8 +90,23 @@ def declarations(warehouse: Warehouse, experiment: str) -> pd.DataFrame:
 
 
 def decision_rows(warehouse: Warehouse, experiment: str, gate: str | None) -> pd.DataFrame:
-    """The decision table recorded under ``gate`` for ``experiment`` (empty when none)."""
+    """The decision table of the gate artifact published last for ``experiment`` under ``gate`` (empty when none).
+
+    Several gate artifacts can exist under one gate (each CPT rerun makes one); the latest published is the one a
+    user acts on, so only its rows are returned (its ``artifact_key`` is a column).
+    """
     if gate is None or not warehouse.has_table("gate_decisions"):
         return pd.DataFrame()
-    return warehouse.query("SELECT * FROM gate_decisions WHERE experiment = ? AND gate_hash = ? ORDER BY candidate",
+    rows = warehouse.query("SELECT * FROM gate_decisions WHERE experiment = ? AND gate_hash = ? ORDER BY candidate",
                            [experiment, gate])
+    if rows.empty or not warehouse.has_table("stage_runs"):
+        return rows
+    columns = set(warehouse.query("SELECT * FROM stage_runs LIMIT 0").columns)
+    if "recorded_at" not in columns:
+        return rows
+    latest = warehouse.query("SELECT artifact_key FROM stage_runs WHERE experiment = ? AND stage = 'gate' AND "
+                             "artifact_key IN (SELECT DISTINCT artifact_key FROM gate_decisions WHERE gate_hash = ?) "
+                             "AND recorded_at IS NOT NULL ORDER BY recorded_at DESC LIMIT 1", [experiment, gate])
+    if latest.empty:
+        return rows
+    return rows[rows["artifact_key"] == latest["artifact_key"].iloc[0]].reset_index(drop=True)

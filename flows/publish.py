@@ -34,7 +34,8 @@ def publish(stage: str, artifact: Artifact, env: "Env", run_id: str, *, cached: 
         "mlflow_run_id": run_id, "produced_by_run": artifact.meta.get("mlflow_run_id", ""),
         "prefect_flow_run_id": env.flow_run_id, "parent_run_id": env.parent_run_id,
         "wall_s": float(artifact.meta.get("wall_s", 0.0)), "input_keys": json.dumps(artifact.meta.get("input_keys", {})),
-        "code_version": artifact.meta.get("code_version", "")}]))
+        "code_version": artifact.meta.get("code_version", ""),
+        "recorded_at": pd.Timestamp.now(tz="UTC").tz_localize(None)}]))
 
 
 def _log_files(env: "Env", run_id: str, cached: bool, artifact: Artifact, *names: str) -> None:

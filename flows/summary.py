@@ -185,5 +185,7 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
             entry[column.removeprefix("status_")] = row[column]
         entry["decision"] = row["decision"] + (" (kept)" if row.get("kept") else "")
         rows.append(entry)
-    out.append(_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]}", pd.DataFrame(rows)))
+    key = decisions["artifact_key"].iloc[0] if "artifact_key" in decisions else "?"
+    out.append(_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]} (gate artifact {key})",
+                      pd.DataFrame(rows)))
     return out
