@@ -52,6 +52,12 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[
     from tasks.train.checkpoint import load_model, verify_checkpoint
     from tasks.train.runner import evaluate_sources, evals_frame
 
+    checkpoint = Path(checkpoint)
+    if not checkpoint.exists():
+        raise CheckpointError(f"{checkpoint} does not exist; give a checkpoint directory (one holding "
+                              "model.safetensors and state.json, e.g. runs/artifacts/main/<key>/checkpoint)")
+    if (checkpoint / "checkpoint").is_dir() and not (checkpoint / "state.json").exists():
+        checkpoint = checkpoint / "checkpoint"  # a stage artifact folder: its checkpoint
     record = verify_checkpoint(checkpoint)
     tokenizer_hash = record.get("extra", {}).get("tokenizer_hash")
     if not tokenizer_hash:

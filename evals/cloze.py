@@ -90,7 +90,12 @@ def _item_from_pair(record: dict) -> ClozeItem:
     missing, unknown = fields - record.keys(), record.keys() - fields
     if missing or unknown:
         raise ValueError(f"missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+    for key in ("item_id", "group", "source", "context", "kind"):
+        if not isinstance(record[key], str) or not record[key].strip():
+            raise ValueError(f"{key} must be a non-empty string, got {record[key]!r}")
     distractors = record["distractor"] if isinstance(record["distractor"], list) else [record["distractor"]]
+    if not distractors:
+        raise ValueError("give at least one distractor: an item with one option is always scored correct")
     options = [record["correct"], *distractors]
     if not all(isinstance(o, str) and o.strip() for o in options):
         raise ValueError(f"correct and distractor must be non-empty strings, got {options!r}")
@@ -103,9 +108,6 @@ def _item_from_pair(record: dict) -> ClozeItem:
         raise ValueError(f"options without a leading space after a Latin word would glue onto it: {options!r}")
     if record["kind"] not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {record['kind']!r}")
-    for key in ("item_id", "group", "source", "context"):
-        if not isinstance(record[key], str) or not record[key].strip():
-            raise ValueError(f"{key} must be a non-empty string, got {record[key]!r}")
     return ClozeItem(record["item_id"], record["group"], record["context"], options, 0, record["kind"],
                      record["source"])
 
@@ -140,7 +142,11 @@ def load_cloze_items(path: Path) -> list[ClozeItem]:
         raise DataError(f"cloze item file {path} does not exist; pass the path of a JSON-lines item file")
     items: list[ClozeItem] = []
     seen: dict[str, int] = {}
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text ({err}); save the item file as UTF-8") from err
+    for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

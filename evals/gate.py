@@ -87,6 +87,13 @@ class GateConfig(Section):
     select: Literal["max_domain_loss_reduction", "min_general_loss_rise"] = "max_domain_loss_reduction"
     cloze_items: str | list[str] = "configs/cloze/demo.jsonl"
 
+    @field_validator("cloze_items")
+    @classmethod
+    def _some_cloze_file(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("give at least one cloze item file (a path or a list of paths)")
+        return v
+
     @property
     def cloze_paths(self) -> list[str]:
         """The cloze item files (one path or several)."""

@@ -76,12 +76,13 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
     stream = sorted(set(cfg.domain_sources) | {s for s, w in base_weights.items() if w > 0})
     masks, cloze_items = _decontaminate(ctx, cfg, corpus, general, cloze_items, encode, stream, base.cfg.seq_len)
     scorer = _Scorer(ctx, corpus, general, cfg, cloze_items, encode, masks)
-    scorer.score("base", base, {"replay_fraction": None, "peak_lr": None, "seed": None}, step=0)
+    scorer.score("base", base, {"replay_fraction": None, "peak_lr": None, "seed": None,
+                                "checkpoint": str(checkpoint)}, step=0)
     grid = [(f, lr, s) for f in cfg.replay_fractions for lr in cfg.peak_lrs for s in cfg.seeds]
     with ctx.progress.task("cpt: replay × LR grid steps", len(grid) * cfg.budget.steps) as advance:
         for index, (fraction, peak_lr, offset) in enumerate(grid):
             name = f"replay{fraction:g}_lr{peak_lr:g}" + (f"_s{offset}" if len(cfg.seeds) > 1 else "")
-            seed = ctx.seed + index if len(cfg.seeds) == 1 else ctx.seed + 1000 * offset + index
+            seed = ctx.seed + index + 1000 * offset
             model = load_model(checkpoint)
             weights = replay_weights(cfg.domain_sources, base_weights, fraction)
             sampler = make_sampler(corpus, weights, seq_len=model.cfg.seq_len, batch_size=cfg.budget.batch_size,

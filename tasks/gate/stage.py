@@ -69,10 +69,11 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
                   for name, params in described.items() if name != "base"]
     decision = decide(cfg, base, candidates, seed=ctx.seed)
     decision.table.to_parquet(ctx.out / "decisions.parquet", index=False)
-    kept_path = (ctx.inputs["main"] / "checkpoint" if decision.kept == "base"
-                 else cpt_dir / "candidates" / decision.kept)
+    # "base" is the checkpoint CPT started from: the main run's, or an external one ([cpt] base_checkpoint).
+    base_path = Path(described["base"].get("checkpoint") or ctx.inputs["main"] / "checkpoint")
+    kept_path = base_path if decision.kept == "base" else cpt_dir / "candidates" / decision.kept
     record = {"gate_hash": gate_hash(cfg), "kept": decision.kept, "kept_checkpoint": str(kept_path),
-              "candidates_dir": str(cpt_dir / "candidates"), "base_checkpoint": str(ctx.inputs["main"] / "checkpoint"),
+              "candidates_dir": str(cpt_dir / "candidates"), "base_checkpoint": str(base_path),
               "summary": decision.summary()}
     (ctx.out / "decision.json").write_text(json.dumps(record, indent=2))
     plot_decision(decision.table, cfg, ctx.out / "gate_scatter.png")

@@ -83,6 +83,12 @@ class MixtureGenerate(Section):
     concentration: float = Field(default=1.0, gt=0)
     seed: int = Field(default=0, ge=0)
 
+    @model_validator(mode="after")
+    def _step_divides_one(self) -> "MixtureGenerate":
+        if self.kind == "grid" and abs(round(1 / self.step) * self.step - 1.0) > 1e-9:
+            raise ConfigError(f"mixture.generate.step = {self.step}: 1/step must be an integer (e.g. 0.5, 0.25, 0.2)")
+        return self
+
 
 class MixtureConfig(Section):
     """The mixture ablation: ≥ 2 candidates (unique names, one natural) and the selection rule.
@@ -123,9 +129,9 @@ class MixtureConfig(Section):
     def _check(self) -> "MixtureConfig":
         names = [c.name for c in self.candidates]
         generated = self.generate.count if self.generate else 0
-        if len(names) + generated + int(self.propose) < 2:
+        if len(names) + generated < 2:
             raise ConfigError(f"mixture.candidates has {len(names)} entries and nothing is generated or proposed: "
-                              "give at least 2 (the natural one + one), or a [mixture.generate] budget")
+                              "give at least 2 (the natural one + one), or a [mixture.generate] budget (a proposal needs them too)")
         reserved = sorted(n for n in names if n == PROPOSED_NAME or n.startswith(("grid-", "simplex-")))
         if reserved:
             raise ConfigError(f"mixture.candidates names {reserved} are reserved for generated/proposed candidates: "
@@ -133,6 +139,10 @@ class MixtureConfig(Section):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(f"mixture.candidates has duplicate names {duplicates}: names must be unique")
+        odd = [c.name for c in self.candidates if c.name == NATURAL_NAME and c.alpha not in (None, 1.0)]
+        if odd or any(c.name == NATURAL_NAME and c.weights is not None for c in self.candidates):
+            raise ConfigError("mixture.candidates: the candidate named 'natural' is the reference and must have "
+                              "alpha = 1; rename the other one")
         if not any(c.is_natural for c in self.candidates):
             raise ConfigError(
                 "mixture.candidates has no natural mixture: add one with alpha = 1 or named 'natural' (SPEC §8)"

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.archives import extract_tar
 from infra.errors import SourceError
 from tasks.sources.config import check_package_name
 
@@ -106,7 +107,19 @@ def _unpack(deb_path: Path, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _run(["dpkg-deb", "-x", str(deb_path), str(tmp)], what=f"unpack {deb_path}")
+        # The data tarball goes through the safe extractor: a member with an absolute path, '..', a link
+        # leaving the tree or a device file refuses the package (dpkg-deb -x would write it as root would).
+        proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb_path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        try:
+            extract_tar(proc.stdout, tmp, name=str(deb_path))
+        finally:
+            proc.stdout.close()
+            stderr = proc.stderr.read().decode(errors="replace")
+            proc.wait()
+        if proc.returncode != 0:
+            raise SourceError(f"could not unpack {deb_path}: dpkg-deb --fsys-tarfile exited {proc.returncode}: "
+                              f"{stderr.strip()}")
         os.rename(tmp, target)
     except OSError:
         if not target.is_dir():  # another process may have won the rename; otherwise it is a real failure

@@ -63,6 +63,7 @@ class SweepConfig(Section):
             raise ConfigError(f"sweep.widths = {self.widths}: give distinct positive d_model values")
         if not 0.0 <= self.spread_tolerance < 1.0:
             raise ConfigError(f"sweep.spread_tolerance = {self.spread_tolerance}: must lie in [0, 1)")
-        if any(not 0.0 < w <= 1.0 for w in self.forecast_windows):
-            raise ConfigError(f"sweep.forecast_windows = {self.forecast_windows}: each must lie in (0, 1]")
+        if not self.forecast_windows or any(not 0.0 < w < 1.0 for w in self.forecast_windows):
+            raise ConfigError(f"sweep.forecast_windows = {self.forecast_windows}: give at least one share in (0, 1) "
+                              "(a window of 1 would fit the very point it forecasts)")
         return self

@@ -212,6 +212,9 @@ class CptConfig(Section):
                 raise ValueError(f"replay fraction {fraction} must be in [0, 1); it is the share of general text")
         if any(lr <= 0 for lr in self.peak_lrs):
             raise ValueError("every CPT peak_lr must be > 0")
+        for name, values in (("replay_fractions", self.replay_fractions), ("peak_lrs", self.peak_lrs)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} {values} repeats a value: two candidates would share a name")
         if len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ValueError(f"seeds {self.seeds}: give distinct offsets ≥ 0")
         if self.replay_weights:

@@ -176,3 +176,20 @@ def test_pair_schema_errors_name_the_line_and_the_fix(tmp_path, change, message)
     other.write_text(json.dumps(good) + "\n")
     with pytest.raises(DataError, match="unique across sets"):
         load_cloze_sets([path, other])
+
+
+def test_one_option_items_and_non_utf8_files_are_refused(tmp_path):
+    from evals.cloze import load_cloze_sets
+
+    item = {"item_id": "x-1", "group": "general", "source": "s", "kind": "local", "context": "run apt",
+            "correct": " install", "distractor": []}
+    path = tmp_path / "items.jsonl"
+    path.write_text(json.dumps(item) + "\n")
+    with pytest.raises(DataError, match="at least one distractor"):
+        load_cloze_sets([path])
+    path.write_text(json.dumps({**item, "distractor": " remove", "context": 7}) + "\n")
+    with pytest.raises(DataError, match="context must be a non-empty string"):
+        load_cloze_sets([path])
+    path.write_bytes(b"\xff\xfe not utf-8\n")
+    with pytest.raises(DataError, match="not UTF-8"):
+        load_cloze_sets([path])

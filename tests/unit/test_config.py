@@ -121,3 +121,27 @@ def test_removed_mixture_main_tokens_says_where_d_comes_from():
     raw["mixture"]["main_tokens"] = 1_000_000
     with pytest.raises(ConfigError, match=r"mixture\.main_tokens .*\[main\]"):
         parse_config(raw)
+
+
+@pytest.mark.parametrize("section, change, message", [
+    ("mixture", {"generate": {"kind": "grid", "count": 3, "step": 0.3}}, "1/step must be an integer"),
+    ("mixture", {"candidates": [{"name": "natural", "alpha": 1.0}], "propose": True}, "at least 2"),
+    ("mixture", {"candidates": [{"name": "natural", "alpha": 0.3}, {"name": "b", "alpha": 1.0}]}, "must have alpha = 1"),
+    ("sweep", {"widths": [34]}, r"sweep\.widths: 34 must be a multiple of 2 × proxy n_heads"),
+    ("sweep", {"forecast_windows": [1.0]}, "fit the very point it forecasts"),
+    ("sweep", {"forecast_windows": []}, "at least one share"),
+    ("cpt", {"replay_weights": {"python_doc": 1.0}}, "are not general sources"),
+    ("cpt", {"replay_fractions": [0.1, 0.1]}, "repeats a value"),
+    ("cpt", {"base_checkpoint": "no/such/dir"}, "is not a directory"),
+    ("gate", {"cloze_items": []}, "at least one cloze item file"),
+    ("main", {"distributed": {"launch": "accelerate", "processes": 2, "accelerate_config": "no/such.yaml"}},
+     "not found"),
+    ("main", {"distributed": {"launch": "inprocess", "processes": 2}}, "needs launch"),
+])
+def test_proxy_cpt_gate_and_layout_values_are_rejected_at_load(section, change, message):
+    raw = _raw()
+    raw[section] = {**raw[section], **change}
+    if section == "main":
+        raw["main"]["async_checkpoints"] = False
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)
