@@ -53,6 +53,10 @@ def print_main_run(run: dict[str, Any], console: Console, max_epochs: float) -> 
     """The main run's resume point and epochs per source (w·D/U, SPEC §8), warning above ``max_epochs``."""
     if run.get("resumed_from_step"):
         console.print(f"  resumed from step {run['resumed_from_step']:,} of {run['steps']:,} (scratch checkpoint)")
+    source = run.get("peak_lr_source", {})
+    if source.get("from") == "sweep" and source.get("d_model"):
+        console.print(f"  peak LR {run['peak_lr']:.2e} from the sweep at d_model {source['d_model']} (the swept width "
+                      f"nearest the main model's {source['main_d_model']})")
     main_epochs = run.get("epochs", {})
     if main_epochs:
         console.print("  epochs per source: " + ", ".join(f"{s} {e:.2f}" for s, e in main_epochs.items()))

@@ -11,6 +11,7 @@ the step it resumed from, and the epochs of each mixture source e_s = w_s · D /
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -20,7 +21,7 @@ from typing import Any
 import pandas as pd
 from accelerate import Accelerator
 
-from infra.errors import CheckpointError
+from infra.errors import CheckpointError, ConfigError
 from infra.stage import Progress, StageContext
 from tasks.mixture.candidates import epoch_warnings, epochs
 from tasks.mixture.stage import load_choice
@@ -95,8 +96,8 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
     seed_everything(job.seed, max(1, job.torch_threads // processes))
     corpus = TokenizedCorpus(Path(job.inputs["tokenizer"]))
     choice = load_choice(Path(job.inputs["mixture"]))
-    peak_lr = cfg.peak_lr or load_best(Path(job.inputs["sweep"]))["best_lr"]
     model_cfg = cfg.model.build(corpus.vocab_size)
+    peak_lr, lr_source = main_peak_lr(cfg, load_best(Path(job.inputs["sweep"])) if "sweep" in job.inputs else None)
     check_layout(cfg.budget.batch_size, cfg.stability.micro_batches, processes)
     sharded = accelerator is not None and processes > 1 and dist.strategy != "ddp"
     # Refuse before allocating anything (SPEC §3 arithmetic), for one rank's share of the work.
@@ -175,12 +176,34 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
                "train_wall_s": wall_s, "mixture": choice["name"],
                "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,
                "resumed_from_step": resumed_from_step, "epochs": main_epochs, "spike_events": len(result.events),
+               "peak_lr_source": lr_source,
                "world_size": processes, "strategy": dist.strategy if processes > 1 else "single",
                "activation_checkpointing": dist.activation_checkpointing}
     (out / "run.json").write_text(json.dumps(summary, indent=2))
     if accelerator is None:  # a launched run's scratch also holds the launch folder: the launcher removes it
         shutil.rmtree(scratch, ignore_errors=True)
     return summary
+
+
+def main_peak_lr(cfg: MainConfig, best: dict | None) -> tuple[float, dict]:
+    """The main run's peak LR and where it came from.
+
+    ``[main] peak_lr`` when set; otherwise the sweep's best LR at the swept width nearest the main model's
+    d_model (by ratio). Under the standard parametrisation the best LR moves with width, so a study at the main
+    width, or the nearest one to it, beats the proxy width's.
+
+    Raises:
+        ConfigError: no ``[main] peak_lr`` and no sweep result to take one from.
+    """
+    if cfg.peak_lr:
+        return cfg.peak_lr, {"from": "config"}
+    if best is None:
+        raise ConfigError("the main run has no peak LR: set [main] peak_lr or run the sweep stage")
+    widths = best.get("widths") or [{"d_model": None, "best_lr": best["best_lr"], "study_name": best["study_name"]}]
+    target = cfg.model.d_model
+    nearest = min(widths, key=lambda w: abs(math.log(target / w["d_model"])) if w["d_model"] else 0.0)
+    return float(nearest["best_lr"]), {"from": "sweep", "d_model": nearest["d_model"], "study": nearest["study_name"],
+                                       "main_d_model": target}
 
 
 def planned_epochs(cfg: MainConfig, weights: dict[str, float], corpus: TokenizedCorpus) -> dict[str, float]:

@@ -131,3 +131,21 @@ def test_cpt_refuses_a_base_trained_with_another_tokenizer(tmp_path, inputs):
     external = cpt.model_copy(update={"base_checkpoint": str(tmp_path / "nowhere")})
     with pytest.raises(CheckpointError, match="missing or unfinished"):
         base_checkpoint(ctx, external, corpus)
+
+
+def test_main_lr_comes_from_the_swept_width_nearest_the_main_model():
+    from infra.errors import ConfigError
+    from tasks.train.stage import main_peak_lr
+
+    best = {"best_lr": 3e-2, "study_name": "s64",
+            "widths": [{"d_model": 64, "best_lr": 3e-2, "study_name": "s64"},
+                       {"d_model": 128, "best_lr": 4e-3, "study_name": "s128"}]}
+    auto = CFG.model_copy(update={"peak_lr": None})
+    wide = auto.model_copy(update={"model": auto.model.model_copy(update={"d_model": 256, "n_heads": 2})})
+    assert main_peak_lr(wide, best) == (4e-3, {"from": "sweep", "d_model": 128, "study": "s128", "main_d_model": 256})
+    narrow = auto.model_copy(update={"model": auto.model.model_copy(update={"d_model": 48})})
+    assert main_peak_lr(narrow, best)[0] == 3e-2
+    assert main_peak_lr(auto, {"best_lr": 1e-3, "study_name": "old"})[0] == 1e-3  # a sweep without widths
+    assert main_peak_lr(CFG, best) == (1e-3, {"from": "config"})
+    with pytest.raises(ConfigError, match="no peak LR"):
+        main_peak_lr(auto, None)
