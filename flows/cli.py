@@ -5,6 +5,7 @@
     pretrain run configs/demo.toml --refresh cpt       # recompute CPT and everything after it
     pretrain gate declare configs/demo.toml            # declare a new gate explicitly (old record kept)
     pretrain gate show configs/demo.toml               # declarations and the decision table with intervals
+    pretrain status configs/demo.toml --explain        # each stage's key, cached or not, and why not
     pretrain eval runs/artifacts/main/<key>/checkpoint # held-out loss per source and cloze, no training
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
@@ -203,6 +204,36 @@ def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
     console.print(escape(f"gate {row['gate_hash'][:12]} of '{cfg.name}' {what} (DuckDB table gates in "
                          f"{layout.duckdb})"), soft_wrap=True)
     console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2), soft_wrap=True)
+
+
+@app.command()
+def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[Path] = RunsDir,
+           explain: bool = typer.Option(False, "--explain", help="for stages that would run: what differs from "
+                                        "the nearest stored artifact"),
+           as_json: bool = typer.Option(False, "--json", help="print the statuses as JSON")) -> None:
+    """Each stage's artifact key and whether a rerun would reuse it; with --explain, why not."""
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        from flows.status import stage_statuses
+
+        statuses = stage_statuses(cfg, layout)
+    except PretrainError as err:
+        _fail(err)
+    if as_json:
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(s) for s in statuses], indent=2))
+        return
+    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    for s in statuses:
+        state = "[green]cached[/]" if s.cached else "[yellow]would run[/]"
+        console.print(f"{s.stage:<10} {s.key}  {state}", soft_wrap=True)
+        if explain and not s.cached:
+            if s.nearest:
+                console.print(f"           nearest stored artifact {s.nearest}:", soft_wrap=True)
+            for reason in s.reasons:
+                console.print(escape(f"             {reason}"), soft_wrap=True)
 
 
 @gate_app.command("show")

@@ -30,11 +30,12 @@ class Warehouse:
     """Thin writer/reader over one DuckDB file."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)  # the folder is made on the first write, so reading never creates a runs folder
 
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         con = duckdb.connect(str(self.path), read_only=read_only)
         try:
             yield con
