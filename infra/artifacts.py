@@ -14,6 +14,7 @@ crash mid-write never leaves a directory that looks complete.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import importlib
 import json
@@ -22,16 +23,48 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
+
+from infra.errors import ConfigError
 
 MARKER = "_COMPLETE"
 META = "meta.json"
 
 
+def _key_value(obj: Any) -> Any:
+    """The JSON form of a value json cannot encode itself, for values with one deterministic form only.
+
+    Raises:
+        ConfigError: anything else (its ``str`` may hold a memory address or depend on the process, and a key
+            built from it would silently miss or, worse, hit a stale artifact).
+    """
+    from enum import Enum
+
+    if isinstance(obj, PurePath):
+        return obj.as_posix()
+    if isinstance(obj, Enum):
+        return _key_value(obj.value) if not isinstance(obj.value, (str, int, float, bool)) else obj.value
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=canonical_json)
+    if isinstance(obj, (tuple,)):
+        return list(obj)
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "shape", None) == ():  # numpy scalars
+        return obj.item()
+    if isinstance(obj, (datetime.date, datetime.datetime)):
+        return obj.isoformat()
+    raise ConfigError(f"a cache key component of type {type(obj).__name__} ({str(obj)[:80]!r}) has no deterministic "
+                      "JSON form; key configs must hold plain values (str, numbers, bools, lists, dicts, paths)")
+
+
 def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no whitespace: the same config always hashes the same."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+    """JSON with sorted keys and no whitespace: the same config always hashes the same.
+
+    Raises:
+        ConfigError: a component has no deterministic JSON form (see ``_key_value``); never silently dropped or
+            stringified.
+    """
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_key_value, ensure_ascii=False)
 
 
 def code_version(*modules: str) -> str:
