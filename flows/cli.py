@@ -6,6 +6,7 @@
     pretrain gate declare configs/demo.toml            # declare a new gate explicitly (old record kept)
     pretrain gate show configs/demo.toml               # declarations and the decision table with intervals
     pretrain status configs/demo.toml --explain        # each stage's key, cached or not, and why not
+    pretrain gc --dry-run                              # artifacts no MLflow run or registered version refers to
     pretrain eval runs/artifacts/main/<key>/checkpoint # held-out loss per source and cloze, no training
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
@@ -234,6 +235,28 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
                 console.print(f"           nearest stored artifact {s.nearest}:", soft_wrap=True)
             for reason in s.reasons:
                 console.print(escape(f"             {reason}"), soft_wrap=True)
+
+
+@app.command()
+def gc(runs_dir: Optional[Path] = RunsDir,
+       dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed; remove nothing")) -> None:
+    """Remove artifacts that no active MLflow run and no registered model version refers to."""
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        from flows.gc import apply, collect
+
+        plan = collect(layout)
+    except PretrainError as err:
+        _fail(err)
+    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    for stage, key, _, size in plan.remove:
+        console.print(f"{'would remove' if dry_run else 'removing'} {stage}/{key} ({size / 1e6:,.1f} MB)")
+    for path in plan.unfinished:
+        console.print(f"{'would remove' if dry_run else 'removing'} unfinished {path.relative_to(layout.root)}")
+    console.print(f"kept {len(plan.keep)} referenced artifact(s); "
+                  f"{'would free' if dry_run else 'freed'} {plan.bytes_freed / 1e6:,.1f} MB")
+    if not dry_run:
+        apply(plan)
 
 
 @gate_app.command("show")
