@@ -172,6 +172,18 @@ def _main(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         decisions |= {"mixture_artifact_key": inputs["mixture"], "mixture_choice": choice["name"]}
     if decisions:
         env.tracker.set_tags(run_id, decisions)
+    if inputs.get("tokenizer") and inputs.get("mixture") and not cached:
+        # What this run trained on: the token shards of its mixture's sources, as an MLflow dataset input.
+        shards = env.layout.artifacts / "tokenizer" / inputs["tokenizer"]
+        choice_path = env.layout.artifacts / "mixture" / inputs["mixture"] / "choice.json"
+        weights = json.loads(choice_path.read_text())["weights"] if choice_path.exists() else {}
+        if (shards / "shards.parquet").exists() and weights:
+            headers = pd.read_parquet(shards / "shards.parquet")
+            profile = {f"{r.source}/train": int(r.n_tokens) for r in headers.itertuples()
+                       if r.split == "train" and weights.get(r.source, 0) > 0}
+            profile |= {f"weight/{k}": float(v) for k, v in weights.items()}
+            env.tracker.log_dataset(run_id, "main_training_mixture", f"{inputs['tokenizer']}-{inputs['mixture']}",
+                                    shards / "shards", "training", profile)
     main_epochs = json.loads((artifact.path / "run.json").read_text()).get("epochs", {})
     env.tracker.log_metrics(run_id, {f"epochs.{source}": e for source, e in main_epochs.items()}, step=0)
     # The threshold is read from the current config, so a cached run is judged by today's limit.

@@ -162,6 +162,9 @@ def test_main_run_launched_on_two_processes_matches_the_in_process_run(smoke_run
                                      max_results=1)
     history = client.get_metric_history(main_run.info.run_id, "loss_nats")
     assert sorted(m.step for m in history) == list(range(2, 17, 2))
+    # And it records what it trained on: the mixture's token shards as a dataset input.
+    inputs = client.get_run(main_run.info.run_id).inputs.dataset_inputs
+    assert [d.dataset.name for d in inputs] == ["main_training_mixture"]
 
 
 def test_eval_reproduces_the_main_run_scores_and_gate_show_prints_the_table(smoke_runs):
