@@ -103,19 +103,27 @@ class Tracker:
     def artifact_uri(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.artifact_uri
 
-    def register_version(self, name: str, *, source: str, run_id: str, identity: Mapping[str, str],
-                         tags: Mapping[str, str] | None = None) -> int:
-        """The version of ``name`` with this ``source`` and ``identity`` tags, registered if missing; ``tags``
-        are (re)set on it either way. Returns the version number."""
+    def _version(self, name: str, *, source: str, run_id: str, identity: Mapping[str, str],
+                 tags: Mapping[str, str] | None = None) -> tuple[int, bool]:
+        """(version of ``name`` whose ``source`` equals ``source`` and whose tags hold every ``identity`` item,
+        whether it was created now). Only when none matches is ``source`` registered, tagged ``identity`` plus
+        ``tags``; the registered model is created first if missing."""
         if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
             self.client.create_registered_model(name)
         wanted = {k: str(v) for k, v in identity.items()}
         matches = [int(v.version) for v in self.client.search_model_versions(f"name = '{name}'")
                    if v.source == source and all(v.tags.get(k) == val for k, val in wanted.items())]
         if matches:
-            version = min(matches)
-        else:
-            version = int(self.client.create_model_version(name, source=source, run_id=run_id, tags=wanted).version)
+            return min(matches), False
+        created = self.client.create_model_version(
+            name, source=source, run_id=run_id, tags={**wanted, **{k: str(v) for k, v in (tags or {}).items()}})
+        return int(created.version), True
+
+    def register_version(self, name: str, *, source: str, run_id: str, identity: Mapping[str, str],
+                         tags: Mapping[str, str] | None = None) -> int:
+        """The version of ``name`` with this ``source`` and ``identity`` tags, registered if missing; ``tags``
+        are (re)set on it either way. Returns the version number."""
+        version, _ = self._version(name, source=source, run_id=run_id, identity=identity)
         for key, value in (tags or {}).items():
             self.client.set_model_version_tag(name, str(version), key, str(value))
         return version
@@ -131,16 +139,6 @@ class Tracker:
         Returns:
             (version number, whether it was created now).
         """
-        if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
-            self.client.create_registered_model(name)
-        wanted = {k: str(v) for k, v in identity.items()}
-        matches = [int(v.version) for v in self.client.search_model_versions(f"name = '{name}'")
-                   if v.source == source and all(v.tags.get(k) == val for k, val in wanted.items())]
-        if matches:
-            version, created = min(matches), False
-        else:
-            created_version = self.client.create_model_version(
-                name, source=source, run_id=run_id, tags={**wanted, **{k: str(v) for k, v in (tags or {}).items()}})
-            version, created = int(created_version.version), True
+        version, created = self._version(name, source=source, run_id=run_id, identity=identity, tags=tags)
         self.client.set_registered_model_alias(name, alias, str(version))
         return version, created

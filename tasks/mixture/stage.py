@@ -100,6 +100,7 @@ class _ProxyTrainer:
         self.ctx, self.corpus, self.proxy, self.general, self.packing = ctx, corpus, proxy, general, packing
         self.folder = ctx.layout.root / "cache" / "proxies"
         self.code = code_version(*PROXY_CODE)
+        self.unique = corpus.train_sizes(general)  # U_s per source, read once for every row
         self.trained = self.reused = 0
 
     def key(self, weights: dict[str, float], shape: ModelShape) -> str:
@@ -123,11 +124,10 @@ class _ProxyTrainer:
         prefix = "" if size == "proxy" else f"{size}."
         self.ctx.log_metrics({f"{prefix}{name}.{r.source}.bits_per_byte": r.bits_per_byte
                               for r in scored.itertuples()}, step)
-        unique = self.corpus.train_sizes(self.general)
         return [{"candidate": name, "proxy": size, "d_model": shape.d_model, "source": r.source,
                  "weight": weights.get(r.source, 0.0), "loss_nats": r.loss_nats, "bits_per_byte": r.bits_per_byte,
                  "heldout_tokens": int(r.heldout_tokens), "proxy_tokens": int(r.proxy_tokens),
-                 "unique_train_tokens": int(unique.get(r.source, 0))}
+                 "unique_train_tokens": int(self.unique.get(r.source, 0))}
                 for r in scored.itertuples()]
 
     def _train(self, weights: dict[str, float], shape: ModelShape) -> pd.DataFrame:
