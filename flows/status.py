@@ -66,10 +66,12 @@ def stage_statuses(cfg: ExperimentConfig, layout: RunsLayout) -> list[StageStatu
     keys: dict[str, str] = {}
     out = []
     for stage in STAGES:
-        config = json.loads(canonical_json(stage.key_config(cfg)))
-        wanted = {"config": config, "input_keys": {n: keys[n] for n in stage.inputs},
+        raw = stage.key_config(cfg)
+        # The key hashes the config exactly as the pipeline does (integer dict keys sort as numbers there); the JSON
+        # form, as stored in meta.json, is only for listing differences.
+        wanted = {"config": json.loads(canonical_json(raw)), "input_keys": {n: keys[n] for n in stage.inputs},
                   "code_version": code_version(*stage.modules)}
-        key = artifact_key(stage.name, config, wanted["input_keys"], wanted["code_version"])
+        key = artifact_key(stage.name, raw, wanted["input_keys"], wanted["code_version"])
         keys[stage.name] = key
         status = StageStatus(stage.name, key, store.get(stage.name, key) is not None, str(store.path(stage.name, key)))
         if not status.cached:
