@@ -3,6 +3,8 @@
     pretrain run configs/demo.toml                     # the whole chain on this machine (CPU)
     pretrain run configs/demo.toml --dry-run           # resolved config and stage graph, nothing runs
     pretrain run configs/demo.toml --refresh cpt       # recompute CPT and everything after it
+    pretrain run configs/demo.toml --until tokenizer   # stop after the tokenizer stage
+    pretrain serve configs/demo.toml --cron "0 3 * * *"  # a scheduled Prefect deployment, served from this process
     pretrain gate declare configs/demo.toml            # declare a new gate explicitly (old record kept)
     pretrain gate show configs/demo.toml               # declarations and the decision table with intervals
     pretrain status configs/demo.toml --explain        # each stage's key, cached or not, and why not
@@ -18,6 +20,7 @@ Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -29,7 +32,7 @@ from rich.markup import escape
 from flows.config import load_config
 from flows.preflight import preflight
 from infra.errors import PretrainError
-from infra.runs import RunsLayout
+from infra.runs import TRACKING_ENV, RunsLayout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
 gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
@@ -38,6 +41,13 @@ app.add_typer(gate_app, name="gate")
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 RunsDir = typer.Option(None, "--runs-dir", help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
+TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking server, e.g. http://127.0.0.1:5000 (default: "
+                           "$PRETRAIN_TRACKING_URI, else the SQLite file in the runs folder)")
+
+
+def _set_tracking(uri: str | None) -> None:
+    if uri:
+        os.environ[TRACKING_ENV] = uri
 
 
 def _quiet_libraries() -> None:
@@ -58,15 +68,18 @@ def run(
     config: Path = typer.Argument(..., help="experiment TOML"),
     runs_dir: Optional[Path] = RunsDir,
     refresh: list[str] = typer.Option([], "--refresh", help="recompute this stage and everything downstream"),
+    until: Optional[str] = typer.Option(None, "--until", help="stop after this stage (e.g. tokenizer)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
+    tracking_uri: Optional[str] = TrackingUri,
 ) -> None:
     """Run the pipeline: sources → corpus → tokenizer → mixture → sweep → main → cpt → gate."""
+    _set_tracking(tracking_uri)
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)
         from infra.warehouse import Warehouse
 
-        preflight(cfg, refresh, Warehouse(layout.duckdb))
+        preflight(cfg, refresh, Warehouse(layout.duckdb), until=until)
         if dry_run:
             _dry_run(cfg, layout)
             return
@@ -75,10 +88,44 @@ def run(
         from flows.pipeline import pipeline
         from flows.summary import print_summary
 
-        result = pipeline(str(config.resolve()), str(layout.root), list(refresh))
+        result = pipeline(str(config.resolve()), str(layout.root), list(refresh), until)
     except PretrainError as err:
         _fail(err)
     print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs)
+
+
+@app.command()
+def serve(
+    config: Path = typer.Argument(..., help="experiment TOML"),
+    cron: Optional[str] = typer.Option(None, "--cron", help="cron schedule, e.g. '0 3 * * *' (03:00 every day)"),
+    interval: Optional[int] = typer.Option(None, "--interval", help="seconds between scheduled runs"),
+    timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default UTC)"),
+    name: Optional[str] = typer.Option(None, "--name", help="deployment name (default: the experiment name)"),
+    until: Optional[str] = typer.Option(None, "--until", help="scheduled runs stop after this stage"),
+    limit: int = typer.Option(1, "--limit", help="flow runs this process executes at once"),
+    port: int = typer.Option(4200, "--port", help="port of the local Prefect server (when PREFECT_API_URL is unset)"),
+    runs_dir: Optional[Path] = RunsDir,
+    tracking_uri: Optional[str] = TrackingUri,
+) -> None:
+    """Serve the pipeline as a scheduled Prefect deployment (pretrain-pipeline/NAME) until interrupted.
+
+    Without PREFECT_API_URL a local Prefect server (UI + scheduler) is started on 127.0.0.1:PORT. Runs can also be
+    triggered by hand: `prefect deployment run pretrain-pipeline/NAME`, or from the UI with edited parameters.
+    """
+    _set_tracking(tracking_uri)
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        preflight(cfg, until=until)
+        layout.prepare_environment()
+        _quiet_libraries()
+        from flows.serve import serve as serve_pipeline
+
+        parameters = {"until": until} if until else {}
+        serve_pipeline(config, layout, name=name or cfg.name, cron=cron, interval=interval, timezone=timezone,
+                       parameters=parameters, limit=limit, port=port)
+    except PretrainError as err:
+        _fail(err)
 
 
 def _dry_run(cfg, layout: RunsLayout) -> None:

@@ -103,8 +103,13 @@ class ExperimentConfig(Section):
         return [name for name, src in self.sources.items() if src.role == "domain"]
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate an experiment TOML file.
+
+    Args:
+        path: the TOML file.
+        overrides: dotted field paths set before validation, e.g. ``{"seed": 1, "main.distributed.processes": 8}``
+            (a scheduled deployment's typed parameters); validated exactly like the file's own values.
 
     Raises:
         ConfigError: the file is missing or not TOML, or any field is invalid (every problem listed with its
@@ -117,7 +122,20 @@ def load_config(path: str | Path) -> ExperimentConfig:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from err
-    return parse_config(raw, origin=str(path))
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    return parse_config(raw, origin=str(path) + (f" with overrides {overrides}" if overrides else ""))
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {part} is a value, not a section")
+        node = child
+    node[leaf] = value
 
 
 def parse_config(raw: dict[str, Any], origin: str = "<config>") -> ExperimentConfig:

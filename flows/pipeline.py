@@ -9,20 +9,19 @@ directory is gone is recomputed, never trusted. Prefect's default hash of pickle
 This module must be imported after ``RunsLayout.prepare_environment()`` (Prefect reads PREFECT_HOME on import).
 """
 
-from __future__ import annotations
 
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.context import get_run_context
 
 from flows.config import ExperimentConfig, load_config
 from flows.gates import record_gate
-from flows.graph import STAGES, StageDef, downstream
+from flows.graph import STAGE_NAMES, STAGES, StageDef, downstream
 from flows.preflight import preflight
 from flows.progress import RichProgress
 from flows.publish import publish
@@ -34,6 +33,9 @@ from infra.stage import StageContext
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 
+
+# Typed flow parameters: a deployment's UI and API refuse a stage name that does not exist.
+StageName = Literal[STAGE_NAMES]
 
 # What the ``step`` of each stage run's metrics counts (DESIGN.md: curves say whether steps are tokens or steps).
 STEP_UNITS = {"mixture": "candidate index", "sweep": "optimiser steps (per trial run)",
@@ -57,10 +59,26 @@ class Env:
 
 @task(persist_result=True)
 def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: dict[str, Any]) -> dict:
-    """Compute a stage's artifact unless a complete one exists; returns {key, path, computed}."""
+    """Compute a stage's artifact unless a complete one exists; returns {key, path, computed}.
+
+    Concurrent runs of the same config take turns per artifact: one computes, the others wait for its lease and
+    then reuse what it committed.
+    """
     existing = env.store.get(name, key)
     if existing is not None and name not in env.refresh:
         return {"key": key, "path": str(existing.path), "computed": False}
+    asked = time.time()
+    with env.store.computing(name, key, on_wait=lambda: get_run_logger().warning(
+            "stage %s: another run is computing artifact %s; waiting for it", name, key)):
+        # Another run of the same config may have finished this artifact while we waited: a fresh one is reused
+        # (even under --refresh, since it was computed after this run asked).
+        existing = env.store.get(name, key)
+        if existing is not None and (name not in env.refresh or existing.meta.get("committed_at", 0) > asked):
+            return {"key": key, "path": str(existing.path), "computed": False}
+        return _compute(name, key, env, input_paths, meta)
+
+
+def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: dict[str, Any]) -> dict:
     stage = _stage(name)
     tmp = env.store.begin(name, key)
     ctx = StageContext(
@@ -128,11 +146,27 @@ def run_stage(stage: StageDef, env: Env, upstream: dict[str, Artifact]) -> tuple
 
 
 @flow(name="pretrain-pipeline", log_prints=True)
-def pipeline(config_path: str, runs_dir: str, refresh: list[str] | None = None) -> dict[str, Any]:
-    """Run the whole chain for one experiment config; returns per-stage keys and cache hits."""
-    cfg = load_config(config_path)
+def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = None, until: StageName | None = None,
+             seed: int | None = None, launch: Literal["inprocess", "accelerate"] | None = None,
+             processes: int | None = None) -> dict[str, Any]:
+    """Run the chain for one experiment config; returns per-stage keys and cache hits.
+
+    Args:
+        config_path: the experiment TOML (read by the process that runs the flow).
+        runs_dir: the runs folder.
+        refresh: stages to recompute, with everything downstream of them.
+        until: stop after this stage (its upstream runs or is reused as usual); None runs the whole chain.
+        seed, launch, processes: typed overrides of the config's ``seed``, ``main.distributed.launch`` and
+            ``main.distributed.processes`` (a deployment's parameters; None keeps the file's value).
+
+    Raises:
+        ConfigError: unknown stage names in ``refresh`` or ``until``, or an invalid config.
+    """
+    overrides = {k: v for k, v in {"seed": seed, "main.distributed.launch": launch,
+                                   "main.distributed.processes": processes}.items() if v is not None}
+    cfg = load_config(config_path, overrides)
     layout = RunsLayout.resolve(runs_dir)
-    preflight(cfg, refresh or [])
+    preflight(cfg, refresh or [], until=until)
     env = _environment(cfg, layout, downstream(set(refresh or [])))
     upstream: dict[str, Artifact] = {}
     cached: dict[str, bool] = {}
@@ -142,6 +176,8 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[str] | None = None) 
         with env.progress:
             for stage in STAGES:
                 upstream[stage.name], cached[stage.name] = run_stage(stage, env, upstream)
+                if stage.name == until:
+                    break
         status = "FINISHED"
     finally:
         env.tracker.end_run(env.parent_run_id, status)

@@ -16,11 +16,17 @@ from infra.warehouse import Warehouse
 from tasks.sources.read import match_files
 
 
-def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: Warehouse | None = None) -> None:
+def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: Warehouse | None = None, *,
+              until: str | None = None) -> None:
     """Raise ``ConfigError``/``SourceError``/``GateError`` naming the problem; return silently when the run can start."""
     unknown = sorted(set(refresh) - set(STAGE_NAMES))
     if unknown:
         raise ConfigError(f"--refresh {unknown}: unknown stage; choose from {list(STAGE_NAMES)}")
+    if until is not None and until not in STAGE_NAMES:
+        raise ConfigError(f"--until {until!r}: unknown stage; choose from {list(STAGE_NAMES)}")
+    if until is not None and set(refresh) - set(STAGE_NAMES[: STAGE_NAMES.index(until) + 1]):
+        late = sorted(set(refresh) - set(STAGE_NAMES[: STAGE_NAMES.index(until) + 1]))
+        raise ConfigError(f"--refresh {late} comes after --until {until}, so it would not run; drop one of them")
     cloze_paths(cfg)
     for name, source in cfg.sources.items():
         if source.kind == "local":

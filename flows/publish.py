@@ -172,8 +172,8 @@ def _main(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         decisions |= {"mixture_artifact_key": inputs["mixture"], "mixture_choice": choice["name"]}
     if decisions:
         env.tracker.set_tags(run_id, decisions)
-    if inputs.get("tokenizer") and inputs.get("mixture") and not cached:
-        # What this run trained on: the token shards of its mixture's sources, as an MLflow dataset input.
+    if inputs.get("tokenizer") and inputs.get("mixture"):
+        # What this run trained on (logged by cached runs too: each run's record shows what its model saw): the token shards of its mixture's sources, as an MLflow dataset input.
         shards = env.layout.artifacts / "tokenizer" / inputs["tokenizer"]
         choice_path = env.layout.artifacts / "mixture" / inputs["mixture"] / "choice.json"
         weights = json.loads(choice_path.read_text())["weights"] if choice_path.exists() else {}
@@ -218,6 +218,7 @@ def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         experiment=env.cfg.name, gate_hash=decision["gate_hash"])
     env.warehouse.replace("gate_decisions", table, artifact.key)
     env.tracker.set_tags(env.parent_run_id, {"gate_kept": decision["kept"], "gate_hash": decision["gate_hash"]})
+    _headline(decision, table, env)
     _log_files(env, run_id, cached, artifact, "decisions.parquet", "decision.json", "gate_scatter.png")
     # Each candidate's verdict and failing criteria as tags of the gate run, and on its registered version.
     failing = {row["candidate"]: [c.removeprefix("status_") for c in table.columns
@@ -239,6 +240,25 @@ def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
                                                "gate_hash": decision["gate_hash"]})
     # Cached or not: a cached gate may repeat an older decision after a different one moved the alias.
     _register(decision, artifact.key, env, run_id)
+
+
+def _headline(decision: dict, table: pd.DataFrame, env: "Env") -> None:
+    """The parent run's headline: the kept model's held-out loss and bits per byte per source, and the verdict, so
+    the MLflow experiment table compares runs without opening them."""
+    kept = decision["kept"]
+    passed = int((table["decision"] == "pass").sum())
+    verdict = f"kept {kept}" if kept != "base" else "no candidate passed; the base is kept"
+    env.tracker.set_tags(env.parent_run_id, {"gate_verdict": verdict})
+    metrics = {"gate.candidates": float(len(table)), "gate.candidates_passed": float(passed),
+               "gate.kept_is_base": float(kept == "base")}
+    heldout_path = Path(decision["candidates_dir"]).parent / "heldout.parquet" if decision.get("candidates_dir") else None
+    if heldout_path is not None and heldout_path.exists():
+        heldout = pd.read_parquet(heldout_path)
+        rows = heldout[heldout["checkpoint"] == kept].drop_duplicates("source", keep="last")
+        for row in rows.to_dict("records"):
+            metrics[f"kept.heldout_loss_nats.{row['source']}"] = row["loss_nats"]
+            metrics[f"kept.heldout_bits_per_byte.{row['source']}"] = row["bits_per_byte"]
+    env.tracker.log_metrics(env.parent_run_id, metrics, step=0)
 
 
 def _register(decision: dict, gate_key: str, env: "Env", run_id: str) -> None:

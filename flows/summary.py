@@ -64,17 +64,7 @@ def print_main_run(run: dict[str, Any], console: Console, max_epochs: float) -> 
         console.print(f"  [yellow]warning:[/] {warning}")
 
 
-def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console | None = None, *,
-                  max_epochs: float = 4.0) -> None:
-    """Print the per-stage evidence and the pointers to MLflow, DuckDB and the artifacts.
-
-    ``max_epochs`` is the config's ``mixture.max_epochs``: sources the main run repeats more often get a warning.
-    """
-    console = console or Console()
-    paths = {k: Path(v) for k, v in result["paths"].items()}
-    cached = result["cached"]
-    console.rule(f"[bold]pretrain · {result['experiment']}")
-    console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()), soft_wrap=True)
+def _corpus_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     console.print(_table("Corpus funnel per source", funnel_frame(paths["corpus"])))
     corpus_manifest = json.loads((paths["corpus"] / "manifest.json").read_text())
     console.print(f"  manifest {corpus_manifest['manifest_hash'][:12]} · boilerplate units cut "
@@ -84,6 +74,9 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     for name, info in corpus_manifest["sources"].items():
         for warning in info["warnings"]:
             console.print(f"  [yellow]warning:[/] {warning}")
+
+
+def _tokenizer_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     report = pd.read_parquet(paths["tokenizer"] / "report.parquet")
     heldout = report["split"] == "heldout" if "split" in report else True  # text the tokenizer never saw
     lang = report[(report["group_by"] == "language") & heldout][["group", "n_docs", "n_tokens", "chars_per_token",
@@ -91,6 +84,9 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     meta = json.loads((paths["tokenizer"] / "tokenizer.meta.json").read_text())
     console.print(_table(f"Tokenizer (vocab {meta['vocab_size']:,}, padded {meta['padded_vocab_size']:,}) "
                          "per language, held-out split", lang))
+
+
+def _mixture_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     choice = json.loads((paths["mixture"] / "choice.json").read_text())
     weights = ", ".join(f"{k} {v:.3f}" for k, v in choice["weights"].items())
     console.print(f"[bold]Mixture:[/] {choice['name']} ({weights})\n  rule: {choice['rule']}")
@@ -109,6 +105,9 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
                       f"{t['tau']:.2f} ({flips}; {len(t['flipped_pairs'])} pair(s) swap order)")
     if "proxies_reused" in choice:
         console.print(f"  proxies trained {choice['proxies_trained']}, reused from cache {choice['proxies_reused']}")
+
+
+def _sweep_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     best = json.loads((paths["sweep"] / "best.json").read_text())
     console.print(f"[bold]Peak LR:[/] {best['best_lr']:.3e} (proxy held-out {best['best_value']:.4f} nats/token)")
     if best.get("spread"):
@@ -127,15 +126,24 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         console.print(f"  no loss forecast: {best['forecast']}")
     if best.get("warning"):
         console.print(f"  [yellow]warning:[/] {best['warning']}")
+
+
+def _main_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     heldout = pd.read_parquet(paths["main"] / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]
     console.print(_table("Main run held-out loss per source", heldout))
     print_main_run(json.loads((paths["main"] / "run.json").read_text()), console, max_epochs)
+
+
+def _cpt_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     candidates = json.loads((paths["cpt"] / "candidates.json").read_text())
     cands = pd.DataFrame([{"candidate": k, "replay": d.get("replay_fraction"), "realised": d.get("realised_replay_fraction"),
                            "peak_lr": d.get("peak_lr"), "general nats": d["general_loss_nats"],
                            "domain nats": d["domain_loss_nats"], "cloze acc": d["cloze_accuracy"]}
                           for k, d in candidates.items()])
     console.print(_table("CPT candidates", cands.fillna("-")))
+
+
+def _gate_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     decision = json.loads((paths["gate"] / "decision.json").read_text())
     console.print(f"[bold]Gate decision[/]\n{decision['summary']}")
     table = pd.read_parquet(paths["gate"] / "decisions.parquet")
@@ -146,6 +154,30 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
             if row[column] == "inconclusive" and needed is not None and needed == needed:
                 resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
                 console.print(f"  {row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+
+
+# One section per stage with evidence to show, in pipeline order; a run stopped by ``--until`` shows its prefix.
+_SECTIONS = {"corpus": _corpus_section, "tokenizer": _tokenizer_section, "mixture": _mixture_section,
+             "sweep": _sweep_section, "main": _main_section, "cpt": _cpt_section, "gate": _gate_section}
+
+
+def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console | None = None, *,
+                  max_epochs: float = 4.0) -> None:
+    """Print the per-stage evidence and the pointers to MLflow, DuckDB and the artifacts.
+
+    ``max_epochs`` is the config's ``mixture.max_epochs``: sources the main run repeats more often get a warning.
+    """
+    console = console or Console()
+    paths = {k: Path(v) for k, v in result["paths"].items()}
+    cached = result["cached"]
+    console.rule(f"[bold]pretrain · {result['experiment']}")
+    console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()), soft_wrap=True)
+    for stage, section in _SECTIONS.items():
+        if stage in paths:
+            section(paths, console, max_epochs)
+    missing = [stage for stage in _SECTIONS if stage not in paths]
+    if missing:
+        console.print(f"[bold]Stopped early[/] (--until): not run this time: {', '.join(missing)}")
     console.rule("where to look next")
     console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
     console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "

@@ -22,9 +22,12 @@ import os
 import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Callable, Iterator
+
+from filelock import FileLock, Timeout
 
 from infra.errors import ConfigError
 
@@ -119,6 +122,27 @@ class ArtifactStore:
             return None
         meta = json.loads((path / META).read_text())
         return Artifact(stage, key, path, meta)
+
+    @contextmanager
+    def computing(self, stage: str, key: str, on_wait: Callable[[], None] = lambda: None,
+                  poll_s: float = 5.0) -> Iterator[None]:
+        """Hold the lease to compute (stage, key): one process at a time, across processes on this filesystem.
+
+        The lease is an OS file lock (``flock``) on ``<stage>/.lock-<key>``: a killed holder releases it with its
+        process, so a crash never leaves a stale lock. ``on_wait`` is called once when another process holds it.
+        Callers re-check ``get`` after entering: the holder may have finished the artifact meanwhile.
+        """
+        (self.root / stage).mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.root / stage / f".lock-{key}"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            on_wait()
+            lock.acquire(poll_interval=poll_s)
+        try:
+            yield
+        finally:
+            lock.release()
 
     def begin(self, stage: str, key: str) -> Path:
         """A fresh temporary directory to write a stage's outputs into."""

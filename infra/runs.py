@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUNS_ENV = "PRETRAIN_RUNS_DIR"
+TRACKING_ENV = "PRETRAIN_TRACKING_URI"
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,14 @@ class RunsLayout:
 
     @property
     def tracking_uri(self) -> str:
-        return f"sqlite:///{self.mlflow_db}"
+        """``$PRETRAIN_TRACKING_URI`` (e.g. ``http://127.0.0.1:5000`` for a shared ``mlflow server``), else the
+        SQLite file in this runs folder."""
+        return os.environ.get(TRACKING_ENV) or f"sqlite:///{self.mlflow_db}"
+
+    @property
+    def remote_tracking(self) -> bool:
+        """Whether MLflow is a tracking server (it then owns the artifact store) rather than the local file."""
+        return self.tracking_uri.startswith(("http://", "https://"))
 
     @property
     def mlflow_artifacts(self) -> Path:

@@ -35,8 +35,8 @@ class Tracker:
     """Writes the pipeline's runs to a local MLflow store.
 
     Args:
-        tracking_uri: e.g. ``sqlite:////abs/runs/mlflow.db``.
-        artifact_root: folder for run artifacts (created if missing).
+        tracking_uri: e.g. ``sqlite:////abs/runs/mlflow.db``, or ``http://127.0.0.1:5000`` for ``mlflow server``.
+        artifact_root: folder for run artifacts of a local store (created if missing); a server keeps its own.
         experiment: experiment name (the config's ``name``).
     """
 
@@ -44,7 +44,11 @@ class Tracker:
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
-        if found is None:
+        if found is None and tracking_uri.startswith(("http://", "https://")):
+            # A tracking server stores artifacts itself (proxied ``mlflow-artifacts:``); a local path would only
+            # work on the server's own machine.
+            self.experiment_id = self.client.create_experiment(experiment)
+        elif found is None:
             artifact_root.mkdir(parents=True, exist_ok=True)
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_root.as_uri())
         else:

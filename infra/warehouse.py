@@ -12,6 +12,8 @@ cloze_results, gates, gate_decisions, stage_runs, train_steps.
 
 from __future__ import annotations
 
+import random
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -34,9 +36,15 @@ class Warehouse:
 
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived connection. DuckDB lets one process at a time open the file for writing, so while another
+        run (or a ``duckdb`` shell) holds it this waits and retries, for up to ``LOCK_WAIT_S`` seconds.
+
+        Raises:
+            duckdb.IOException: the file stayed locked for ``LOCK_WAIT_S`` seconds, or another I/O error.
+        """
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = duckdb.connect(str(self.path), read_only=read_only)
+        con = _connect_with_retry(self.path, read_only)
         try:
             yield con
         finally:
@@ -70,6 +78,22 @@ class Warehouse:
             "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = ?", [table]
         )
         return bool(len(found)) and int(found["n"].iloc[0]) > 0
+
+
+LOCK_WAIT_S = 300.0
+
+
+def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    delay = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as err:
+            if "lock" not in str(err).lower() or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay + random.uniform(0, delay))  # jitter: waiting writers do not retry in lockstep
+            delay = min(delay * 2, 2.0)
 
 
 def _ensure_table(con: duckdb.DuckDBPyConnection, table: str) -> None:

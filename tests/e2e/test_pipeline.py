@@ -7,42 +7,18 @@ reruns only CPT and the gate. Runs through the installed CLI in subprocesses, as
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 from mlflow import MlflowClient
 
+from conftest import pretrain as _pretrain, stage_status as _stage_status
 from flows.graph import STAGE_NAMES
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _pretrain(*args: str, runs: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PRETRAIN_RUNS_DIR": str(runs), "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"pretrain {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc
-
-
-def _stage_status(stdout: str) -> dict[str, str]:
-    line = next(line for line in stdout.splitlines() if line.startswith("stages:"))
-    return dict(re.findall(r"(\w+)=(cached|ran)", line))
-
-
-@pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory) -> dict:
-    runs = tmp_path_factory.mktemp("runs")
-    first = _pretrain("run", "configs/smoke.toml", runs=runs)
-    second = _pretrain("run", "configs/smoke.toml", runs=runs)
-    return {"runs": runs, "first": first, "second": second}
 
 
 def _table_count(runs: Path, table: str) -> int:

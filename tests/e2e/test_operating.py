@@ -1,0 +1,214 @@
+"""End to end, the ways people operate the platform: a served, scheduled deployment triggered through the Prefect
+API; the pipeline logging to an ``mlflow server`` over HTTP; two runs of one config at once; ``--until``.
+
+Each test works on a copy of the session's completed smoke runs folder, so only what it changes is computed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+from mlflow import MlflowClient
+
+from conftest import ROOT, pretrain, stage_status
+from flows.graph import STAGE_NAMES
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _copy_runs(smoke_runs: dict, tmp_path: Path) -> Path:
+    runs = tmp_path / "runs"
+    shutil.copytree(smoke_runs["runs"], runs)
+    return runs
+
+
+def _wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: process exited with {proc.returncode}\n"
+                                 f"{log.read_text()[-4000:] if log else ''}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{log.read_text()[-4000:] if log else ''}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _get(url: str) -> dict | None:
+    try:
+        response = httpx.get(url, timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def test_served_deployment_has_its_schedule_and_a_triggered_run_completes(smoke_runs, tmp_path):
+    runs = _copy_runs(smoke_runs, tmp_path)
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "PRETRAIN_RUNS_DIR": str(runs)}
+    env.pop("PREFECT_API_URL", None)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "configs/smoke.toml", "--interval", "86400",
+                                 "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deployment = _wait_for(lambda: _get(f"{api}/deployments/name/pretrain-pipeline/smoke"), 300,
+                               "the served deployment", proc, log)
+        assert [s["schedule"]["interval"] for s in deployment["schedules"]] == [86400.0]
+        assert deployment["parameters"]["config_path"] == str(ROOT / "configs" / "smoke.toml")
+        assert deployment["parameters"]["runs_dir"] == str(runs)
+        # A run triggered through the API, with one typed override of the deployment's parameters.
+        created = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run",
+                             json={"parameters": {"until": "mixture"}}, timeout=30.0)
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+
+        def finished():
+            state = _get(f"{api}/flow_runs/{run_id}")["state"]
+            return state if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+        state = _wait_for(finished, 600, "the triggered flow run", proc, log)
+        assert state["type"] == "COMPLETED", f"{state}\n{log.read_text()[-4000:]}"
+    finally:
+        _stop(proc)
+    # The run is the real pipeline: its MLflow parent run carries the Prefect flow run id and stopped at mixture.
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    parents = client.search_runs([experiment.experiment_id], f"tags.prefect_flow_run_id = '{run_id}' "
+                                 "and tags.`mlflow.runName` = 'pipeline'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
+    assert sorted(r.data.tags["stage"] for r in children) == sorted(STAGE_NAMES[: STAGE_NAMES.index("mixture") + 1])
+    assert all(r.data.tags["cached"] == "true" for r in children)
+    # Serving stopped its local server: the port is free again.
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _mlflow(method: str, base: str, path: str, **kwargs) -> dict:
+    response = httpx.request(method, f"{base}/api/2.0/mlflow/{path}", timeout=30.0, **kwargs)
+    assert response.status_code == 200, f"{path}: {response.status_code} {response.text[:500]}"
+    return response.json()
+
+
+def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path):
+    runs = _copy_runs(smoke_runs, tmp_path)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "mlflow.log"
+    store = tmp_path / "server"
+    store.mkdir()
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art")],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for(lambda: httpx.get(f"{base}/health", timeout=2).status_code == 200
+                  if _port_open(port) else False, 180, "mlflow server", server, log)
+        # CPT and the gate are recomputed, so their metrics stream to the server while they train.
+        proc = pretrain("run", "configs/smoke.toml", "--refresh", "cpt", "--tracking-uri", base, runs=runs)
+        assert {k for k, v in stage_status(proc.stdout).items() if v == "ran"} == {"cpt", "gate"}
+        experiment = _mlflow("GET", base, "experiments/get-by-name", params={"experiment_name": "smoke"})["experiment"]
+        found = _mlflow("POST", base, "runs/search", json={"experiment_ids": [experiment["experiment_id"]],
+                                                            "max_results": 100})["runs"]
+        tags = {r["info"]["run_id"]: {t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in found}
+        parents = [rid for rid, t in tags.items() if t.get("mlflow.runName") == "pipeline"]
+        assert len(parents) == 1
+        children = {t["stage"]: rid for rid, t in tags.items() if t.get("mlflow.parentRunId") == parents[0]}
+        assert sorted(children) == sorted(STAGE_NAMES)
+        # Metrics with steps: the CPT run's per-candidate training curves.
+        cpt_run = _mlflow("GET", base, "runs/get", params={"run_id": children["cpt"]})["run"]
+        curve_keys = [m["key"] for m in cpt_run["data"]["metrics"] if m["key"].endswith("loss_nats")]
+        assert curve_keys, [m["key"] for m in cpt_run["data"]["metrics"]]
+        history = _mlflow("GET", base, "metrics/get-history", params={"run_id": children["cpt"],
+                                                                       "metric_key": curve_keys[0]})["metrics"]
+        assert len({m["step"] for m in history}) > 1
+        # Dataset inputs with digests: the kept corpus and the main run's training mixture.
+        for stage, dataset in (("corpus", "kept_corpus"), ("main", "main_training_mixture")):
+            run = _mlflow("GET", base, "runs/get", params={"run_id": children[stage]})["run"]
+            inputs = run.get("inputs", {}).get("dataset_inputs", [])
+            assert [d["dataset"]["digest"] for d in inputs if d["dataset"]["name"] == dataset], (stage, inputs)
+        # Headline metrics on the parent run, and the registered alias of the kept model.
+        parent = _mlflow("GET", base, "runs/get", params={"run_id": parents[0]})["run"]
+        headline = {m["key"] for m in parent["data"]["metrics"]}
+        assert any(k.startswith("kept.heldout_bits_per_byte.") for k in headline), headline
+        alias = _mlflow("GET", base, "registered-models/alias", params={"name": "smoke-base", "alias": "kept"})
+        assert alias["model_version"]["version"]
+        # Artifacts went through the server's proxy, not to a local path in the runs folder.
+        gate_files = _mlflow("GET", base, "artifacts/list", params={"run_id": children["gate"]}).get("files", [])
+        assert any(f["path"] == "decision.json" for f in gate_files)
+    finally:
+        _stop(server)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_two_runs_of_one_config_at_once_compute_each_stage_once(smoke_runs, tmp_path):
+    runs = _copy_runs(smoke_runs, tmp_path)
+    for stage in ("cpt", "gate"):
+        shutil.rmtree(runs / "artifacts" / stage)
+    results: dict[int, subprocess.CompletedProcess] = {}
+
+    def run(i: int) -> None:
+        results[i] = pretrain("run", "configs/smoke.toml", runs=runs)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+        time.sleep(2.0)
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [0, 1], "a concurrent run failed (its assertion is in the thread's traceback)"
+    statuses = [stage_status(results[i].stdout) for i in (0, 1)]
+    for stage in ("cpt", "gate"):
+        assert sorted(s[stage] for s in statuses) == ["cached", "ran"], statuses
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        per_key = con.execute("SELECT artifact_key, count(*), count(DISTINCT candidate) FROM gate_decisions "
+                              "GROUP BY artifact_key").fetchall()
+        recorded = con.execute("SELECT count(*) FROM stage_runs WHERE stage = 'gate'").fetchone()[0]
+    finally:
+        con.close()
+    assert all(n == distinct for _, n, distinct in per_key), per_key  # no duplicated decision rows
+    assert recorded == 2 + 2  # the two smoke runs before the copy, and both concurrent runs
+
+
+def test_until_stops_after_the_named_stage(smoke_runs, tmp_path):
+    runs = _copy_runs(smoke_runs, tmp_path)
+    proc = pretrain("run", "configs/smoke.toml", "--until", "tokenizer", runs=runs)
+    assert stage_status(proc.stdout) == {"sources": "cached", "corpus": "cached", "tokenizer": "cached"}
+    assert "not run this time: mixture, sweep, main, cpt, gate" in proc.stdout
