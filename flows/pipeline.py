@@ -148,7 +148,7 @@ def run_stage(stage: StageDef, env: Env, upstream: dict[str, Artifact]) -> tuple
 @flow(name="pretrain-pipeline", log_prints=True)
 def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = None, until: StageName | None = None,
              seed: int | None = None, launch: Literal["inprocess", "accelerate"] | None = None,
-             processes: int | None = None) -> dict[str, Any]:
+             processes: int | None = None, accelerate_config: str | None = None) -> dict[str, Any]:
     """Run the chain for one experiment config; returns per-stage keys and cache hits.
 
     Args:
@@ -156,14 +156,16 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
         runs_dir: the runs folder.
         refresh: stages to recompute, with everything downstream of them.
         until: stop after this stage (its upstream runs or is reused as usual); None runs the whole chain.
-        seed, launch, processes: typed overrides of the config's ``seed``, ``main.distributed.launch`` and
-            ``main.distributed.processes`` (a deployment's parameters; None keeps the file's value).
+        seed, launch, processes, accelerate_config: typed overrides of the config's ``seed`` and
+            ``main.distributed.{launch, processes, accelerate_config}`` (a deployment's parameters: the same
+            config on a GPU pool; None keeps the file's value). The launch layout is not in any artifact key.
 
     Raises:
         ConfigError: unknown stage names in ``refresh`` or ``until``, or an invalid config.
     """
     overrides = {k: v for k, v in {"seed": seed, "main.distributed.launch": launch,
-                                   "main.distributed.processes": processes}.items() if v is not None}
+                                   "main.distributed.processes": processes,
+                                   "main.distributed.accelerate_config": accelerate_config}.items() if v is not None}
     cfg = load_config(config_path, overrides)
     layout = RunsLayout.resolve(runs_dir)
     preflight(cfg, refresh or [], until=until)

@@ -1,0 +1,50 @@
+"""``infra/prefect.yaml`` and the H100 job template describe deployments Prefect can actually create: each
+entrypoint loads the pipeline flow, each parameter set passes the flow's own validation and the experiment
+config's, each schedule parses, and every template placeholder is a declared job variable."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect.client.schemas.schedules import construct_schedule
+from prefect.flows import load_flow_from_entrypoint
+
+from flows.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())
+TEMPLATE = json.loads((ROOT / "infra" / "prefect" / "h100-job-template.json").read_text())
+OVERRIDES = {"seed": "seed", "launch": "main.distributed.launch", "processes": "main.distributed.processes",
+             "accelerate_config": "main.distributed.accelerate_config"}
+
+
+@pytest.mark.parametrize("deployment", SPEC["deployments"], ids=lambda d: d["name"])
+def test_deployment_entrypoint_parameters_and_schedules_are_valid(deployment, monkeypatch):
+    monkeypatch.chdir(ROOT)  # paths in the file are relative to the checkout, as the pull step sets it
+    flow = load_flow_from_entrypoint(deployment["entrypoint"])
+    assert flow.name == "pretrain-pipeline"
+    params = deployment["parameters"]
+    assert flow.validate_parameters(params) is not None
+    overrides = {OVERRIDES[k]: v for k, v in params.items() if k in OVERRIDES}
+    cfg = load_config(params["config_path"], overrides)
+    if "launch" in params:
+        assert cfg.main.distributed.launch == params["launch"]
+        assert cfg.main.distributed.processes == params["processes"]
+    for schedule in deployment.get("schedules", []):
+        construct_schedule(cron=schedule["cron"], timezone=schedule["timezone"])
+
+
+def test_every_template_placeholder_is_a_declared_job_variable():
+    declared = set(TEMPLATE["variables"]["properties"])
+    used = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(TEMPLATE["job_configuration"])))
+    assert used <= declared, used - declared
+    assert set(TEMPLATE["variables"]["required"]) <= used
+    h100 = next(d for d in SPEC["deployments"] if d["work_pool"]["name"] == "h100")
+    assert set(h100["work_pool"]["job_variables"]) <= declared
+    container = TEMPLATE["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpus }}"
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {h100["parameters"]["runs_dir"]}
