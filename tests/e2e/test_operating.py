@@ -134,8 +134,7 @@ def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path):
              "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art")],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: httpx.get(f"{base}/health", timeout=2).status_code == 200
-                  if _port_open(port) else False, 180, "mlflow server", server, log)
+        _wait_for(lambda: _healthy(f"{base}/health"), 300, "mlflow server", server, log)
         # CPT and the gate are recomputed, so their metrics stream to the server while they train.
         proc = pretrain("run", "configs/smoke.toml", "--refresh", "cpt", "--tracking-uri", base, runs=runs)
         assert {k for k, v in stage_status(proc.stdout).items() if v == "ran"} == {"cpt", "gate"}
@@ -172,9 +171,11 @@ def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path):
         _stop(server)
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=10.0).status_code == 200
+    except httpx.HTTPError:  # not listening yet, or still starting its workers
+        return False
 
 
 def test_two_runs_of_one_config_at_once_compute_each_stage_once(smoke_runs, tmp_path):
