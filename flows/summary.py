@@ -147,7 +147,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
                 resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
                 console.print(f"  {row['candidate']}: {name} is inconclusive; {resolve} resolve it")
     console.rule("where to look next")
-    console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
+    console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
     console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "
                   "decontamination, audit_crosstab, tokenizer_report, tokenizer_fragmentation, packing_report, train_events, "
                   "stability_runs, heldout_loss, cloze_results, mixture_trials, sweep_trials, gates, gate_decisions, stage_runs)")
