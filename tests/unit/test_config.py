@@ -91,6 +91,10 @@ def test_preflight_rejects_bad_refresh_missing_cloze_and_unmatched_local_source(
     no_cloze = cfg.model_copy(update={"gate": cfg.gate.model_copy(update={"cloze_items": str(tmp_path / "x.jsonl")})})
     with pytest.raises(ConfigError, match="cloze_items"):
         preflight(no_cloze)
+    decontamination = cfg.corpus.decontamination.model_copy(update={"eval_files": [str(tmp_path / "missing*.jsonl")]})
+    no_eval = cfg.model_copy(update={"corpus": cfg.corpus.model_copy(update={"decontamination": decontamination})})
+    with pytest.raises(ConfigError, match=r"corpus\.decontamination\.eval_files: .*missing\*\.jsonl' matches no file"):
+        preflight(no_eval)
     src = cfg.sources["handbook_en"].model_copy(update={"include": [str(tmp_path / "*.html")]})
     with pytest.raises(SourceError, match="no file matches"):
         preflight(cfg.model_copy(update={"sources": {**cfg.sources, "handbook_en": src}}))
