@@ -59,7 +59,7 @@ def _quiet_libraries() -> None:
 
 
 def _fail(err: PretrainError) -> None:
-    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(str(err))}")
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(str(err))}", soft_wrap=True)  # one line
     raise typer.Exit(code=2)
 
 

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from evals.gate import GateConfig
 from infra.errors import ConfigError
@@ -30,7 +30,7 @@ class ExperimentConfig(Section):
     """A whole experiment. ``name`` is the MLflow experiment and the DuckDB ``experiment`` column."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     torch_threads: int = Field(default=2, gt=0, description="CPU threads for training (cosmetic: not in keys)")
     sources: dict[str, SourceConfig]
     corpus: CorpusConfig
@@ -139,9 +139,9 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_config(raw: dict[str, Any], origin: str = "<config>") -> ExperimentConfig:
-    """Validate an already-parsed config mapping; see ``load_config``."""
-    try:
-        return ExperimentConfig.model_validate(raw)
-    except ValidationError as err:
-        lines = [f"  {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()]
-        raise ConfigError(f"{origin}: invalid config ({len(lines)} problem(s)):\n" + "\n".join(lines)) from None
+    """Validate an already-parsed config mapping; see ``load_config``.
+
+    Raises:
+        ConfigError: one line naming every invalid field with its dotted path, the bad value and the fix.
+    """
+    return ExperimentConfig.validate_strict(raw, origin)

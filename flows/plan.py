@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from infra.errors import ConfigError
 from infra.section import Section
@@ -92,11 +92,7 @@ def load_plan(path: Path) -> PlanConfig:
         from flows.config import parse_config
 
         return _from_experiment(parse_config(raw, origin=str(path)))
-    try:
-        return PlanConfig.model_validate(raw)
-    except ValidationError as err:
-        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
-        raise ConfigError(f"{path}: invalid plan ({len(lines)} problem(s)):\n" + "\n".join(lines)) from None
+    return PlanConfig.validate_strict(raw, str(path))
 
 
 def _from_experiment(cfg) -> PlanConfig:

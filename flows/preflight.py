@@ -1,11 +1,13 @@
 """Checks that need no Prefect, MLflow or training: run before anything starts, so a bad run fails in seconds.
 
 Covers what config validation cannot see on its own: ``--refresh`` stage names, the cloze file the gate
-reads, local sources whose include patterns match no file, and a gate edited after decisions were made.
+reads, local sources whose include patterns match no file, decontamination files that match nothing, and a gate
+edited after decisions were made.
 """
 
 from __future__ import annotations
 
+import glob
 from typing import Iterable
 
 from flows.config import ExperimentConfig
@@ -31,5 +33,9 @@ def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: War
     for name, source in cfg.sources.items():
         if source.kind == "local":
             match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches
+    for pattern in cfg.corpus.decontamination.eval_files:  # else the corpus stage fails after reading every source
+        if not glob.glob(pattern, recursive=True):
+            raise ConfigError(f"corpus.decontamination.eval_files: {pattern!r} matches no file (relative paths are "
+                              "read from the working directory); fix the pattern or remove it")
     if warehouse is not None:
         check_gate(cfg, warehouse)

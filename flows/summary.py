@@ -179,7 +179,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     if missing:
         console.print(f"[bold]Stopped early[/] (--until): not run this time: {', '.join(missing)}")
     console.rule("where to look next")
-    console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
+    console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
     console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "
                   "decontamination, audit_crosstab, tokenizer_report, tokenizer_fragmentation, packing_report, train_events, "
                   "stability_runs, heldout_loss, cloze_results, mixture_trials, sweep_trials, gates, gate_decisions, stage_runs)")

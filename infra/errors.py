@@ -9,8 +9,11 @@ class PretrainError(Exception):
     """Base class of every error the platform raises on purpose."""
 
 
-class ConfigError(PretrainError):
-    """An experiment config (or one of its sections) is invalid: names the field and the fix."""
+class ConfigError(PretrainError, ValueError):
+    """An experiment config (or one of its sections) is invalid: names the field and the fix.
+
+    A ``ValueError`` so that pydantic reports one raised inside a section's validator under the field's path.
+    """
 
 
 class DataError(PretrainError):

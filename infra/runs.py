@@ -74,4 +74,6 @@ class RunsLayout:
         # The local API server starts in a subprocess; on a busy 2-core machine it can take > 20 s.
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        # Loopback only, unless the user exports another host (see README, Security): the API has no auth.
+        os.environ.setdefault("PREFECT_SERVER_API_HOST", "127.0.0.1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,12 +1,126 @@
-"""Base class of every config section: strict (unknown keys rejected) and frozen once built."""
+"""Base class of every config section: strict (unknown keys rejected) and frozen once built.
 
-from pydantic import BaseModel, ConfigDict
+Config files are validated with ``validate_strict``: numbers and booleans must be TOML numbers and booleans, never
+strings (``vocab_size = "1024"`` is refused, ``peak_lr = 1`` is read as 1.0), and every problem is reported on one
+line with its dotted field path, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from infra.errors import ConfigError
+
+S = TypeVar("S", bound="Section")
+
+_KINDS = {"int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+          "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+          "bool_parsing": "true or false", "string_type": "a string", "list_type": "a list",
+          "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table"}
 
 
 class Section(BaseModel):
     """A validated, immutable config section.
 
-    Unknown keys raise at load time (``extra="forbid"``), so a typo never silently falls back to a default.
+    Unknown keys raise at load time (``extra="forbid"``), so a typo never silently falls back to a default;
+    ``inf`` and ``nan`` are refused in every float field. A ``ConfigError`` raised by one validator while the
+    section is built directly (``MinHashConfig(bands=20)``) is raised as itself rather than wrapped.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            errors = err.errors()
+            cause = errors[0].get("ctx", {}).get("error") if len(errors) == 1 else None
+            if isinstance(cause, ConfigError):
+                raise cause from None
+            raise
+
+    # Marks this __init__ as pydantic's own (as RootModel does): nested sections are then validated by pydantic
+    # directly, so a strict validation reaches them and their errors keep their field paths.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def validate_strict(cls: type[S], raw: Any, origin: str) -> S:
+        """Build the section from config-file data, with numbers and booleans taken only as TOML types.
+
+        Raises:
+            ConfigError: one line, ``origin: invalid config: path: problem (got value); ...`` for every problem.
+        """
+        try:
+            return cls.model_validate(raw, strict=True)
+        except ValidationError as err:
+            problems = "; ".join(describe_error(cls, e) for e in err.errors())
+            raise ConfigError(f"{origin}: invalid config: {problems}") from None
+
+
+def describe_error(root: type[BaseModel], error: Any) -> str:
+    """``path: problem (got value)`` with the fix, for one pydantic error dict of a validation of ``root``."""
+    loc = [str(p) for p in error["loc"] if p != "[key]"]
+    path = ".".join(loc) or "<top level>"
+    kind, value = error["type"], error.get("input")
+    cause = error.get("ctx", {}).get("error")
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key; {_key_hint(root, error['loc'])}"
+    if kind == "missing":
+        return f"{path}: required but missing; add it (e.g. {loc[-1]} = ...)"
+    if kind in _KINDS and isinstance(value, str) and kind not in ("string_type",):
+        example = value.lower() if kind.startswith("bool") else value
+        return (f"{path}: expected {_KINDS[kind]}, got the string {value!r}; write it without quotes "
+                f"(e.g. {loc[-1]} = {example})")
+    if kind in _KINDS:
+        return f"{path}: expected {_KINDS[kind]}, got {type(value).__name__} {_short(value)}"
+    message = str(cause) if cause is not None else error["msg"]
+    got = _short(value)
+    if isinstance(value, (int, float, str)) and (cause is None or got not in message):
+        message += f" (got {got})"
+    return f"{path}: {message}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _key_hint(root: type[BaseModel], loc: tuple) -> str:
+    model = _model_at(root, loc[:-1])
+    if model is None:
+        return "remove it"
+    known = sorted(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    suggestion = f"did you mean {close[0]!r}? " if close else ""
+    return f"{suggestion}remove it or use one of {known}"
+
+
+def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The model class whose fields the table at ``loc`` holds, or None where that cannot be told."""
+    annotation: Any = root
+    for part in loc:
+        model = _as_model(annotation)
+        if model is not None and isinstance(part, str) and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+            continue
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        origin = typing.get_origin(annotation)
+        if origin in (list, dict) and args:
+            annotation = args[-1]  # a list index or a dict key: step into the element type
+        else:
+            return None
+    return _as_model(annotation)
+
+
+def _as_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if len(models) == 1 else None
+    return None

@@ -2,7 +2,7 @@
 
 Uses ``MlflowClient`` with explicit run ids (no global active run), so a stage can log from any thread and
 the parent/child structure is explicit (``mlflow.parentRunId`` tag). The store is a SQLite file and a local
-artifact root under the runs folder; ``mlflow ui --backend-store-uri sqlite:///<runs>/mlflow.db`` shows it.
+artifact root under the runs folder; ``mlflow ui --backend-store-uri sqlite:///<runs>/mlflow.db --host 127.0.0.1`` shows it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ be inspected with ``duckdb runs/results.duckdb`` between runs.
 
 Tables: manifest, removals, funnel, decontamination, boilerplate, tokenizer_report, tokenizer_fragmentation,
 packing_report, mixture_trials, sweep_trials, heldout_loss,
-cloze_results, gates, gate_decisions, stage_runs, train_steps.
+cloze_results, gates, gate_decisions, stage_runs, train_events, stability_runs, audit_crosstab (``TABLES``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,12 @@ class Warehouse:
             con.close()
 
     def replace(self, table: str, frame: pd.DataFrame, artifact_key: str) -> int:
-        """Replace the rows of ``table`` written from ``artifact_key`` with ``frame``; returns rows written."""
+        """Replace the rows of ``table`` written from ``artifact_key`` with ``frame``; returns rows written.
+
+        Raises:
+            ValueError: ``table`` is not one of ``TABLES``.
+        """
+        _check_table(table)
         frame = frame.assign(artifact_key=artifact_key)
         with self.connect() as con:
             con.register("frame", frame)
@@ -61,13 +66,19 @@ class Warehouse:
         return len(frame)
 
     def append(self, table: str, frame: pd.DataFrame) -> None:
-        """Append rows (for logs such as ``gates`` and ``stage_runs`` that are never replaced)."""
+        """Append rows (for logs such as ``gates`` and ``stage_runs`` that are never replaced).
+
+        Raises:
+            ValueError: ``table`` is not one of ``TABLES``.
+        """
+        _check_table(table)
         with self.connect() as con:
             con.register("frame", frame)
             _ensure_table(con, table)
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
 
     def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        """Rows of ``sql`` (empty before the first write); values go in ``params`` (``?``), never into ``sql``."""
         if not self.path.exists():
             return pd.DataFrame()
         with self.connect(read_only=True) as con:
@@ -96,10 +107,17 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
             delay = min(delay * 2, 2.0)
 
 
+def _check_table(table: str) -> None:
+    # Table names are spliced into SQL (DuckDB cannot bind identifiers), so only the known ones pass.
+    if table not in TABLES:
+        raise ValueError(f"warehouse table {table!r} is not one of {TABLES}; add it to infra.warehouse.TABLES")
+
+
 def _ensure_table(con: duckdb.DuckDBPyConnection, table: str) -> None:
     """Create ``table`` from the registered ``frame``, or add the columns a newer version writes (older rows NULL)."""
     con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM frame LIMIT 0")
     have = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
     for name, dtype, *_ in con.execute("DESCRIBE SELECT * FROM frame").fetchall():
         if name not in have:
-            con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {dtype}')
+            quoted = '"' + name.replace('"', '""') + '"'  # a column name is data: quote it as an identifier
+            con.execute(f"ALTER TABLE {table} ADD COLUMN {quoted} {dtype}")

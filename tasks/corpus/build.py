@@ -21,7 +21,6 @@ depend on the shard size or the number of workers.
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -168,7 +167,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
     tick("filter", len(shards), len(shards))
     frequent = _frequent(work, cfg)
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
-    (work / "eval_index.pkl").write_bytes(pickle.dumps(index))
+    index.save(work / "eval_index.npz")
     tick("key", 0, len(shards))
     shard_map(key_shard, [dict(filtered_dir=str(work / "filtered" / p.stem), out_dir=str(work / "keyed" / p.stem),
                                cfg_json=cfg_json, work=str(work)) for p in shards], "corpus-key")
@@ -242,7 +241,7 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str) -> bool
     """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys and evaluation n-gram hits."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
     frequent = set(pd.read_parquet(Path(work) / "frequent_units.parquet").unit_hash.astype("uint64").tolist())
-    index: EvalIndex = pickle.loads((Path(work) / "eval_index.pkl").read_bytes())
+    index = EvalIndex.load(Path(work) / "eval_index.npz")
 
     def write(tmp: Path) -> None:
         docs = pd.read_parquet(Path(filtered_dir) / "survivors.parquet")

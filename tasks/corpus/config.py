@@ -58,6 +58,14 @@ class GopherConfig(Section):
     top_ngram_max_share: dict[int, float] = {2: 0.20, 3: 0.18, 4: 0.16}
     dup_ngram_max_share: dict[int, float] = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
 
+    @field_validator("top_ngram_max_share", "dup_ngram_max_share", mode="before")
+    @classmethod
+    def _int_keys(cls, v: Any) -> Any:
+        # TOML table keys are always strings: {2 = 0.2} arrives as {"2": 0.2}.
+        if isinstance(v, dict):
+            return {int(k) if isinstance(k, str) and k.isdigit() else k: share for k, share in v.items()}
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "GopherConfig":
         if not 0 <= self.min_words <= self.max_words:
@@ -180,7 +188,7 @@ class MinHashConfig(Section):
     rows: int = 8
     shingle_size: int = 5
     jaccard_threshold: float = 0.8
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     scope: Literal["source", "global"] = "source"
     max_removal_share: float = 0.5
 
@@ -348,4 +356,5 @@ def _merged(base: Section, part: dict[str, Any], source: str) -> Any:
     unknown = set(part) - set(type(base).model_fields)
     if unknown:
         raise ConfigError(f"source_overrides[{source!r}]: unknown {type(base).__name__} keys {sorted(unknown)}")
-    return type(base).model_validate({**base.model_dump(), **part})
+    # Strict like the rest of the file: an override of "3" for min_words is refused, not read as 3.
+    return type(base).validate_strict({**base.model_dump(), **part}, f"corpus.source_overrides[{source!r}]")

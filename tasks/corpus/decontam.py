@@ -10,9 +10,11 @@ it has at least ``MIN_ITEM_TOKENS`` tokens; shorter items cannot be checked and 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import xxhash
@@ -82,6 +84,23 @@ class EvalIndex:
             index.grams[length], index.owner[length] = uniq, owners[first]
         return index
 
+    def save(self, path: Path) -> None:
+        """Write the index as one ``.npz`` (arrays, and the items as JSON text): no pickle, so loading runs no code."""
+        meta = {"ngram": self.ngram, "items": [asdict(item) for item in self.items], "unchecked": self.unchecked}
+        arrays = {f"grams_{n}": g for n, g in self.grams.items()} | {f"owner_{n}": o for n, o in self.owner.items()}
+        with open(path, "wb") as f:
+            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load(cls, path: Path) -> "EvalIndex":
+        """The index ``save`` wrote."""
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            lengths = sorted(int(name.removeprefix("grams_")) for name in data.files if name.startswith("grams_"))
+            return cls(ngram=meta["ngram"], items=[EvalItem(**item) for item in meta["items"]],
+                       grams={n: data[f"grams_{n}"] for n in lengths}, owner={n: data[f"owner_{n}"] for n in lengths},
+                       unchecked=[tuple(pair) for pair in meta["unchecked"]])
+
     @property
     def n_items(self) -> int:
         return len(self.items)
@@ -119,8 +138,6 @@ def load_eval_files(patterns: Sequence[str]) -> list[EvalItem]:
         DataError: a pattern matches no file, a JSONL line is not a JSON object with ``text``.
     """
     import glob
-    import json
-    from pathlib import Path
 
     from infra.errors import DataError
 

@@ -39,3 +39,10 @@ def identify(text: str) -> tuple[str, float]:
         return "unknown", 0.0
     best = _detector().detect(_fold_shouting(text[:MAX_LANGID_CHARS]), k=1)[0]
     return str(best["lang"]), float(best["score"])
+
+
+def model_labels() -> frozenset[str]:
+    """Every language label the lid.176 model can return, read from the model itself (176 of them)."""
+    model = _detector()._get_model(low_memory=True)
+    labels, _ = model.predict("", k=-1, threshold=-1.0)  # k=-1, no threshold: every label the model has
+    return frozenset(label.removeprefix("__label__") for label in labels)

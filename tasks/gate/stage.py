@@ -20,7 +20,7 @@ from tasks.cpt.stage import load_candidates
 
 def load_eval(cpt_dir: Path, name: str, params: dict) -> CandidateEval:
     """The paired arrays one model was scored on (same windows and items as every other model)."""
-    data = np.load(cpt_dir / "evals" / f"{name}.npz")
+    data = np.load(cpt_dir / "evals" / f"{name}.npz", allow_pickle=False)
     return CandidateEval(
         name=name,
         general=HeldoutArrays(data["general_window_nats"], data["general_window_tokens"]),

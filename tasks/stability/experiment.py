@@ -17,14 +17,15 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from infra.errors import DataError
+from infra.errors import ConfigError, DataError
 from infra.section import Section
 from models.config import ModelConfig
 from models.decoder import Decoder
 from tasks.train.config import OptimConfig
 from tasks.train.loop import seed_everything, train
+from tasks.train.sections import ModelShape
 
 INTERVENTIONS = ("bare", "warmup", "clipping", "z_loss", "qk_norm")
 COLUMNS = ["lr", "interventions", "final_ce", "worst_ce", "max_attention_logit", "mean_log_z", "max_grad_norm",
@@ -53,6 +54,22 @@ class StabilityExperimentConfig(Section):
     z_loss: float = Field(default=1e-4, gt=0)
     model: dict[str, int] = {"n_layers": 4, "d_model": 128, "n_heads": 4, "n_kv_heads": 4, "d_ff": 352}
     probe_every: int = Field(default=5, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "StabilityExperimentConfig":
+        if self.interventions[:1] != ["bare"]:
+            raise ValueError(f"interventions = {self.interventions} must start with 'bare' (the reference cell)")
+        if any(lr <= 0 for lr in self.lrs):
+            raise ValueError(f"lrs = {self.lrs}: every learning rate must be > 0")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps = {self.warmup_steps} must be < steps = {self.steps}; lower it")
+        shape = dict(self.model)
+        shape.setdefault("seq_len", self.seq_len)
+        try:  # the grid's model must be one the decoder can build: checked here, not after the first cells
+            ModelShape.validate_strict(shape, "stability.model")
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+        return self
 
 
 def run_grid(cfg: StabilityExperimentConfig, make_sampler: Callable[[int], object], vocab_size: int, seed: int,

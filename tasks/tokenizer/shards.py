@@ -132,7 +132,7 @@ def read_shard(path: Path, *, expected_tokenizer_hash: str | None = None) -> Sha
     if actual_size != expected_size:
         raise DataError(f"{bin_path} has {actual_size} bytes, header says {header['n_tokens']:,} × {dtype.name} "
                         f"= {expected_size:,}: the shard is truncated or mismatched, rewrite it")
-    doc_offsets = np.load(idx_path)
+    doc_offsets = np.load(idx_path, allow_pickle=False)
     if len(doc_offsets) != header["n_docs"]:
         raise DataError(f"{idx_path} has {len(doc_offsets)} offsets, header says n_docs={header['n_docs']}")
     return Shard(tokens=_map_tokens(bin_path, dtype, header["n_tokens"]), header=header, doc_offsets=doc_offsets)
@@ -207,7 +207,7 @@ def shard_facts(path: Path) -> dict:
     dtype = np.dtype(header["dtype"])
     size = bin_path.stat().st_size if bin_path.exists() else 0
     tokens = np.memmap(bin_path, dtype=dtype, mode="r", shape=(size // dtype.itemsize,)) if size else np.zeros(0, dtype)
-    offsets = np.load(idx_path) if idx_path.exists() else np.zeros(0, np.int64)
+    offsets = np.load(idx_path, allow_pickle=False) if idx_path.exists() else np.zeros(0, np.int64)
     return {**{k: header[k] for k in ("dtype", "vocab_size", "eos_id", "n_tokens", "n_docs", "n_bytes")},
             "tokens_in_file": len(tokens), "offsets_in_file": len(offsets),
             "max_token_id": int(tokens.max()) if len(tokens) else -1,

@@ -28,6 +28,7 @@ import base64
 import copy
 import hashlib
 import json
+import pickle
 import os
 import random
 import shutil
@@ -166,7 +167,8 @@ def load_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim
         {"state": TrainState, "sampler_state": dict, "extra": dict, "model_config": ModelConfig, "rng": dict}.
 
     Raises:
-        CheckpointError: missing/corrupt files, or the saved model config differs from ``model.cfg``.
+        CheckpointError: missing/corrupt files, the saved model config differs from ``model.cfg``, or
+            ``optimizer.pt`` holds anything but tensors and plain data (never unpickled).
     """
     record = verify_checkpoint(directory)
     if record.get("format") == "sharded":
@@ -186,6 +188,9 @@ def load_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim
                 set_optimizer_state_dict(model, optimizer, saved)
             else:
                 optimizer.load_state_dict(saved)
+    except pickle.UnpicklingError as err:  # weights_only refused a pickle that holds more than tensors and numbers
+        raise CheckpointError(f"checkpoint {directory}: optimizer.pt holds objects other than tensors, so it is not "
+                              f"loaded (it could run code); use a checkpoint this platform wrote: {err}") from err
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"checkpoint {directory} does not fit the model/optimizer given: {err}") from err
     if restore_rng:

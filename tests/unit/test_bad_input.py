@@ -1,6 +1,7 @@
-"""Bad input through the readers and the corpus build: every input ends kept, removed with a reason, or rejected
-with a reason, never a crash; per source, documents read + rejects (+ counted skips) = inputs, and kept + removed =
-documents read.
+"""Bad input through the readers, the corpus build and the tokenizer: every input ends kept, removed with a reason,
+or rejected with a reason, never a crash; per source, documents read + rejects (+ counted skips) = inputs, and kept +
+removed = documents read. The kept documents are then fitted on, encoded and packed: each decodes back to its text
+exactly (byte-level BPE, no normalisation), EOS ends every document, and the packed rows hold every token once.
 
 Each build also curates one ordinary English document (source ``anchor``) so that a case is judged next to a
 document that survives, as in a real shard.
@@ -11,6 +12,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,6 +25,10 @@ from tasks.corpus.build import build_corpus
 from tasks.corpus.config import CorpusConfig
 from tasks.sources.config import SourceConfig
 from tasks.sources.read import SourceDocs, read_source
+from tasks.tokenizer.config import TokenizerConfig
+from tasks.tokenizer.fit import eos_id, fit_tokenizer
+from tasks.tokenizer.packing import POLICIES, plan_rows
+from tasks.tokenizer.shards import encode_documents
 
 FIX = Path(__file__).parents[1] / "fixtures" / "bad_input"
 GARDEN = (
@@ -94,7 +100,33 @@ def curate(tmp_path: Path, *sources: SourceDocs, cfg: CorpusConfig | None = None
     assert sorted([*out.kept.doc_id, *out.removals.doc_id]) == sorted(docs.doc_id)
     assert ((out.removals.rule.str.len() > 0) & (out.removals.detail.str.len() > 0)).all()
     out.text("anchor/garden.txt")
+    tokenize(out.kept.text.tolist())
     return out
+
+
+def tokenize(texts: list[str], tok=None):
+    """Fit a small BPE on ``texts`` (unless ``tok`` is given), encode and pack them; checks that every document
+    decodes back to its text, EOS ends each one, and both packing policies place every token exactly once."""
+    tok = tok or fit_tokenizer(texts, TokenizerConfig(vocab_size=512))
+    tokens, offsets = encode_documents(tok, texts)
+    eos, ends = eos_id(tok), np.append(offsets[1:], len(tokens)).astype(np.int64)
+    assert len(offsets) == len(texts) and int((tokens == eos).sum()) == len(texts) and (tokens[ends - 1] == eos).all()
+    for text, start, end in zip(texts, offsets, ends):
+        assert tok.decode(tokens[start:end - 1].tolist()) == text
+    seq_len = 32
+    for policy in POLICIES:
+        plan = plan_rows(offsets, len(tokens), seq_len, policy)
+        rows = [plan.row(tokens, offsets, r)[0] for r in range(plan.n_rows)]
+        assert all(len(row) <= plan.row_tokens == seq_len + 1 for row in rows)
+        if policy == "concat":  # windows of T + 1 every T tokens (targets overlap inputs by one); the tail drops
+            for r, row in enumerate(rows):
+                np.testing.assert_array_equal(row, tokens[r * seq_len:r * seq_len + seq_len + 1])
+            assert (plan.n_rows * seq_len + 1 if rows else 0) + plan.tokens_dropped == len(tokens)
+        else:  # best fit places whole documents (cut only when longer than a row), each token once, none dropped
+            placed = np.concatenate(rows) if rows else tokens[:0]
+            assert plan.tokens_dropped == 0
+            np.testing.assert_array_equal(np.sort(placed), np.sort(tokens))
+    return tok
 
 
 def test_empty_whitespace_and_zero_width_documents_are_removed_as_empty(tmp_path):
@@ -206,11 +238,33 @@ def test_binary_bytes_and_invalid_utf8_are_rejects_or_counted_replacements(tmp_p
     assert "qu\ufffdiet" in curate(tmp_path, src).text("bin/stray.html")
 
 
-def test_five_megabyte_single_line_is_removed_by_the_word_limit(tmp_path):
+def test_fifty_megabyte_single_line_is_removed_by_the_word_limit(tmp_path):
     sentence = "The same sentence is repeated on one very long line of text. "
-    src = read(tmp_path, "huge", {"line.txt": sentence * (5_000_000 // len(sentence))})
+    src = read(tmp_path, "huge", {"line.txt": sentence * (50_000_000 // len(sentence))})
+    assert len(src.docs.content.iloc[0]) > 49_000_000
     removed = curate(tmp_path, src).removal("huge/line.txt")
     assert removed.rule == "gopher.max_words"
+
+
+def test_extremely_repetitive_text_is_removed_by_the_repetition_rules_and_still_tokenizes(tmp_path):
+    files = {"word.txt": "buy now " * 20_000, "line.txt": "Click here to claim your free prize today.\n" * 2_000,
+             "paragraph.txt": (RAIL + "\n\n") * 200, "char.txt": "a" * 300_000,
+             "ngram.txt": " ".join(["the cheapest tickets for the big match"] * 500)}
+    src = read(tmp_path, "rep", files)
+    out = curate(tmp_path, src)
+    for name in files:
+        assert out.removal(f"rep/{name}").stage in {"quality", "langid"}, name
+    # the tokenizer itself copes with such text: each document encodes, decodes back and packs
+    tokenize(src.docs.content.tolist())
+
+
+def test_mixed_chinese_english_technical_text_is_kept_and_round_trips(tmp_path):
+    out = curate(tmp_path, read_paths("tech", [str(FIX / "mixed_zh_en_technical.txt")], 1))
+    kept = out.kept.set_index("doc_id").loc["tech/mixed_zh_en_technical.txt"]
+    assert kept.language == "zh"
+    for term in ("apt-get install python3-venv", "subprocess.run()", '["dpkg-deb", "--fsys-tarfile", path]',
+                 "vocab_size = 1024", "peak_lr = 3e-4", "UnicodeDecodeError"):
+        assert term in kept.text, term
 
 
 def test_html_with_only_scripts_has_no_main_text(tmp_path):

@@ -1,5 +1,6 @@
 """Experiment configs are rejected at load time with the field named; the shipped configs load."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,10 @@ def test_preflight_rejects_bad_refresh_missing_cloze_and_unmatched_local_source(
     no_cloze = cfg.model_copy(update={"gate": cfg.gate.model_copy(update={"cloze_items": str(tmp_path / "x.jsonl")})})
     with pytest.raises(ConfigError, match="cloze_items"):
         preflight(no_cloze)
+    decontamination = cfg.corpus.decontamination.model_copy(update={"eval_files": [str(tmp_path / "missing*.jsonl")]})
+    no_eval = cfg.model_copy(update={"corpus": cfg.corpus.model_copy(update={"decontamination": decontamination})})
+    with pytest.raises(ConfigError, match=r"corpus\.decontamination\.eval_files: .*missing\*\.jsonl' matches no file"):
+        preflight(no_eval)
     src = cfg.sources["handbook_en"].model_copy(update={"include": [str(tmp_path / "*.html")]})
     with pytest.raises(SourceError, match="no file matches"):
         preflight(cfg.model_copy(update={"sources": {**cfg.sources, "handbook_en": src}}))
@@ -145,3 +150,133 @@ def test_proxy_cpt_gate_and_layout_values_are_rejected_at_load(section, change, 
         raw["main"]["async_checkpoints"] = False
     with pytest.raises(ConfigError, match=message):
         parse_config(raw)
+
+
+def _set(raw: dict, path: str, value) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        raw = raw[int(part)] if isinstance(raw, list) else raw.setdefault(part, {})
+    raw[int(last) if isinstance(raw, list) else last] = value
+
+
+# (dotted path in configs/smoke.toml, bad value, the field path the error must name, the fix it must give)
+BAD_FIELDS = [
+    ("tokenizer.vocab_size", "1024", r"tokenizer\.vocab_size", r"got the string '1024'; write it without quotes"),
+    ("proxy.peak_lr", "3e-4", r"proxy\.peak_lr", r"got the string '3e-4'; write it without quotes"),
+    ("main.budget.steps", "16", r"main\.budget\.steps", "without quotes"),
+    ("packing.document_mask", "true", r"packing\.document_mask", r"expected true or false.*document_mask = true"),
+    ("corpus.pii", 1, r"corpus\.pii", "expected true or false, got int 1"),
+    ("tokenizer.heldout_fraction", [0.1], r"tokenizer\.heldout_fraction", "expected a number, got list"),
+    ("main.budget.stepz", 3, r"main\.budget\.stepz", r"unknown key; did you mean 'steps'\?"),
+    ("corpus.near_dedup.rowz", 3, r"corpus\.near_dedup\.rowz", r"did you mean 'rows'\?"),
+    ("sources.handbook_en.languag", "en", r"sources\.handbook_en\.languag", r"did you mean 'language'\?"),
+    ("mixture.candidates.0.alfa", 1.0, r"mixture\.candidates\.0\.alfa", r"did you mean 'alpha'\?"),
+    ("gate.criteria.0.treshold", 1.0, r"gate\.criteria\.0\.treshold", r"did you mean 'threshold'\?"),
+    ("stability.stepz", 3, r"stability\.stepz", r"did you mean 'steps'\?"),
+    ("nmae", "x", r"nmae", r"did you mean 'name'\?"),
+    ("corpus.near_dedup.jaccard_threshold", 1.5, r"corpus\.near_dedup", r"jaccard_threshold=1\.5 must lie in \(0, 1\]"),
+    ("corpus.near_dedup.bands", 20, r"corpus\.near_dedup", r"20\*8 = 160 exceeds num_perm=112; raise num_perm"),
+    ("corpus.langid_threshold", 1.2, r"corpus\.langid_threshold", r"must lie in \[0, 1\)"),
+    ("corpus.gopher.max_dup_lines", -0.1, r"corpus\.gopher", r"max_dup_lines=-0\.1 .* must lie in \[0, 1\]"),
+    ("corpus.gopher.top_ngram_max_share", {"2": 1.3}, r"corpus\.gopher", r"top_ngram_max_share\[2\]=1\.3"),
+    ("corpus.chinese.min_cjk_share", 2.0, r"corpus\.chinese", r"min_cjk_share=2\.0 .* must lie in \[0, 1\]"),
+    ("corpus.source_overrides.fortunes_en.min_words", "3", r"source_overrides\['fortunes_en'\].*min_words",
+     "without quotes"),
+    ("corpus.languages", ["en", "xx"], r"corpus\.languages", r"\['xx'\] not lid\.176 labels; use codes like 'en'"),
+    ("sources.handbook_en.language", "english", r"sources\.handbook_en\.language",
+     r"'english' is not a lid\.176 label; use codes like 'en'"),
+    ("sources.handbook_en.package", "debian-handbook", r"sources\.handbook_en", r"only for kind='deb'; remove it"),
+    ("mixture.candidates.1", {"name": "w", "weights": {"handbook_en": 0.5, "handbook_zh": 0.6}},
+     r"mixture\.candidates\.1", r"sums to 1\.1.*must sum to 1"),
+    ("mixture.candidates.1", {"name": "w", "weights": {"handbook_en": -0.5, "handbook_zh": 1.5}},
+     r"mixture\.candidates\.1", r"negative .* every weight must be ≥ 0"),
+    ("mixture.candidates.1.alpha", 1.5, r"mixture\.candidates\.1", r"alpha = 1\.5: must lie in \[0, 1\]"),
+    ("cpt.replay_fractions", [1.5], r"cpt", r"replay fraction 1\.5 must be in \[0, 1\)"),
+    ("cpt.min_lr_ratio", 1.5, r"cpt\.min_lr_ratio", r"less than or equal to 1 \(got 1\.5\)"),
+    ("cpt.replay_weights", {"handbook_en": 0.7}, r"cpt", r"must be ≥ 0 and sum to 1"),
+    ("main.budget.steps", 0, r"main\.budget\.steps", r"greater than 0 \(got 0\)"),
+    ("main.budget.batch_size", -8, r"main\.budget\.batch_size", r"greater than 0 \(got -8\)"),
+    ("proxy.model.seq_len", 1, r"proxy\.model\.seq_len", r"greater than 1 \(got 1\)"),
+    ("proxy.peak_lr", 0.0, r"proxy\.peak_lr", r"greater than 0 \(got 0\.0\)"),
+    ("proxy.peak_lr", float("inf"), r"proxy\.peak_lr", r"finite number \(got inf\)"),
+    ("sweep.lr_min", float("nan"), r"sweep\.lr_min", "finite number"),
+    ("sweep.n_trials", 0, r"sweep", r"n_trials = 0: must be ≥ 1"),
+    ("tokenizer.vocab_size", 200, r"tokenizer", r"vocab_size=200 leaves no room for merges: it must exceed .* = 260"),
+    ("tokenizer.heldout_fraction", 1.0, r"tokenizer\.heldout_fraction", "strictly between 0 and 1"),
+    ("seed", -1, r"seed", r"greater than or equal to 0 \(got -1\)"),
+    ("corpus.near_dedup.seed", -1, r"corpus\.near_dedup\.seed", "greater than or equal to 0"),
+    ("corpus.execution.workers", 0, r"corpus\.execution\.workers", r"greater than or equal to 1 \(got 0\)"),
+    ("gate.criteria.0.confidence", 1.5, r"gate\.criteria\.0\.confidence", "1.5"),
+    ("stability.lrs", [-0.1], r"stability", r"every learning rate must be > 0"),
+    ("stability.interventions", ["qk_norm"], r"stability", r"must start with 'bare'"),
+    ("stability.model", {"n_layers": 2, "d_model": 30, "n_heads": 4, "n_kv_heads": 4, "d_ff": 8},
+     r"stability.*n_heads", r"4 does not divide d_model = 30; use one of"),
+    ("sources.deb1", {"kind": "deb", "package": "-oAPT::Get::x=1", "include": ["*"]},
+     r"sources\.deb1\.package", r"not a Debian package name.*starting with a letter or digit"),
+]
+
+
+@pytest.mark.parametrize("path, value, field, fix", BAD_FIELDS, ids=[f"{p}={v!r}"[:60] for p, v, *_ in BAD_FIELDS])
+def test_one_bad_field_is_refused_naming_the_field_and_the_fix(path, value, field, fix):
+    raw = _raw()
+    _set(raw, path, value)
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, origin="smoke.toml")
+    message = str(err.value)
+    assert "\n" not in message
+    assert re.search(rf"^smoke\.toml: invalid config: .*{field}", message), message
+    assert re.search(fix, message), message
+
+
+@pytest.mark.parametrize("path, value", [("proxy.peak_lr", 1), ("cpt.peak_lrs", [1, 3e-3]),
+                                         ("corpus.gopher.top_ngram_max_share", {"2": 0.25, "3": 0.2})])
+def test_integers_for_floats_and_toml_integer_keys_are_accepted(path, value):
+    raw = _raw()
+    _set(raw, path, value)
+    cfg = parse_config(raw)
+    assert cfg.proxy.peak_lr == (1.0 if path == "proxy.peak_lr" else 3e-3)
+    if path == "corpus.gopher.top_ngram_max_share":
+        assert cfg.corpus.gopher.top_ngram_max_share == {2: 0.25, 3: 0.2}
+
+
+def test_every_problem_is_listed_on_one_line():
+    raw = _raw()
+    raw["tokenizer"]["vocab_size"] = "1024"
+    raw["main"]["budget"]["stepz"] = 3
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    message = str(err.value)
+    assert "\n" not in message and "tokenizer.vocab_size" in message and "main.budget.stepz" in message
+
+
+def test_section_built_directly_still_raises_its_config_error():
+    from tasks.corpus.config import MinHashConfig
+
+    with pytest.raises(ConfigError, match=r"exceeds num_perm=112"):
+        MinHashConfig(bands=20, rows=8)
+
+
+def test_language_labels_are_the_models_own():
+    from tasks.corpus.config import LID176_LABELS
+    from tasks.corpus.langid import model_labels
+
+    assert model_labels() == LID176_LABELS
+
+
+@pytest.mark.parametrize("command", ["run", "status"])
+def test_cli_prints_a_bad_config_as_one_line_with_exit_code_2(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text((ROOT / "configs/smoke.toml").read_text().replace("vocab_size = 1024", 'vocab_size = "1024"'))
+    args = [command, str(bad), "--runs-dir", str(tmp_path / "runs")] + (["--dry-run"] if command == "run" else [])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    assert re.search(r"error: ConfigError: .*bad\.toml: invalid config: tokenizer\.vocab_size: expected an integer, "
+                     r"got the string '1024'; write it without quotes", lines[0])
+    assert not (tmp_path / "runs").exists()

@@ -3,6 +3,7 @@
 import random
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -169,6 +170,22 @@ def test_decontamination_removes_overlap_across_line_wraps(tmp_path):
     assert set(hits.item_id) == {"item-1"} and len(hits.ngram.iloc[0].split()) == 13
     index = EvalIndex.build(items, 13)
     assert index.unchecked == [("cloze:x", "c1")]
+
+
+def test_eval_index_round_trips_through_npz_without_pickle(tmp_path):
+    items = [EvalItem("heldout:news", "item-1", "the committee approved the new budget for the harbour bridge "
+                      "repairs after a long and heated debate on tuesday"),
+             EvalItem("heldout:news", "item-2", "a b c d e f g h"), EvalItem("cloze:x", "c1", "too short")]
+    index = EvalIndex.build(items, 13)
+    index.save(tmp_path / "index.npz")
+    again = EvalIndex.load(tmp_path / "index.npz")
+    assert (again.ngram, again.items, again.unchecked) == (index.ngram, index.items, index.unchecked)
+    assert sorted(again.grams) == sorted(index.grams) == [8, 13]
+    for n in index.grams:
+        np.testing.assert_array_equal(again.grams[n], index.grams[n])
+        np.testing.assert_array_equal(again.owner[n], index.owner[n])
+    text = "minutes say the committee approved the new budget for the harbour bridge repairs after a long debate"
+    assert again.hits(text) == index.hits(text) != []
 
 
 def test_common_ngrams_do_not_decontaminate(tmp_path):

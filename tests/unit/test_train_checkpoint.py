@@ -143,3 +143,31 @@ def test_asynchronous_save_writes_the_same_checkpoint_as_a_synchronous_one(tmp_p
         for (ka, va), (kb, vb) in zip(oa["state"].items(), ob["state"].items()):
             assert ka == kb and all(torch.equal(va[n], vb[n]) for n in va)
     assert len(results["async"].stall_seconds) == 3  # steps 0, 3, 6
+
+
+class _RunsCode:
+    """Unpickling this calls ``Path.touch`` on the marker: what a hostile optimizer.pt could do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return Path.touch, (Path(self.marker),)
+
+
+def test_a_checkpoint_whose_optimizer_pickle_runs_code_is_refused_without_running_it(tmp_path):
+    import hashlib
+    import pickle
+
+    directory = small_checkpoint(tmp_path / "c")
+    marker = tmp_path / "code_ran"
+    (directory / "optimizer.pt").write_bytes(pickle.dumps({"state": {}, "hook": _RunsCode(str(marker))}, protocol=2))
+    sums = json.loads((directory / "checksums.json").read_text())  # a forger rewrites the checksums too
+    sums["optimizer.pt"] = hashlib.sha256((directory / "optimizer.pt").read_bytes()).hexdigest()
+    (directory / "checksums.json").write_text(json.dumps(sums))
+    model = Decoder(CFG)
+    with pytest.raises(CheckpointError, match="not loaded"):
+        load_checkpoint(directory, model=model, optimizer=build_optimizer(model, OPTIM))
+    assert not marker.exists()
