@@ -168,7 +168,19 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
     if decisions.empty:
         out.append("no decisions recorded under the gate in force yet")
         return out
+    key = decisions["artifact_key"].iloc[0] if "artifact_key" in decisions else "?"
+    out.append(_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]} (gate artifact {key})",
+                      decision_frame(decisions)))
+    return out
 
+
+def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
+    """The gate's decision table in Lab 5's form, one row per candidate: its CPT parameters, each metric as
+    ``value [low, high]`` (nats; cloze accuracy ± its standard error), each criterion's status and the decision.
+
+    Args:
+        decisions: rows of ``decisions.parquet`` / DuckDB ``gate_decisions``.
+    """
     def interval(row, metric):
         low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
         value = row.get(metric)
@@ -189,7 +201,4 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
             entry[column.removeprefix("status_")] = row[column]
         entry["decision"] = row["decision"] + (" (kept)" if row.get("kept") else "")
         rows.append(entry)
-    key = decisions["artifact_key"].iloc[0] if "artifact_key" in decisions else "?"
-    out.append(_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]} (gate artifact {key})",
-                      pd.DataFrame(rows)))
-    return out
+    return pd.DataFrame(rows)
