@@ -28,7 +28,7 @@ from rich.markup import escape
 from flows.config import ExperimentConfig
 from flows.plots import funnel_counts, stage_plots, training_history
 from flows.status import StageStatus, stage_statuses
-from flows.summary import _fmt, _table, decision_frame, funnel_frame
+from flows.summary import _fmt, _table, decision_frame, funnel_frame, inconclusive_lines
 from infra.errors import ConfigError
 from infra.runs import RunsLayout
 from infra.warehouse import Warehouse
@@ -257,15 +257,18 @@ def _gate(path: Path, paths, layout, warehouse: Warehouse, plots_dir: Path) -> l
     out: list[Block] = [Heading("Gate decision")]
     declared = warehouse.query("SELECT declared_at FROM gates WHERE gate_hash = ? ORDER BY declared_at LIMIT 1",
                                [decision["gate_hash"]]) if warehouse.has_table("gates") else pd.DataFrame()
-    when = f", declared {declared['declared_at'].iloc[0]}" if not declared.empty else ""
+    when = f", declared {declared['declared_at'].iloc[0]:%Y-%m-%d %H:%M:%S} UTC" if not declared.empty else ""
     gate_cfg = json.loads((path / "meta.json").read_text())["config"].get("gate", {})
     criteria = "; ".join(f"{c['name']}: {c['metric']} {c['op']} {c['threshold']:g} at {c['confidence']:.0%}"
                          for c in gate_cfg.get("criteria", []))
     out.append(Text(f"Gate `{decision['gate_hash'][:12]}`{when}. Criteria: {criteria or '(none recorded)'}."))
-    out.append(Text(f"**Verdict:** kept `{decision['kept']}`. {decision['summary']}"))
     table = pd.read_parquet(path / "decisions.parquet")
+    counts = table["decision"].value_counts()
+    out.append(Text(f"**Verdict:** kept `{decision['kept']}` ({len(table)} candidates: "
+                    + ", ".join(f"{n} {d}" for d, n in counts.items()) + ")."))
     out.append(TableBlock("Decisions with intervals (domain reduction and general rise in nats, paired bootstrap)",
                           decision_frame(table)))
+    out.extend(Text(line + ".") for line in inconclusive_lines(table))
     if (path / "gate_scatter.png").exists():
         shutil.copyfile(path / "gate_scatter.png", plots_dir / "gate_scatter.png")
         out.append(Figure(plots_dir / "gate_scatter.png", "Domain loss reduction against general loss rise, with "
@@ -305,13 +308,20 @@ def _registry_line(experiment: str, checkpoint: str, layout: RunsLayout) -> str:
         return f"Registry: no MLflow store at {layout.mlflow_db}."
     from mlflow import MlflowClient
 
+    from mlflow.exceptions import MlflowException
+
     client = MlflowClient(layout.tracking_uri, registry_uri=layout.tracking_uri)
+    try:
+        kept = client.get_model_version_by_alias(name, "kept")
+    except MlflowException:  # no such model or alias yet
+        kept = None
     versions = [v for v in client.search_model_versions(f"name = '{name}'") if v.source == checkpoint]
     if not versions:
         return f"Registry: no version of `{name}` has this checkpoint as its source."
     version = max(versions, key=lambda v: int(v.version))
-    aliases = ", ".join(version.aliases) or "no alias"
-    return f"Registry: `{name}` version {version.version} ({aliases}), registered by MLflow run {version.run_id}."
+    alias = "alias `kept`" if kept is not None and kept.version == version.version else \
+        f"alias `kept` points at version {kept.version} instead" if kept is not None else "no alias `kept`"
+    return f"Registry: `{name}` version {version.version} ({alias}), registered by MLflow run {version.run_id}."
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -138,20 +138,28 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     console.print(_table("CPT candidates", cands.fillna("-")))
     decision = json.loads((paths["gate"] / "decision.json").read_text())
     console.print(f"[bold]Gate decision[/]\n{decision['summary']}")
-    table = pd.read_parquet(paths["gate"] / "decisions.parquet")
-    for row in table.to_dict("records"):
-        for column in (c for c in table.columns if c.startswith("status_")):
-            name = column.removeprefix("status_")
-            needed = row.get(f"needed_{name}")
-            if row[column] == "inconclusive" and needed is not None and needed == needed:
-                resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
-                console.print(f"  {row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+    for line in inconclusive_lines(pd.read_parquet(paths["gate"] / "decisions.parquet")):
+        console.print(f"  {line}")
     console.rule("where to look next")
     console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri}")
     console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "
                   "decontamination, audit_crosstab, tokenizer_report, tokenizer_fragmentation, packing_report, train_events, "
                   "stability_runs, heldout_loss, cloze_results, mixture_trials, sweep_trials, gates, gate_decisions, stage_runs)")
     console.print(f"Artifacts:   {layout.artifacts}")
+
+
+def inconclusive_lines(table: pd.DataFrame) -> list[str]:
+    """For each inconclusive criterion of each candidate in the gate's decision table, how many more items or
+    windows would resolve it."""
+    lines = []
+    for row in table.to_dict("records"):
+        for column in (c for c in table.columns if c.startswith("status_")):
+            name = column.removeprefix("status_")
+            needed = row.get(f"needed_{name}")
+            if row[column] == "inconclusive" and needed is not None and needed == needed:
+                resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
+                lines.append(f"{row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+    return lines
 
 
 def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
