@@ -53,7 +53,7 @@ def plot_s_curve(bands: int, rows: int, jaccard_threshold: float, path: Path) ->
     ax.plot(s, p, color="tab:blue", label=f"P(candidate) = 1−(1−s^{rows})^{bands}")
     steepest = lsh_threshold(bands, rows)
     ax.axvline(steepest, color="grey", ls=":", label=f"(1/b)^(1/r) = {steepest:.2f}")
-    ax.axvline(jaccard_threshold, color="tab:red", ls="--", label=f"kept as duplicate at J ≥ {jaccard_threshold:g}")
+    ax.axvline(jaccard_threshold, color="tab:red", ls="--", label=f"removed at exact J ≥ {jaccard_threshold:g}")
     ax.set(xlabel="Jaccard similarity s of a pair (word shingles)", ylabel="probability of becoming a candidate",
            xlim=(0, 1), ylim=(-0.02, 1.02), title=f"LSH S-curve: {bands} bands × {rows} rows")
     ax.legend(loc="upper left", fontsize=8)
