@@ -13,6 +13,7 @@
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
     pretrain stability configs/demo.toml               # Lab 3 grid: LR × interventions, attention-logit growth
+    pretrain report configs/demo.toml                  # report.md + report.html of the evidence, with figures
 
 Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS_DIR, else ./runs.
 """
@@ -336,6 +337,35 @@ def gate_show(config: Path, runs_dir: Optional[Path] = RunsDir,
                       "`pretrain gate declare CONFIG` makes the config's gate the one in force.")
     for table in gate_tables(gates, decisions, cfg.gate):
         console.print(table)
+
+
+@app.command()
+def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[Path] = RunsDir,
+           out: Optional[Path] = typer.Option(None, "--out", help="folder for the report (default: "
+                                              "<runs>/reports/<experiment>/)"),
+           fmt: Optional[str] = typer.Option(None, "--format", help="md or html (default: both)")) -> None:
+    """Report the evidence of the config's artifacts: terminal tables, report.md with plots/, report.html."""
+    import tempfile
+
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        cfg = load_config(config)
+        from flows.report import build_report, print_report, resolve_formats, write_report
+
+        formats = resolve_formats(fmt)
+        folder = (out or layout.root / "reports" / cfg.name).resolve()
+        _quiet_libraries()
+        # Markdown links its figures in plots/ beside it; HTML alone embeds them, so they need no folder.
+        with tempfile.TemporaryDirectory() as tmp:
+            built = build_report(cfg, layout, folder / "plots" if "md" in formats else Path(tmp))
+            print_report(built, console)
+            written = write_report(built, folder, formats)
+    except PretrainError as err:
+        _fail(err)
+    for path in written:
+        console.print(f"wrote {path}", soft_wrap=True)
+    if built.missing:
+        console.print(f"[yellow]missing stages:[/] {', '.join(built.missing)} (reported what exists)")
 
 
 @app.command("eval")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -29,6 +30,7 @@ def publish(stage: str, artifact: Artifact, env: "Env", run_id: str, *, cached: 
     numeric = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     env.tracker.log_metrics(run_id, numeric, step=0)
     PUBLISHERS.get(stage, lambda *a: None)(artifact, env, run_id, cached)
+    _log_plots(stage, artifact, env, run_id, cached)
     env.warehouse.append("stage_runs", pd.DataFrame([{
         "experiment": env.cfg.name, "stage": stage, "artifact_key": artifact.key, "cached": cached,
         "mlflow_run_id": run_id, "produced_by_run": artifact.meta.get("mlflow_run_id", ""),
@@ -45,6 +47,19 @@ def _log_files(env: "Env", run_id: str, cached: bool, artifact: Artifact, *names
         path = artifact.path / name
         if path.exists():
             env.tracker.log_artifact(run_id, path, None if path.is_file() else name)
+
+
+def _log_plots(stage: str, artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
+    """The stage's figures (``flows.plots.stage_plots``) as the ``plots/`` artifact folder of the run that produced
+    the artifact; the main run's curves come from the metrics that run logged."""
+    if cached or stage not in ("corpus", "mixture", "main"):
+        return
+    from flows.plots import stage_plots, training_history
+
+    history = training_history(env.tracker.client, run_id) if stage == "main" else None
+    with tempfile.TemporaryDirectory() as tmp:
+        if stage_plots(stage, artifact.path, Path(tmp), history):
+            env.tracker.log_artifact(run_id, Path(tmp), "plots")
 
 
 def _corpus(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:

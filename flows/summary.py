@@ -146,14 +146,8 @@ def _cpt_section(paths: dict[str, Path], console: Console, max_epochs: float) ->
 def _gate_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:
     decision = json.loads((paths["gate"] / "decision.json").read_text())
     console.print(f"[bold]Gate decision[/]\n{decision['summary']}")
-    table = pd.read_parquet(paths["gate"] / "decisions.parquet")
-    for row in table.to_dict("records"):
-        for column in (c for c in table.columns if c.startswith("status_")):
-            name = column.removeprefix("status_")
-            needed = row.get(f"needed_{name}")
-            if row[column] == "inconclusive" and needed is not None and needed == needed:
-                resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
-                console.print(f"  {row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+    for line in inconclusive_lines(pd.read_parquet(paths["gate"] / "decisions.parquet")):
+        console.print(f"  {line}")
 
 
 # One section per stage with evidence to show, in pipeline order; a run stopped by ``--until`` shows its prefix.
@@ -179,11 +173,28 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     if missing:
         console.print(f"[bold]Stopped early[/] (--until): not run this time: {', '.join(missing)}")
     console.rule("where to look next")
-    console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
+    if layout.remote_tracking:
+        console.print(f"MLflow UI:   {layout.tracking_uri}")
+    else:
+        console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
     console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "
                   "decontamination, audit_crosstab, tokenizer_report, tokenizer_fragmentation, packing_report, train_events, "
                   "stability_runs, heldout_loss, cloze_results, mixture_trials, sweep_trials, gates, gate_decisions, stage_runs)")
     console.print(f"Artifacts:   {layout.artifacts}")
+
+
+def inconclusive_lines(table: pd.DataFrame) -> list[str]:
+    """For each inconclusive criterion of each candidate in the gate's decision table, how many more items or
+    windows would resolve it."""
+    lines = []
+    for row in table.to_dict("records"):
+        for column in (c for c in table.columns if c.startswith("status_")):
+            name = column.removeprefix("status_")
+            needed = row.get(f"needed_{name}")
+            if row[column] == "inconclusive" and needed is not None and needed == needed:
+                resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
+                lines.append(f"{row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+    return lines
 
 
 def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
@@ -200,7 +211,19 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
     if decisions.empty:
         out.append("no decisions recorded under the gate in force yet")
         return out
+    key = decisions["artifact_key"].iloc[0] if "artifact_key" in decisions else "?"
+    out.append(_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]} (gate artifact {key})",
+                      decision_frame(decisions)))
+    return out
 
+
+def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
+    """The gate's decision table in Lab 5's form, one row per candidate: its CPT parameters, each metric as
+    ``value [low, high]`` (nats; cloze accuracy ± its standard error), each criterion's status and the decision.
+
+    Args:
+        decisions: rows of ``decisions.parquet`` / DuckDB ``gate_decisions``.
+    """
     def interval(row, metric):
         low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
         value = row.get(metric)
@@ -221,7 +244,4 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
             entry[column.removeprefix("status_")] = row[column]
         entry["decision"] = row["decision"] + (" (kept)" if row.get("kept") else "")
         rows.append(entry)
-    key = decisions["artifact_key"].iloc[0] if "artifact_key" in decisions else "?"
-    out.append(_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]} (gate artifact {key})",
-                      pd.DataFrame(rows)))
-    return out
+    return pd.DataFrame(rows)

@@ -247,3 +247,56 @@ def test_stability_command_fills_the_grid_table_and_an_mlflow_run(smoke_runs):
     assert found and found[0].info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(found[0].info.run_id, "stability")} == {
         "stability/stability.csv", "stability/sensitivity.png"}
+
+
+def test_report_matches_the_warehouse_and_every_documented_query_runs(smoke_runs):
+    """`pretrain report` writes report.md with its figures beside it and report.html with them embedded; its numbers
+    are DuckDB's; and every example query of docs/duckdb.md runs on the smoke warehouse and returns rows."""
+    import base64
+
+    runs = smoke_runs["runs"]
+    proc = _pretrain("report", "configs/smoke.toml", runs=runs)
+    folder = runs / "reports" / "smoke"
+    assert f"wrote {folder / 'report.md'}" in proc.stdout and "missing stages" not in proc.stdout
+    md, html = (folder / "report.md").read_text(), (folder / "report.html").read_text()
+    figures = sorted(p.name for p in (folder / "plots").glob("*.png"))
+    assert figures == ["funnel.png", "gate_scatter.png", "mixture_scores.png", "s_curve.png", "training_curves.png"]
+    assert all(f"](plots/{name})" in md for name in figures)
+    embedded = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(embedded) == len(figures)
+    assert all(base64.b64decode(e)[:8] == b"\x89PNG\r\n\x1a\n" for e in embedded)
+    assert "plots/" not in html  # self-contained: no link to a file beside it
+
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        manifest = con.execute("SELECT source, docs_in, docs_out, tokens FROM manifest").fetchall()
+        heldout = con.execute("SELECT source, bits_per_byte FROM heldout_loss WHERE stage = 'main'").fetchall()
+        decisions = con.execute("SELECT candidate, decision, kept FROM gate_decisions").fetchall()
+        queries = re.findall(r"```sql\n(.*?)```", (ROOT / "docs" / "duckdb.md").read_text(), re.S)
+        results = [con.execute(q).fetchall() for q in queries]
+    finally:
+        con.close()
+    for source, docs_in, kept, tokens in manifest:  # the documents-per-source table
+        assert f"| {source} | " in md
+        row = next(line for line in md.splitlines() if line.startswith(f"| {source} | ") and f"| {tokens:,} |" in line)
+        assert f"| {docs_in:,} | {kept:,} | {docs_in - kept:,} |" in row
+    for source, bpb in heldout:
+        assert re.search(rf"^\| {source} \| [\d,]+ \| [\d.]+ \| {bpb:.4f} \|$", md, re.M), source
+    (kept,) = [c for c, _, is_kept in decisions if is_kept]
+    assert f"**Verdict:** kept `{kept}`" in md and f"kept <code>{kept}</code>" in html
+    for candidate, decision, is_kept in decisions:
+        shown = f"{decision} (kept)" if is_kept else decision
+        assert re.search(rf"^\| {re.escape(candidate)} \|.*\| {re.escape(shown)} \|$", md, re.M), candidate
+    assert 8 <= len(queries) <= 10
+    assert all(results), [q.splitlines()[0] for q, rows in zip(queries, results) if not rows]
+
+
+def test_stage_figures_are_logged_under_plots_of_the_runs_that_made_them(smoke_runs):
+    client = MlflowClient(tracking_uri=f"sqlite:///{smoke_runs['runs'] / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    wanted = {"corpus": {"plots/funnel.png", "plots/s_curve.png"}, "mixture": {"plots/mixture_scores.png"},
+              "main": {"plots/training_curves.png"}}
+    for stage, files in wanted.items():
+        (produced,) = client.search_runs([experiment.experiment_id],
+                                         f"tags.stage = '{stage}' AND tags.cached = 'false'")
+        assert {a.path for a in client.list_artifacts(produced.info.run_id, "plots")} == files, stage
