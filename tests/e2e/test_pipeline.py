@@ -7,6 +7,7 @@ reruns only CPT and the gate. Runs through the installed CLI in subprocesses, as
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
