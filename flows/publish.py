@@ -243,7 +243,12 @@ def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         f" ({', '.join(failing[name])})" if failing[name] else "") for name, row in
         ((r["candidate"], r) for r in table.to_dict("records"))})
     cpt_dir = Path(decision["candidates_dir"]) if decision.get("candidates_dir") else None
-    if cpt_dir is not None:
+    if cpt_dir is not None and env.tracker.remote:
+        # A server registers uploaded copies only; the rejected candidates' verdicts stay as tags of this run
+        # and their checkpoints in the artifact store, rather than uploading every candidate of the grid.
+        env.tracker.set_tags(run_id, {"candidates_registry": f"not registered on a tracking server; checkpoints in "
+                                                            f"{cpt_dir}"})
+    elif cpt_dir is not None:
         for row in table.to_dict("records"):
             if row["candidate"] == decision["kept"]:
                 continue

@@ -107,18 +107,32 @@ class Tracker:
     def artifact_uri(self, run_id: str) -> str:
         return self.client.get_run(run_id).info.artifact_uri
 
+    @property
+    def remote(self) -> bool:
+        """Whether this is a tracking server (``http(s)://``) rather than a local store."""
+        return self.tracking_uri.startswith(("http://", "https://"))
+
     def _version(self, name: str, *, source: str, run_id: str, identity: Mapping[str, str],
                  tags: Mapping[str, str] | None = None) -> tuple[int, bool]:
         """(version of ``name`` whose ``source`` equals ``source`` and whose tags hold every ``identity`` item,
         whether it was created now). Only when none matches is ``source`` registered, tagged ``identity`` plus
-        ``tags``; the registered model is created first if missing."""
+        ``tags``; the registered model is created first if missing.
+
+        On a tracking server a version cannot point at a local folder (the server refuses local sources), so the
+        folder ``source`` is uploaded as the artifact ``registered/<name>`` of ``run_id`` and the version points at
+        that copy; an existing version is then matched by its ``identity`` tags alone (its source is run-specific).
+        """
         if not self.client.search_registered_models(filter_string=f"name = '{name}'"):
             self.client.create_registered_model(name)
         wanted = {k: str(v) for k, v in identity.items()}
         matches = [int(v.version) for v in self.client.search_model_versions(f"name = '{name}'")
-                   if v.source == source and all(v.tags.get(k) == val for k, val in wanted.items())]
+                   if (self.remote or v.source == source) and all(v.tags.get(k) == val for k, val in wanted.items())]
         if matches:
             return min(matches), False
+        if self.remote:
+            self.client.log_artifacts(run_id, source, f"registered/{name}")
+            wanted["local_source"] = source
+            source = f"{self.artifact_uri(run_id)}/registered/{name}"
         created = self.client.create_model_version(
             name, source=source, run_id=run_id, tags={**wanted, **{k: str(v) for k, v in (tags or {}).items()}})
         return int(created.version), True
