@@ -71,8 +71,6 @@ def collect(layout: RunsLayout, *, min_age_s: float = TMP_MIN_AGE_S) -> GcPlan:
                 if now - path.stat().st_mtime >= min_age_s:
                     plan.unfinished.append(path)
                 continue
-            if not path.is_dir():  # compute leases (.lock-<key>): tiny, and may be held by a running pipeline
-                continue
             inside = any(s == path or path in s.parents for s in sources)
             if path.name in keys or inside:
                 plan.keep.append((stage_dir.name, path.name))

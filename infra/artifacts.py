@@ -128,12 +128,14 @@ class ArtifactStore:
                   poll_s: float = 5.0) -> Iterator[None]:
         """Hold the lease to compute (stage, key): one process at a time, across processes on this filesystem.
 
-        The lease is an OS file lock (``flock``) on ``<stage>/.lock-<key>``: a killed holder releases it with its
-        process, so a crash never leaves a stale lock. ``on_wait`` is called once when another process holds it.
-        Callers re-check ``get`` after entering: the holder may have finished the artifact meanwhile.
+        The lease is an OS file lock (``flock``) on ``<runs>/locks/<stage>/<key>.lock``, beside the artifacts rather
+        than among them: a killed holder releases it with its process, so a crash never leaves a stale lock.
+        ``on_wait`` is called once when another process holds it. Callers re-check ``get`` after entering: the
+        holder may have finished the artifact meanwhile.
         """
-        (self.root / stage).mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(self.root / stage / f".lock-{key}"))
+        folder = self.root.parent / "locks" / stage
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder / f"{key}.lock"))
         try:
             lock.acquire(timeout=0)
         except Timeout:

@@ -71,6 +71,8 @@ class RunsLayout:
         os.environ["PREFECT_RESULTS_PERSIST_BY_DEFAULT"] = "true"
         os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+        # With a tracking server MLflow prints a "View run" link per finished run; the summary gives the one link.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         # The local API server starts in a subprocess; on a busy 2-core machine it can take > 20 s.
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
