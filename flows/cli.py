@@ -92,6 +92,10 @@ def run(
         result = pipeline(str(config.resolve()), str(layout.root), list(refresh), until)
     except PretrainError as err:
         _fail(err)
+    except KeyboardInterrupt:
+        console.print("[bold yellow]interrupted:[/] completed stages are kept and an unfinished one resumes from its "
+                      "last checkpoint; run the same command again to continue")
+        raise typer.Exit(code=130) from None
     print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs)
 
 
@@ -211,7 +215,7 @@ def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_d
 
 @app.command()
 def plan(
-    config: Path = typer.Argument(..., help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
+    config: Path = typer.Argument(..., help=r"plan TOML (\[model] + \[\[runs]]) or an experiment TOML (plans \[main])"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of tables"),
 ) -> None:
     """Pre-launch arithmetic: FLOPs, GPU-hours, memory per device by ZeRO stage, batch, checkpoints, Chinchilla."""
@@ -373,7 +377,11 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
              config: Path = typer.Argument(..., help="experiment TOML: its tokenizer, sources and cloze sets"),
              runs_dir: Optional[Path] = RunsDir,
              as_json: bool = typer.Option(False, "--json", help="print the results as JSON")) -> None:
-    """Score any checkpoint on the experiment's held-out splits and cloze sets, without training."""
+    """Score any checkpoint on the experiment's held-out splits and cloze sets, without training.
+
+    Every cloze item and held-out window is scored; the gate instead leaves out those the CPT stage found in its
+    training stream (13-gram overlap), so its figures for the same checkpoint can differ slightly.
+    """
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)

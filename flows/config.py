@@ -116,10 +116,15 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
             dotted field path and the validator's message).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory; give the experiment's TOML file, e.g. {path / 'smoke.toml'}")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                          "TOML files must be UTF-8: re-save it as UTF-8") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from err
     for dotted, value in (overrides or {}).items():

@@ -116,7 +116,9 @@ def serve(config: Path, layout: RunsLayout, *, name: str, cron: str | None, inte
     if not os.environ.get("PREFECT_API_URL"):
         server = start_local_server(layout, port)
         os.environ["PREFECT_API_URL"] = f"http://{LOOPBACK}:{port}/api"
-        print(f"Prefect server on http://{LOOPBACK}:{port} (UI), database in {layout.prefect_home}", flush=True)
+        print(f"Prefect server on http://{LOOPBACK}:{port} (UI), database in {layout.prefect_home}\n"
+              f"trigger a run from another shell: PREFECT_API_URL=http://{LOOPBACK}:{port}/api "
+              f"prefect deployment run 'pretrain-pipeline/{name}'", flush=True)
     try:
         from prefect.client.schemas.schedules import construct_schedule
         from prefect.deployments.runner import EntrypointType

@@ -177,9 +177,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         console.print(f"MLflow UI:   {layout.tracking_uri}")
     else:
         console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
-    console.print(f"DuckDB:      duckdb {layout.duckdb}   (tables: manifest, removals, funnel, boilerplate, "
-                  "decontamination, audit_crosstab, tokenizer_report, tokenizer_fragmentation, packing_report, train_events, "
-                  "stability_runs, heldout_loss, cloze_results, mixture_trials, sweep_trials, gates, gate_decisions, stage_runs)")
+    console.print(f"DuckDB:      {layout.duckdb}   (tables, columns and example queries: docs/duckdb.md)")
     console.print(f"Artifacts:   {layout.artifacts}")
 
 

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.errors import ConfigError
+
 RUNS_ENV = "PRETRAIN_RUNS_DIR"
 TRACKING_ENV = "PRETRAIN_TRACKING_URI"
 
@@ -62,9 +64,22 @@ class RunsLayout:
         return self.root / "cache" / "sources"
 
     def prepare_environment(self) -> None:
-        """Point Prefect and MLflow at this folder. Must run before ``prefect`` is imported."""
-        for path in (self.root, self.prefect_home, self.optuna, self.artifacts):
-            path.mkdir(parents=True, exist_ok=True)
+        """Point Prefect and MLflow at this folder. Must run before ``prefect`` is imported.
+
+        Raises:
+            ConfigError: the runs folder is a file, cannot be created, or is not writable.
+        """
+        try:
+            for path in (self.root, self.prefect_home, self.optuna, self.artifacts):
+                path.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(f"runs folder {self.root}: a file is in the way; choose another --runs-dir") from None
+        except OSError as err:
+            raise ConfigError(f"runs folder {self.root} cannot be created ({err.strerror}); choose another "
+                              "--runs-dir or PRETRAIN_RUNS_DIR") from None
+        if not os.access(self.root, os.W_OK) or not os.access(self.prefect_home, os.W_OK):
+            raise ConfigError(f"runs folder {self.root} is not writable; fix its permissions or choose another "
+                              "--runs-dir (read-only folders can still be inspected with `pretrain status`)")
         os.environ["PREFECT_HOME"] = str(self.prefect_home)
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
         os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(self.prefect_home / "storage")

@@ -65,17 +65,18 @@ class Section(BaseModel):
 def describe_error(root: type[BaseModel], error: Any) -> str:
     """``path: problem (got value)`` with the fix, for one pydantic error dict of a validation of ``root``."""
     loc = [str(p) for p in error["loc"] if p != "[key]"]
-    path = ".".join(loc) or "<top level>"
+    path = ".".join(loc)
     kind, value = error["type"], error.get("input")
     cause = error.get("ctx", {}).get("error")
     if kind == "extra_forbidden":
         return f"{path}: unknown key; {_key_hint(root, error['loc'])}"
     if kind == "missing":
+        field = _field_at(root, error["loc"])
+        if field is not None and _is_section(field.annotation):
+            return f"{path}: required section missing; add a [{path}] table"
         return f"{path}: required but missing; add it (e.g. {loc[-1]} = ...)"
     if kind in _KINDS and isinstance(value, str) and kind not in ("string_type",):
-        example = value.lower() if kind.startswith("bool") else value
-        return (f"{path}: expected {_KINDS[kind]}, got the string {value!r}; write it without quotes "
-                f"(e.g. {loc[-1]} = {example})")
+        return f"{path}: expected {_KINDS[kind]}, got the string {value!r}; {_unquote_hint(kind, value, loc[-1])}"
     if kind in _KINDS:
         return f"{path}: expected {_KINDS[kind]}, got {type(value).__name__} {_short(value)}"
     message = str(cause) if cause is not None else error["msg"]
@@ -83,6 +84,27 @@ def describe_error(root: type[BaseModel], error: Any) -> str:
     if isinstance(value, (int, float, str)) and (cause is None or got not in message):
         message += f" (got {got})"
     return f"{path}: {message}"
+
+
+def _unquote_hint(kind: str, value: str, key: str) -> str:
+    """Suggest the unquoted literal only when the string is one (``"3e-4"`` → ``3e-4``; ``"yes"`` is not)."""
+    if kind.startswith("bool"):
+        literal = value.strip().lower() if value.strip().lower() in ("true", "false") else None
+        return f"write {key} = {literal} without quotes" if literal else f"write {key} = true or {key} = false"
+    try:
+        float(value)
+    except ValueError:
+        return f"give {key} a number, without quotes"
+    return f"write it without quotes (e.g. {key} = {value.strip()})"
+
+
+def _field_at(root: type[BaseModel], loc: tuple) -> Any:
+    model = _model_at(root, tuple(loc[:-1])) if len(loc) > 1 else root
+    return None if model is None else model.model_fields.get(str(loc[-1]))
+
+
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def _short(value: Any) -> str:

@@ -1,5 +1,6 @@
 """Experiment configs are rejected at load time with the field named; the shipped configs load."""
 
+import os
 import re
 from pathlib import Path
 
@@ -280,3 +281,53 @@ def test_cli_prints_a_bad_config_as_one_line_with_exit_code_2(command, tmp_path)
     assert re.search(r"error: ConfigError: .*bad\.toml: invalid config: tokenizer\.vocab_size: expected an integer, "
                      r"got the string '1024'; write it without quotes", lines[0])
     assert not (tmp_path / "runs").exists()
+
+
+def test_config_that_is_not_utf8_or_is_a_directory_is_refused_with_the_fix(tmp_path):
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=r"not UTF-8 \(byte 0xe9 at offset 11\).*re-save it as UTF-8"):
+        load_config(latin1)
+    with pytest.raises(ConfigError, match="is a directory; give the experiment's TOML file"):
+        load_config(tmp_path)
+
+
+@pytest.mark.parametrize("value, hint", [("yes", "write document_mask = true or document_mask = false"),
+                                         ("TRUE", "write document_mask = true without quotes")])
+def test_boolean_given_as_a_string_gets_a_valid_toml_hint(value, hint):
+    raw = _raw()
+    raw["packing"]["document_mask"] = value
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        parse_config(raw)
+
+
+def test_word_given_for_a_number_and_a_missing_section_get_their_own_hints():
+    raw = _raw()
+    raw["main"]["budget"]["steps"] = "sixteen"
+    del raw["sweep"]
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert "give steps a number, without quotes" in str(err.value)
+    assert "sweep: required section missing; add a [sweep] table" in str(err.value)
+    assert "<top level>" not in str(err.value)
+
+
+def test_runs_folder_that_is_a_file_or_unwritable_is_a_one_line_error(tmp_path):
+    from infra.runs import RunsLayout
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="a file is in the way"):
+        RunsLayout.resolve(blocker).prepare_environment()
+    locked = tmp_path / "locked"
+    (locked / "prefect").mkdir(parents=True)
+    locked.chmod(0o555)
+    (locked / "prefect").chmod(0o555)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root): permissions cannot be tested")
+        with pytest.raises(ConfigError, match="is not writable"):
+            RunsLayout.resolve(locked).prepare_environment()
+    finally:
+        locked.chmod(0o755)
+        (locked / "prefect").chmod(0o755)
