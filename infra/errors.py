@@ -31,3 +31,7 @@ class GateError(PretrainError):
 
 class TrainingError(PretrainError):
     """A launched training run failed; the message carries the tail of the workers' output."""
+
+
+class DiskFullError(PretrainError):
+    """The disk (or a file-size limit) ran out while a stage wrote its artifact; nothing was committed."""
