@@ -407,11 +407,9 @@ class Campaign:
             fraction = self.rng.random()
             delay = fraction * self.wall[stage]
             alive = sleep_while_alive(run, delay)
+            self._kill_or_finish(run, alive)
+            # After the kill: a stage whose commit beat it has no temporary directory left.
             landed = stage_in_progress(run) if alive else "after the run ended"
-            if alive:
-                self.h.kill(run)
-            else:
-                self.h.finish(run)
             fault = self._fault(Fault("kill (random moment)", stage, landed,
                                       f"{fraction:.2f} × {self.wall[stage]:.1f} s after its start"))
             if landed in STAGES and complete(self.runs, landed, self.keys[landed]):
@@ -441,6 +439,7 @@ class Campaign:
                                   f"torn {torn[0].name if torn else '-'}, complete steps {done}"))
         if not torn:
             reset(self.runs, ["main", "cpt", "gate"], self.experiment)
+            done = []
 
         # 2. Rerun: resumes from the newest complete checkpoint, never the torn one. Killed during the main
         #    artifact's commit: meta.json is in the temporary directory, the rename has not happened.
@@ -465,14 +464,19 @@ class Campaign:
         if committed:  # missed: start main over so that the next faults have an unfinished run to work on
             reset(self.runs, ["main", "cpt", "gate"], self.experiment)
 
-        # 3. Rerun (main starts over: its scratch went before the commit). Killed once two checkpoints are
-        #    complete; then bytes of the newest one's weights are flipped.
+        # 3. Rerun (main starts over: its scratch went before the commit). Killed once three checkpoints are
+        #    complete (a resume from step 0 would look like a fresh start); then the newest one's weights get
+        #    flipped bytes.
         run = self.h.start(self.runs)
-        if not wait_until(run, lambda: len(main_checkpoints(self.runs, key)) >= 2):
+        if not wait_until(run, lambda: len(main_checkpoints(self.runs, key)) >= 3 or new_tmp(run, "cpt") is not None):
             self._passed(run, self.h.finish(run))
-            self.problems.append(f"corrupt checkpoint: two complete checkpoints never coexisted (log {run.log})")
+            self.problems.append(f"corrupt checkpoint: the run ended first (log {run.log})")
             return
         self.h.kill(run)
+        if len(main_checkpoints(self.runs, key)) < 3:
+            self.problems.append("corrupt checkpoint: the window between the last checkpoint and the end of the "
+                                 "main run was missed")
+            return
         self._passed(run, None, reached="main")
         steps = main_checkpoints(self.runs, key)
         newest, previous = max(steps), sorted(steps)[-2]
@@ -514,8 +518,9 @@ class Campaign:
         finally:
             if tmpfs_ok:
                 subprocess.run(["umount", "--lazy", str(artifacts)], check=True)
-        lines = [line for line in run.output().splitlines() if line.strip()]
-        last = lines[-1] if lines else ""
+        lines = [line.strip() for line in run.output().splitlines() if line.strip()]
+        at = max((i for i, line in enumerate(lines) if line.startswith("error:")), default=len(lines) - 1)
+        last = " ".join(lines[at:]) if lines else ""  # the console wraps long messages
         self._fault(Fault("disk nearly full", "cpt", "cpt" if rc else "missed", f"{how}: exit {rc}, markers "
                           f"{markers or 'none'}; the user sees: {last[:400]}"))
         if rc == 0 or markers or complete(self.runs, "cpt", self.keys["cpt"]):

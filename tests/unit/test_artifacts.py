@@ -94,7 +94,7 @@ def test_failed_commit_leaves_no_marker(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("infra.artifacts._fsync_write", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="stage corpus ran out of space"):  # DiskFullError, an OSError too
         store.commit("corpus", "k2", tmp, {})
     assert store.get("corpus", "k2") is None
     assert not tmp.exists()
@@ -144,3 +144,27 @@ def test_a_torch_save_on_a_full_tmpfs_reads_as_disk_full(tmp_path):
         assert isinstance(disk_full_error(caught.value, tmp, "main"), DiskFullError)
     finally:
         subprocess.run(["umount", "--lazy", str(mount)], check=True)  # torch may still hold the torn file open
+
+
+def test_prefect_tracebacks_of_expected_errors_are_dropped_and_others_kept():
+    """The CLI prints a PretrainError once, as `error: ...`; Prefect's traceback record of it is dropped, while an
+    unexpected exception keeps its traceback."""
+    import logging
+
+    from flows.cli import _ExpectedFailures
+    from infra.errors import DiskFullError
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger = logging.getLogger("test.prefect.task_runs")
+    logger.addFilter(_ExpectedFailures())
+    logger.addHandler(handler)
+    for err in (DiskFullError("stage main ran out of space"), RuntimeError("a bug")):
+        try:
+            raise err
+        except Exception:
+            logger.error("Task run failed with exception: %r", err, exc_info=True)
+    logger.error("Finished in state Failed()")
+    assert [r.getMessage() for r in seen] == ["Task run failed with exception: RuntimeError('a bug')",
+                                              "Finished in state Failed()"]
