@@ -428,10 +428,11 @@ class Campaign:
         reset(self.runs, ["main", "cpt", "gate"], self.experiment)
         self.stale_checked += len(stale_prefect_results(self.runs, self.keys, ["main", "cpt", "gate"]))
 
-        # 1. Kill while a scratch checkpoint is being written (its hidden .step_*.tmp directory exists).
+        # 1. Kill while a scratch checkpoint after step 0 is being written (its hidden .step_*.tmp directory
+        #    exists), so that the rerun has an earlier one to resume from; or, every write missed, when CPT starts.
         run = self.h.start(self.runs)
-        # (or main's commit: every write was missed, give up on it)
-        wait_until(run, lambda: bool(torn_checkpoints(self.runs, key)) or new_tmp(run, "cpt") is not None)
+        wait_until(run, lambda: any(int(t.name[6:14]) > 0 for t in torn_checkpoints(self.runs, key))
+                   or new_tmp(run, "cpt") is not None)
         done = sorted(main_checkpoints(self.runs, key))
         self._kill_or_finish(run, run.alive())
         torn = torn_checkpoints(self.runs, key)
@@ -522,7 +523,7 @@ class Campaign:
         at = max((i for i, line in enumerate(lines) if line.startswith("error:")), default=len(lines) - 1)
         last = " ".join(lines[at:]) if lines else ""  # the console wraps long messages
         self._fault(Fault("disk nearly full", "cpt", "cpt" if rc else "missed", f"{how}: exit {rc}, markers "
-                          f"{markers or 'none'}; the user sees: {last[:400]}"))
+                          f"{markers or 'none'}; the user sees: {last[:700]}"))
         if rc == 0 or markers or complete(self.runs, "cpt", self.keys["cpt"]):
             self.problems.append(f"disk full: exit {rc}, markers {markers} (log {run.log})")
         if not (last.startswith("error: DiskFullError") and "run the same command again" in last):
@@ -654,7 +655,8 @@ def report(campaign: Campaign, harness: Harness, reference_builds: int, wall_s: 
     counts = Counter((f.kind, f.landed) for f in faults)
     columns = [*STAGES, "between stages", "missed"]
     columns = [c for c in columns if any(counts[(k, c)] for k in kinds)]
-    print(f"  {'kind (by the stage it hit)':<34}" + "".join(f"{c[:9]:>10}" for c in columns) + f"{'total':>8}")
+    print(f"  {'kind (by the stage it hit)':<34}" + "".join(f"{c.split()[0][:9]:>10}" for c in columns)
+          + f"{'total':>8}")
     for kind in kinds:
         print(f"  {kind:<34}" + "".join(f"{counts[(kind, c)]:>10}" for c in columns)
               + f"{sum(f.kind == kind for f in faults):>8}")
