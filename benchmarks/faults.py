@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 STAGES = ("sources", "corpus", "tokenizer", "mixture", "sweep", "main", "cpt", "gate")
 POLL_S = 0.001  # checkpoint and commit windows last milliseconds
 RUN_TIMEOUT_S = 1800.0
+RANDOM_KILL = "kill (random moment)"
 
 
 # --------------------------------------------------------------------------- running and killing the command
@@ -349,6 +350,7 @@ class Campaign:
         self.builds = 0
         self.stale_checked = 0
         self.too_late = 0
+        self.skipped = 0  # targets already complete: a kill aimed earlier landed after them
         self._pending: list[Fault] = []  # faults whose recovery the next run decides
 
     # -- bookkeeping
@@ -398,10 +400,15 @@ class Campaign:
         stale = stale_prefect_results(self.runs, self.keys, list(STAGES))
         self.stale_checked += len(stale)
         for stage in targets:
+            if complete(self.runs, stage, self.keys[stage]):  # an earlier kill of this round came after it
+                self.skipped += 1
+                continue
             run = self.h.start(self.runs)
             if not wait_until(run, lambda: new_tmp(run, stage) is not None):
-                self._passed(run, self.h.finish(run))
-                self.problems.append(f"round {number}: the run ended before {stage} started (log {run.log})")
+                rc = self.h.finish(run)
+                self._passed(run, rc)
+                if rc != 0 or not complete(self.runs, stage, self.keys[stage]):
+                    self.problems.append(f"round {number}: the run ended before {stage} started (log {run.log})")
                 continue
             self._passed(run, None, reached=stage)
             fraction = self.rng.random()
@@ -410,7 +417,7 @@ class Campaign:
             self._kill_or_finish(run, alive)
             # After the kill: a stage whose commit beat it has no temporary directory left.
             landed = stage_in_progress(run) if alive else "after the run ended"
-            fault = self._fault(Fault("kill (random moment)", stage, landed,
+            fault = self._fault(Fault(RANDOM_KILL, stage, landed,
                                       f"{fraction:.2f} × {self.wall[stage]:.1f} s after its start"))
             if landed in STAGES and complete(self.runs, landed, self.keys[landed]):
                 self.problems.append(f"round {number}: {landed} has a marker although it was killed mid-write")
@@ -619,10 +626,16 @@ def main() -> None:
             sys.exit(1)
 
         campaign = Campaign(harness, work / "trials", reference, keys, wall, experiment, rng)
-        for number, targets in enumerate(plan_rounds(args.trials, rng), start=1):
-            campaign.round(number, targets)
-            print(f"round {number}: killed in {', '.join(f.landed for f in campaign.faults[-len(targets):])}; "
+        rounds, number = plan_rounds(args.trials, rng), 0
+        while rounds:
+            number += 1
+            before = len(campaign.faults)
+            campaign.round(number, rounds.pop(0))
+            print(f"round {number}: killed in {', '.join(f.landed for f in campaign.faults[before:])}; "
                   f"mismatches so far {len(campaign.mismatches)}")
+            missing = args.trials - sum(f.kind == RANDOM_KILL for f in campaign.faults)
+            if not rounds and missing > 0 and not campaign.problems:  # kills that came too late or were skipped
+                rounds = plan_rounds(missing, rng)
         tmpfs_ok = _can_mount(work)
         campaign.targeted(tmpfs_ok)
         lost_refs = [documents_lost(work / name, keys_of) for name, keys_of in (("ref-a", keys), ("ref-b", keys_b))]
@@ -661,10 +674,11 @@ def report(campaign: Campaign, harness: Harness, reference_builds: int, wall_s: 
         print(f"  {kind:<34}" + "".join(f"{counts[(kind, c)]:>10}" for c in columns)
               + f"{sum(f.kind == kind for f in faults):>8}")
     for fault in faults:
-        if fault.kind != "kill (random moment)":
+        if fault.kind != RANDOM_KILL:
             print(f"  - {fault.kind}: {fault.detail}")
-    if campaign.too_late:
-        print(f"  (and {campaign.too_late} kill(s) not counted: the run had ended before the delay was up)")
+    if campaign.too_late or campaign.skipped:
+        print(f"  (not counted: {campaign.too_late} kill(s) whose run had ended before the delay was up, and "
+              f"{campaign.skipped} target(s) already complete because an earlier kill of the round landed after them)")
     recovered = sum(bool(f.recovered) for f in faults)
     print(f"runs recovered: {recovered}/{len(faults)} (the next run of the same command finished the faulted stage; "
           f"{len(harness.run_wall)} runs in all)")
