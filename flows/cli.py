@@ -21,6 +21,7 @@ Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -53,10 +54,21 @@ def _set_tracking(uri: str | None) -> None:
 
 def _quiet_libraries() -> None:
     """Keep the terminal for progress bars and the summary; library INFO chatter goes nowhere useful."""
-    import logging
-
     for name in ("great_expectations", "mlflow", "alembic", "optuna", "httpx"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class _ExpectedFailures(logging.Filter):
+    """Drops Prefect's traceback records for a ``PretrainError``: its message is printed once, clearly, by ``_fail``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], PretrainError))
+
+
+def _quiet_expected_failures() -> None:
+    """Call after importing Prefect (its logging setup runs then)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logging.getLogger(name).addFilter(_ExpectedFailures())
 
 
 def _fail(err: PretrainError) -> None:
@@ -89,6 +101,7 @@ def run(
         from flows.pipeline import pipeline
         from flows.summary import print_summary
 
+        _quiet_expected_failures()
         result = pipeline(str(config.resolve()), str(layout.root), list(refresh), until)
     except PretrainError as err:
         _fail(err)

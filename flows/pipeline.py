@@ -25,7 +25,7 @@ from flows.graph import STAGE_NAMES, STAGES, StageDef, downstream
 from flows.preflight import preflight
 from flows.progress import RichProgress
 from flows.publish import publish
-from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version
+from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version, disk_full_error
 from infra.errors import DataError
 from infra.parallel import prefect_shard_map
 from infra.runs import RunsLayout
@@ -92,8 +92,11 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
     try:
         summary = stage.run(ctx, env.cfg)
         stage.validate(tmp, env.cfg)
-    except BaseException:
+    except BaseException as err:
+        full = disk_full_error(err, tmp, name)  # before abort frees the space
         env.store.abort(tmp)
+        if full is not None:
+            raise full from err
         raise
     artifact = env.store.commit(name, key, tmp, {**meta, "summary": summary, "wall_s": time.perf_counter() - started})
     return {"key": key, "path": str(artifact.path), "computed": True}

@@ -15,6 +15,7 @@ crash mid-write never leaves a directory that looks complete.
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import importlib
 import json
@@ -29,7 +30,7 @@ from typing import Any, Callable, Iterator
 
 from filelock import FileLock, Timeout
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, DiskFullError
 
 MARKER = "_COMPLETE"
 META = "meta.json"
@@ -156,7 +157,8 @@ class ArtifactStore:
         """Write meta.json, then the marker, then rename ``tmp`` into place.
 
         Raises:
-            OSError: when the disk is full or the rename fails; ``tmp`` is removed and no marker remains.
+            DiskFullError: the disk is full; ``tmp`` is removed and no marker remains.
+            OSError: the rename fails; ``tmp`` is removed and no marker remains.
         """
         final = self.path(stage, key)
         meta = {**meta, "stage": stage, "key": key, "marker_id": uuid.uuid4().hex, "committed_at": time.time()}
@@ -166,13 +168,50 @@ class ArtifactStore:
             if final.exists():  # an unfinished earlier attempt (no marker): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
-        except BaseException:
+        except BaseException as err:
+            full = disk_full_error(err, tmp, stage)  # before the rmtree frees the space
             shutil.rmtree(tmp, ignore_errors=True)
+            if full is not None:
+                raise full from err
             raise
         return Artifact(stage, key, final, meta)
 
     def abort(self, tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Below this many free bytes a failed write is taken as a full disk: libraries word ENOSPC differently (torch.save
+# reports "unexpected pos", not the errno), and the stage's partial outputs still fill the disk when this is checked.
+NEARLY_FULL_BYTES = 1 << 20
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_FULL_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "file too large")
+
+
+def disk_full_error(err: BaseException, tmp: Path, stage: str) -> DiskFullError | None:
+    """A clear ``DiskFullError`` when ``err`` (raised while ``stage`` wrote into ``tmp``) comes from a full disk or a
+    file-size limit, else None. Call it before removing ``tmp``.
+
+    Recognised by an ENOSPC/EDQUOT/EFBIG errno or message anywhere in the exception chain, or by fewer than
+    ``NEARLY_FULL_BYTES`` left free on the file system holding ``tmp``.
+    """
+    chain, seen = [], err
+    while seen is not None and len(chain) < 20:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    matched = any(getattr(e, "errno", None) in _FULL_ERRNOS or any(w in str(e).lower() for w in _FULL_WORDS)
+                  for e in chain)
+    try:
+        free = shutil.disk_usage(tmp if tmp.exists() else tmp.parent).free
+    except OSError:
+        free = None
+    if not matched and (free is None or free >= NEARLY_FULL_BYTES):
+        return None
+    left = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+    return DiskFullError(
+        f"stage {stage} ran out of space writing its artifact in {tmp.parent}: the disk is full or a file-size limit "
+        f"was reached ({left}; {type(err).__name__}: {str(err)[:200]}). Nothing was committed: the partial output is removed and no "
+        "_COMPLETE marker written. Free space (or give --runs-dir on a larger disk) and run the same command again; "
+        "finished stages are reused")
 
 
 def _fsync_write(path: Path, text: str) -> None:

@@ -34,3 +34,8 @@ class GateError(PretrainError):
 
 class TrainingError(PretrainError):
     """A launched training run failed; the message carries the tail of the workers' output."""
+
+
+class DiskFullError(PretrainError, OSError):
+    """The disk (or a file-size limit) ran out while a stage wrote its artifact; nothing was committed. An OSError
+    too, so callers that catch the raw error keep working."""

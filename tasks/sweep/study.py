@@ -1,10 +1,11 @@
 """Peak-learning-rate sweep: an Optuna study that several worker processes can share and that resumes after a kill.
 
 Storage is Optuna's journal (an append-only log file guarded by a file lock), so workers on one file system never hit
-SQLite's "database is locked". Every trial is tagged with its worker (``host:pid``); on start, a RUNNING trial whose
-worker process on this host is gone is marked FAIL with a ``fail_reason`` and counts towards ``n_trials``. A trial
-stopped by Ctrl-C (KeyboardInterrupt) is marked FAIL with ``interrupted`` and a ``fail_reason``, does not count, and is
-queued again (same peak LR and seed), so the next run redoes it.
+SQLite's "database is locked". Every trial is tagged with its worker (``host:pid``). A trial stopped by Ctrl-C
+(KeyboardInterrupt), or left RUNNING by a worker process on this host that is gone (killed), is marked FAIL with
+``interrupted`` and a ``fail_reason``, does not count towards ``n_trials``, and is queued again (same peak LR, seed and
+grid point), so the next run redoes it and a kill does not change the study's result. A trial whose worker was killed
+``MAX_RETRIES`` times is not retried again: it counts as failed.
 
 Run from Python (several shells may run the same line at once on one study)::
 
@@ -35,6 +36,8 @@ JOURNAL_FILE = "optuna_journal.log"
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 # A trial gets its worker tag right after it is created; one still untagged after this long was orphaned.
 UNTAGGED_STALE_AFTER_S = 60.0
+# A trial that kills its worker every time (out of memory, say) stops being retried after this many retries.
+MAX_RETRIES = 3
 
 Report = Callable[[int, float], None]
 Objective = Callable[[float, int, Report], float]
@@ -100,7 +103,7 @@ def run_sweep(
         worker: distinct per concurrent process, so that workers' samplers do not draw the same LRs.
 
     Trials already in the study (finished, or running in another live worker) count towards ``n_trials``, except
-    interrupted ones (``counts_towards_n_trials``); under a race between workers a trial that already has ``n_trials``
+    interrupted ones and those whose worker was killed, which are queued again (``counts_towards_n_trials``); under a race between workers a trial that already has ``n_trials``
     counted or queued trials before it is closed at once as FAIL ("surplus"). When other workers still run trials,
     the returned table shows them RUNNING.
 
@@ -199,10 +202,16 @@ def _requeue_interrupted(trial: Trial) -> None:
     at = f" after step {last:,}" if last is not None else ""
     trial.set_user_attr("interrupted", True)
     trial.set_user_attr("fail_reason", f"interrupted (KeyboardInterrupt){at}; not counted, redone on the next run")
+    _queue_copy(trial.study, frozen)
+
+
+def _queue_copy(study: optuna.Study, frozen: FrozenTrial) -> None:
+    """Queue a copy of ``frozen`` (same peak LR, seed and grid point); nothing when its LR was never drawn."""
     if "peak_lr" not in frozen.params:
         return
-    user_attrs = {"retry_of": frozen.number, **{k: v for k, v in frozen.user_attrs.items() if k == "seed"}}
-    trial.study.add_trial(optuna.trial.create_trial(
+    user_attrs = {"retry_of": frozen.number, "retries": frozen.user_attrs.get("retries", 0) + 1,
+                  **{k: v for k, v in frozen.user_attrs.items() if k == "seed"}}
+    study.add_trial(optuna.trial.create_trial(
         state=TrialState.WAITING, params=frozen.params, distributions=frozen.distributions, user_attrs=user_attrs,
         system_attrs={k: v for k, v in frozen.system_attrs.items() if k in ("grid_id", "search_space")}))
 
@@ -217,7 +226,8 @@ def _reporter(trial: Trial) -> Report:
 
 
 def fail_stale_trials(study: optuna.Study) -> list[int]:
-    """Mark FAIL (with ``fail_reason``) the RUNNING trials whose worker is gone; return their numbers.
+    """Mark FAIL (with ``fail_reason``) the RUNNING trials whose worker is gone, queue each again unless it was
+    retried ``MAX_RETRIES`` times already (then it counts as failed); return their numbers.
 
     A trial is stale when its ``host:pid`` tag names this host and a process that no longer exists (or this very
     process, which runs no trial yet), or when it has stayed untagged for over ``UNTAGGED_STALE_AFTER_S``. Trials of
@@ -228,11 +238,17 @@ def fail_stale_trials(study: optuna.Study) -> list[int]:
         reason = _stale_reason(trial)
         if reason is None:
             continue
+        retry = "peak_lr" in trial.params and trial.user_attrs.get("retries", 0) < MAX_RETRIES
+        reason += "; not counted, redone on this run" if retry else f"; not retried (killed {MAX_RETRIES + 1} times)"
         try:
             study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
+            if retry:
+                study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         except UpdateFinishedTrialError:
             continue  # another worker resolved it first
+        if retry:
+            _queue_copy(study, study._storage.get_trial(trial._trial_id))
         failed.append(trial.number)
     return failed
 

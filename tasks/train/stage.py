@@ -11,6 +11,7 @@ the step it resumed from, and the epochs of each mixture source e_s = w_s · D /
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import time
@@ -38,6 +39,8 @@ from models.planning import require_fit
 from tasks.train.sections import MainConfig
 from tasks.tokenizer.config import PackingConfig
 from tasks.tokenizer.stage import packing_report
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -226,8 +229,8 @@ def _resume(folder: Path, model, optimizer, sampler, accelerator: Accelerator | 
             else:
                 saved = load_sharded_checkpoint(candidate, model=model, optimizer=optimizer, accelerator=accelerator)
         except CheckpointError as err:  # a torn or corrupt checkpoint: fall back to the previous one
-            if main_rank:
-                print(f"warning: skipping unusable checkpoint {candidate.name}: {err}")
+            if main_rank:  # logged, not printed: the pipeline logs prints at INFO, below the level it shows
+                log.warning("skipping unusable checkpoint %s: %s", candidate.name, err)
             continue
         sampler.load_state_dict(saved["sampler_state"])
         if main_rank:

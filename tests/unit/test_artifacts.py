@@ -94,7 +94,77 @@ def test_failed_commit_leaves_no_marker(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("infra.artifacts._fsync_write", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="stage corpus ran out of space"):  # DiskFullError, an OSError too
         store.commit("corpus", "k2", tmp, {})
     assert store.get("corpus", "k2") is None
     assert not tmp.exists()
+
+
+def test_a_full_disk_gives_a_clear_error_and_no_marker(tmp_path):
+    """ENOSPC (written for real to /dev/full) while a stage writes its artifact: DiskFullError naming the stage and
+    the fix; a generic error on a disk with room is left alone."""
+    from infra.artifacts import MARKER, disk_full_error
+    from infra.errors import DiskFullError
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    tmp = store.begin("tokenizer", "k1")
+    try:
+        with open("/dev/full", "w") as handle:
+            handle.write("x" * 4096)
+            handle.flush()
+    except OSError as err:
+        full = disk_full_error(err, tmp, "tokenizer")
+    assert isinstance(full, DiskFullError)
+    assert "stage tokenizer ran out of space" in str(full) and "run the same command again" in str(full)
+    assert disk_full_error(RuntimeError("unexpected pos 576 vs 534"), tmp, "tokenizer") is None
+    assert disk_full_error(ValueError("bad value"), tmp, "tokenizer") is None
+    store.abort(tmp)
+    assert not list((tmp_path / "artifacts").rglob(MARKER))
+
+
+def test_a_torch_save_on_a_full_tmpfs_reads_as_disk_full(tmp_path):
+    """torch.save reports ENOSPC as "unexpected pos": the free space left tells it apart (needs mount rights)."""
+    import subprocess
+
+    import torch
+
+    from infra.artifacts import disk_full_error
+    from infra.errors import DiskFullError
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        tmp = mount / ".tmp-k1-0000"
+        tmp.mkdir()
+        with pytest.raises(Exception) as caught:
+            torch.save({"w": torch.zeros(100_000)}, tmp / "optimizer.pt")
+        assert "space" not in str(caught.value).lower()  # torch's wording: nothing to match on
+        assert isinstance(disk_full_error(caught.value, tmp, "main"), DiskFullError)
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)  # torch may still hold the torn file open
+
+
+def test_prefect_tracebacks_of_expected_errors_are_dropped_and_others_kept():
+    """The CLI prints a PretrainError once, as `error: ...`; Prefect's traceback record of it is dropped, while an
+    unexpected exception keeps its traceback."""
+    import logging
+
+    from flows.cli import _ExpectedFailures
+    from infra.errors import DiskFullError
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger = logging.getLogger("test.prefect.task_runs")
+    logger.addFilter(_ExpectedFailures())
+    logger.addHandler(handler)
+    for err in (DiskFullError("stage main ran out of space"), RuntimeError("a bug")):
+        try:
+            raise err
+        except Exception:
+            logger.error("Task run failed with exception: %r", err, exc_info=True)
+    logger.error("Finished in state Failed()")
+    assert [r.getMessage() for r in seen] == ["Task run failed with exception: RuntimeError('a bug')",
+                                              "Finished in state Failed()"]

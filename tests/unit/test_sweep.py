@@ -127,9 +127,23 @@ def test_resume_after_kill_fails_orphan_and_runs_the_rest(tmp_path: Path):
 
     result = run_sweep(objective, _cfg(n_trials=5), storage_path=tmp_path, study_name="resume")
     trials = result.trials.set_index("number")
-    assert len(calls) == 2 and len(trials) == 5
+    assert len(calls) == 3 and len(trials) == 6  # the killed trial again, then the two never started
     assert trials.loc[2, "state"] == "FAIL" and "gone" in trials.loc[2, "fail_reason"]
+    assert calls[0] == trials.loc[2, "peak_lr"] and trials.loc[3, "seed"] == trials.loc[2, "seed"]
     assert set(trials["state"]) <= FINISHED
+
+
+def test_a_trial_that_keeps_killing_its_worker_counts_as_failed_after_three_retries(tmp_path: Path):
+    for _ in range(4):
+        proc = mp.get_context("fork").Process(target=_dies_in_the_best_trial, args=(str(tmp_path),))
+        proc.start()
+        proc.join(timeout=60)
+        assert proc.exitcode == 1
+    result = run_sweep(bowl, _cfg(n_trials=5, sampler="grid"), storage_path=tmp_path, study_name="killed-best")
+    killed = result.trials[result.trials["fail_reason"].fillna("").str.contains("gone")]
+    assert len(killed) == 4
+    assert "redone" in killed["fail_reason"].iloc[0] and "not retried" in killed["fail_reason"].iloc[-1]
+    assert result.best_lr != pytest.approx(BEST_LR)  # that grid point gave up on
 
 
 @pytest.mark.parametrize("sampler", ["grid", "tpe"])
@@ -184,3 +198,38 @@ def test_three_workers_share_one_study(tmp_path: Path):
     surplus = trials[trials["number"] >= 9]  # only under a race between workers asking at once
     assert (surplus["state"] == "FAIL").all() and surplus["fail_reason"].str.startswith("surplus").all()
     assert (trials["state"] == "COMPLETE").sum() >= 3
+
+
+def _dies_in_the_best_trial(storage: str) -> None:
+    def objective(peak_lr, seed, report):
+        if peak_lr == pytest.approx(BEST_LR):
+            report(10, 2.0)
+            os._exit(1)  # SIGKILL-like: the trial stays RUNNING in the journal
+        return bowl(peak_lr, seed, report)
+
+    run_sweep(objective, _cfg(n_trials=5, sampler="grid"), storage_path=Path(storage), study_name="killed-best")
+
+
+def test_a_trial_killed_with_its_worker_is_redone_so_the_result_matches_an_uninterrupted_study(tmp_path: Path):
+    """A kill must not change the outcome: the killed trial (here the best grid point) is run again, with its
+    LR and seed, instead of counting as a failure that leaves a grid point never evaluated."""
+    cfg = _cfg(n_trials=5, sampler="grid")
+    uninterrupted = run_sweep(bowl, cfg, storage_path=tmp_path / "clean", study_name="killed-best")
+    proc = mp.get_context("fork").Process(target=_dies_in_the_best_trial, args=(str(tmp_path / "killed"),))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == 1
+    calls = []
+
+    def objective(peak_lr, seed, report):
+        calls.append((peak_lr, seed))
+        return bowl(peak_lr, seed, report)
+
+    resumed = run_sweep(objective, cfg, storage_path=tmp_path / "killed", study_name="killed-best")
+    assert resumed.best_lr == uninterrupted.best_lr == pytest.approx(BEST_LR)
+    assert resumed.best_value == uninterrupted.best_value
+    killed = resumed.trials[resumed.trials["fail_reason"].fillna("").str.contains("gone")]
+    assert len(killed) == 1 and killed["state"].item() == "FAIL"
+    assert calls[0] == (pytest.approx(BEST_LR), killed["seed"].item())  # redone first, same LR and seed
+    done = resumed.trials[resumed.trials["state"] != "FAIL"]
+    assert sorted(done["peak_lr"]) == pytest.approx(grid_lrs(cfg))  # every grid point once

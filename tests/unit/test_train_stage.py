@@ -149,3 +149,32 @@ def test_main_lr_comes_from_the_swept_width_nearest_the_main_model():
     assert main_peak_lr(CFG, best) == (1e-3, {"from": "config"})
     with pytest.raises(ConfigError, match="no peak LR"):
         main_peak_lr(auto, None)
+
+
+def test_corrupt_newest_checkpoint_is_skipped_with_a_logged_warning(tmp_path, inputs, caplog):
+    """A flipped byte in the newest scratch checkpoint: its checksum fails, a warning is logged (prints are hidden
+    inside the pipeline) and the run resumes from the checkpoint before it, finishing like an uninterrupted run."""
+    def interrupt_at_step_5(metrics, step):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(_context(tmp_path, inputs, "first", interrupt_at_step_5), CFG, sources=["a", "b"])
+    scratch = tmp_path / "runs" / "scratch" / "main" / "k1"
+    assert sorted(p.name for p in scratch.glob("step_*")) == ["step_00000000", "step_00000002", "step_00000004"]
+    weights = scratch / "step_00000004" / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-8] ^= 0xFF
+    weights.write_bytes(bytes(raw))
+
+    with caplog.at_level("WARNING", logger="tasks.train.stage"):
+        summary = run(_context(tmp_path, inputs, "second"), CFG, sources=["a", "b"])
+    assert summary["resumed_from_step"] == 2
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("skipping unusable checkpoint step_00000004" in m and "sha256" in m for m in warned), warned
+    reference = run(_context(tmp_path / "fresh", inputs, "only"), CFG, sources=["a", "b"])
+    assert reference["resumed_from_step"] == 0
+    resumed = load_model(tmp_path / "runs/artifacts/main/.tmp-second/checkpoint")
+    fresh = load_model(tmp_path / "fresh/runs/artifacts/main/.tmp-only/checkpoint")
+    for (name, a), (_, b) in zip(resumed.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
