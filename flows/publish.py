@@ -233,7 +233,7 @@ def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
         experiment=env.cfg.name, gate_hash=decision["gate_hash"])
     env.warehouse.replace("gate_decisions", table, artifact.key)
     env.tracker.set_tags(env.parent_run_id, {"gate_kept": decision["kept"], "gate_hash": decision["gate_hash"]})
-    _headline(decision, table, env)
+    _headline(decision, table, env, artifact.meta.get("input_keys", {}).get("cpt"))
     _log_files(env, run_id, cached, artifact, "decisions.parquet", "decision.json", "gate_scatter.png")
     # Each candidate's verdict and failing criteria as tags of the gate run, and on its registered version.
     failing = {row["candidate"]: [c.removeprefix("status_") for c in table.columns
@@ -262,18 +262,19 @@ def _gate(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     _register(decision, artifact.key, env, run_id)
 
 
-def _headline(decision: dict, table: pd.DataFrame, env: "Env") -> None:
-    """The parent run's headline: the kept model's held-out loss and bits per byte per source, and the verdict, so
-    the MLflow experiment table compares runs without opening them."""
+def _headline(decision: dict, table: pd.DataFrame, env: "Env", cpt_key: str | None) -> None:
+    """The parent run's headline: the kept model's held-out loss and bits per byte per source (from the gate's
+    input CPT artifact, found by its key in the store), and the verdict, so the MLflow experiment table compares
+    runs without opening them."""
     kept = decision["kept"]
     passed = int((table["decision"] == "pass").sum())
     verdict = f"kept {kept}" if kept != "base" else "no candidate passed; the base is kept"
     env.tracker.set_tags(env.parent_run_id, {"gate_verdict": verdict})
     metrics = {"gate.candidates": float(len(table)), "gate.candidates_passed": float(passed),
                "gate.kept_is_base": float(kept == "base")}
-    heldout_path = Path(decision["candidates_dir"]).parent / "heldout.parquet" if decision.get("candidates_dir") else None
-    if heldout_path is not None and heldout_path.exists():
-        heldout = pd.read_parquet(heldout_path)
+    cpt = env.store.get("cpt", cpt_key) if cpt_key else None
+    if cpt is not None and (cpt.path / "heldout.parquet").exists():
+        heldout = pd.read_parquet(cpt.path / "heldout.parquet")
         rows = heldout[heldout["checkpoint"] == kept].drop_duplicates("source", keep="last")
         for row in rows.to_dict("records"):
             metrics[f"kept.heldout_loss_nats.{row['source']}"] = row["loss_nats"]

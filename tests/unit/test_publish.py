@@ -65,3 +65,28 @@ def test_republishing_the_same_gate_adds_no_version(env):
     versions = env.tracker.client.search_model_versions("name = 'smoke-base'")
     assert [int(v.version) for v in versions] == [1]
     assert int(env.tracker.client.get_model_version_by_alias("smoke-base", "kept").version) == 1
+
+
+def test_parent_run_gets_the_kept_models_heldout_figures_from_the_cpt_input(env):
+    """The headline is read from the gate's input CPT artifact (by key in the store), not from a recorded path."""
+    cpt_tmp = env.store.begin("cpt", "cpt-key")
+    pd.DataFrame([
+        {"checkpoint": "base", "source": "handbook_en", "loss_nats": 6.0, "bits_per_byte": 3.0},
+        {"checkpoint": "c1", "source": "handbook_en", "loss_nats": 5.5, "bits_per_byte": 2.75},
+        {"checkpoint": "c1", "source": "python_doc", "loss_nats": 4.0, "bits_per_byte": 2.0},
+    ]).to_parquet(cpt_tmp / "heldout.parquet", index=False)
+    env.store.commit("cpt", "cpt-key", cpt_tmp, {})
+    checkpoint = env.root / "elsewhere" / "c1"
+    checkpoint.mkdir(parents=True)
+    tmp = env.store.begin("gate", "gate-h")
+    (tmp / "decision.json").write_text(json.dumps(
+        {"gate_hash": "g1", "kept": "c1", "kept_checkpoint": str(checkpoint), "summary": "keep c1"}))
+    pd.DataFrame([{"candidate": "c1", "decision": "pass"}, {"candidate": "c2", "decision": "fail"}]).to_parquet(
+        tmp / "decisions.parquet", index=False)
+    artifact = env.store.commit("gate", "gate-h", tmp, {"mlflow_run_id": "", "input_keys": {"cpt": "cpt-key"}})
+    _publish(env, artifact, cached=False)
+    parent = env.tracker.client.get_run(env.parent_run_id).data
+    assert parent.metrics["kept.heldout_bits_per_byte.handbook_en"] == 2.75
+    assert parent.metrics["kept.heldout_loss_nats.python_doc"] == 4.0
+    assert parent.metrics["gate.candidates_passed"] == 1.0 and parent.metrics["gate.kept_is_base"] == 0.0
+    assert parent.tags["gate_verdict"] == "kept c1"
