@@ -72,7 +72,7 @@ def describe_error(root: type[BaseModel], error: Any) -> str:
         return f"{path}: unknown key; {_key_hint(root, error['loc'])}"
     if kind == "missing":
         field = _field_at(root, error["loc"])
-        if field is not None and _is_section(field.annotation):
+        if field is not None and _as_model(field.annotation) is not None:
             return f"{path}: required section missing; add a [{path}] table"
         return f"{path}: required but missing; add it (e.g. {loc[-1]} = ...)"
     if kind in _KINDS and isinstance(value, str) and kind not in ("string_type",):
@@ -101,10 +101,6 @@ def _unquote_hint(kind: str, value: str, key: str) -> str:
 def _field_at(root: type[BaseModel], loc: tuple) -> Any:
     model = _model_at(root, tuple(loc[:-1])) if len(loc) > 1 else root
     return None if model is None else model.model_fields.get(str(loc[-1]))
-
-
-def _is_section(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def _short(value: Any) -> str:
