@@ -128,7 +128,8 @@ def serve(
     """Serve the pipeline as a scheduled Prefect deployment (pretrain-pipeline/NAME) until interrupted.
 
     Without PREFECT_API_URL a local Prefect server (UI + scheduler) is started on 127.0.0.1:PORT. Runs can also be
-    triggered by hand: `prefect deployment run pretrain-pipeline/NAME`, or from the UI with edited parameters.
+    triggered by hand from the UI, or with `PREFECT_API_URL=http://127.0.0.1:PORT/api prefect deployment run
+    pretrain-pipeline/NAME` (without the URL the Prefect CLI would start a server of its own).
     """
     _set_tracking(tracking_uri)
     layout = RunsLayout.resolve(runs_dir)
@@ -366,6 +367,11 @@ def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
 
     layout = RunsLayout.resolve(runs_dir)
     try:
+        if not layout.root.is_dir():
+            from infra.errors import ConfigError
+
+            raise ConfigError(f"runs folder {layout.root} does not exist or is not a folder; give the --runs-dir a "
+                              "`pretrain run` wrote")
         cfg = load_config(config)
         from flows.report import build_report, print_report, resolve_formats, write_report
 

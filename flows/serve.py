@@ -103,13 +103,21 @@ def serve(config: Path, layout: RunsLayout, *, name: str, cron: str | None, inte
     Must run after ``layout.prepare_environment()``. ``parameters`` are the flow's defaults for scheduled runs.
 
     Raises:
-        ConfigError: both or neither of ``cron`` and ``interval``; a busy port.
+        ConfigError: both or neither of ``cron`` and ``interval``; an invalid cron string or time zone; a busy port.
         ServerError: the local Prefect server did not start.
     """
     if (cron is None) == (interval is None):
         raise ConfigError("give exactly one schedule: --cron 'MIN HOUR DOM MON DOW' or --interval SECONDS")
     if interval is not None and interval <= 0:
         raise ConfigError(f"--interval {interval}: must be a positive number of seconds")
+    from prefect.client.schemas.schedules import construct_schedule
+
+    try:  # before any server starts: a bad cron or time zone is a one-line error, not a traceback
+        schedule = construct_schedule(cron=cron, interval=interval, timezone=timezone or "UTC")
+    except ValueError as err:
+        reason = err.errors()[0]["msg"] if hasattr(err, "errors") else str(err)
+        raise ConfigError(f"schedule --cron {cron!r} --timezone {timezone or 'UTC'!r}: {reason}; give a five-field "
+                          "cron string such as '0 3 * * *' and an IANA time zone such as Europe/Paris") from None
     # SIGTERM (systemd, kill, a container stop) unwinds like Ctrl-C, so the local server is stopped with us.
     signal.signal(signal.SIGTERM, _interrupt)
     server = None
@@ -120,12 +128,10 @@ def serve(config: Path, layout: RunsLayout, *, name: str, cron: str | None, inte
               f"trigger a run from another shell: PREFECT_API_URL=http://{LOOPBACK}:{port}/api "
               f"prefect deployment run 'pretrain-pipeline/{name}'", flush=True)
     try:
-        from prefect.client.schemas.schedules import construct_schedule
         from prefect.deployments.runner import EntrypointType
 
         from flows.pipeline import pipeline
 
-        schedule = construct_schedule(cron=cron, interval=interval, timezone=timezone or "UTC")
         # Module entrypoint: runs load ``flows.pipeline`` from the installed package, whatever the working directory.
         pipeline.serve(name=name, schedule=schedule, parameters={"config_path": str(config.resolve()),
                                                                  "runs_dir": str(layout.root), **parameters},

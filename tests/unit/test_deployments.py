@@ -48,3 +48,28 @@ def test_every_template_placeholder_is_a_declared_job_variable():
     container = TEMPLATE["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpus }}"
     assert {m["mountPath"] for m in container["volumeMounts"]} >= {h100["parameters"]["runs_dir"]}
+
+
+@pytest.mark.parametrize("cron, timezone, message", [("not a cron", None, "Invalid cron string"),
+                                                      ("0 3 * * *", "Mars/Base", "Invalid timezone")])
+def test_serve_refuses_a_bad_schedule_before_starting_any_server(tmp_path, cron, timezone, message):
+    from flows.serve import serve
+    from infra.errors import ConfigError
+    from infra.runs import RunsLayout
+
+    layout = RunsLayout.resolve(tmp_path / "runs")
+    with pytest.raises(ConfigError, match=message):
+        serve(ROOT / "configs" / "smoke.toml", layout, name="smoke", cron=cron, interval=None, timezone=timezone,
+              parameters={}, limit=1, port=1)  # port 1: starting a server there would fail differently
+    assert not layout.prefect_home.exists()
+
+
+def test_report_refuses_a_runs_folder_that_does_not_exist(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "report", "configs/smoke.toml", "--runs-dir",
+                           str(tmp_path / "typo")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "does not exist or is not a folder" in proc.stdout
+    assert not (tmp_path / "typo").exists()
