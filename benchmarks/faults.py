@@ -3,6 +3,7 @@ fill the disk; every rerun of the same command must finish with artifacts identi
 
     python benchmarks/faults.py                          # 20 random kills + 4 targeted faults, configs/smoke.toml
     python benchmarks/faults.py --trials 40 --seed 1 --keep /tmp/faults
+    python benchmarks/faults.py --stage mixture --trials 10   # soak one stage: every kill lands in it
 
 Each run is ``python -m flows.cli run CONFIG --runs-dir DIR`` in its own process group; a kill is SIGKILL to the
 whole group (the Prefect API server and the corpus workers die with it, and any descendant that left the group).
@@ -81,8 +82,8 @@ class Run:
 
 
 class Harness:
-    def __init__(self, work: Path, config: str):
-        self.work, self.config = work, config
+    def __init__(self, work: Path, config: str, until: str | None = None):
+        self.work, self.config, self.until = work, config, until
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.count = 0
@@ -101,7 +102,9 @@ class Harness:
 
         tmp_before = {stage: _tmp_dirs(runs, stage) for stage in STAGES}
         with open(log, "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", self.config, "--runs-dir", str(runs)],
+            until = ["--until", self.until] if self.until else []
+            proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", self.config, "--runs-dir", str(runs),
+                                     *until],
                                     cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=limit_file_size if fsize_limit else None)
         return Run(proc, log, runs, tmp_before)
@@ -352,6 +355,8 @@ class Campaign:
         self.too_late = 0
         self.skipped = 0  # targets already complete: a kill aimed earlier landed after them
         self._pending: list[Fault] = []  # faults whose recovery the next run decides
+        until = harness.until or STAGES[-1]
+        self.compared = STAGES[:STAGES.index(until) + 1]  # a soak of one stage runs no further than that stage
 
     # -- bookkeeping
 
@@ -377,7 +382,7 @@ class Campaign:
 
     def compare(self, label: str) -> None:
         hashes = artifact_hashes(self.runs, self.keys)
-        for stage in STAGES:
+        for stage in self.compared:
             self.comparisons += 1
             if hashes[stage] != self.reference[stage]:
                 self.mismatches.append(f"{label}: {stage} {hashes[stage]} != reference {self.reference[stage]}")
@@ -396,7 +401,13 @@ class Campaign:
     # -- random kills
 
     def round(self, number: int, targets: list[str]) -> None:
-        reset(self.runs, list(STAGES), self.experiment)
+        """Reset, then one run killed inside each stage of ``targets`` in turn (a stage may repeat: each rerun
+        resumes what the killed one left), then a run to the end, compared with the reference.
+
+        A soak of one stage (``targets`` all that stage) resets only it and what follows, so the upstream
+        artifacts are reused and each kill costs one start-up, not a pipeline."""
+        first = min(STAGES.index(t) for t in targets) if self.h.until else 0
+        reset(self.runs, list(STAGES[first:]), self.experiment)
         stale = stale_prefect_results(self.runs, self.keys, list(STAGES))
         self.stale_checked += len(stale)
         for stage in targets:
@@ -583,8 +594,11 @@ def reference_run(harness: Harness, runs: Path) -> tuple[dict[str, str], dict[st
     return keys, wall, None if started is None else time.monotonic() - started
 
 
-def plan_rounds(trials: int, rng: random.Random) -> list[list[str]]:
-    """Every stage once per full round (in stage order); the remainder a seeded random subset."""
+def plan_rounds(trials: int, rng: random.Random, stage: str | None = None, per_round: int = 2) -> list[list[str]]:
+    """Every stage once per full round (in stage order); the remainder a seeded random subset. Aimed at one
+    ``stage``: rounds of ``per_round`` kills in that stage (each rerun resumes what the killed run left)."""
+    if stage is not None:
+        return [[stage] * min(per_round, trials - i) for i in range(0, trials, per_round)]
     rounds = [list(STAGES) for _ in range(trials // len(STAGES))]
     if trials % len(STAGES):
         rounds.append(sorted(rng.sample(STAGES, trials % len(STAGES)), key=STAGES.index))
@@ -599,9 +613,17 @@ def main() -> None:
                         help="work folder to keep (default: a temp folder, removed); reference runs finished there "
                              "by an earlier call are reused")
     parser.add_argument("--config", default="configs/smoke.toml")
+    parser.add_argument("--stage", choices=STAGES, default=None,
+                        help="aim every random kill at this stage (runs stop after it; upstream artifacts are reused "
+                             "between rounds); the targeted main-stage faults run only with --stage main or without "
+                             "--stage")
+    parser.add_argument("--kills-per-round", type=int, default=2,
+                        help="with --stage: kills in the stage before a run is let finish (default 2)")
     args = parser.parse_args()
     if args.trials < 1:
         parser.error(f"--trials {args.trials}: give at least 1 (the reliability check wants ≥ 20)")
+    if args.kills_per_round < 1:
+        parser.error(f"--kills-per-round {args.kills_per_round}: give at least 1")
 
     started = time.monotonic()
     work = (args.keep or Path(tempfile.mkdtemp(prefix="pretrain-faults-"))).resolve()
@@ -625,8 +647,10 @@ def main() -> None:
                     print(f"  NONDETERMINISTIC {s}: {reference[s]} vs {second[s]}")
             sys.exit(1)
 
+        harness.until = args.stage
         campaign = Campaign(harness, work / "trials", reference, keys, wall, experiment, rng)
-        rounds, number = plan_rounds(args.trials, rng), 0
+        plan = lambda n: plan_rounds(n, rng, args.stage, args.kills_per_round)  # noqa: E731
+        rounds, number = plan(args.trials), 0
         while rounds:
             number += 1
             before = len(campaign.faults)
@@ -635,9 +659,11 @@ def main() -> None:
                   f"mismatches so far {len(campaign.mismatches)}")
             missing = args.trials - sum(f.kind == RANDOM_KILL for f in campaign.faults)
             if not rounds and missing > 0 and not campaign.problems:  # kills that came too late or were skipped
-                rounds = plan_rounds(missing, rng)
-        tmpfs_ok = _can_mount(work)
-        campaign.targeted(tmpfs_ok)
+                rounds = plan(missing)
+        if args.stage in (None, "main"):
+            harness.until = None  # the targeted faults run through CPT
+            campaign.compared = STAGES
+            campaign.targeted(_can_mount(work))
         lost_refs = [documents_lost(work / name, keys_of) for name, keys_of in (("ref-a", keys), ("ref-b", keys_b))]
         for lost in lost_refs:
             for source, n in lost.items():

@@ -103,8 +103,9 @@ def _mixture_section(paths: dict[str, Path], console: Console, max_epochs: float
         flips = "the winner flips" if t["winner_flips"] else "same winner"
         console.print(f"  proxy sizes d_model {t['d_model']['proxy']} vs {t['d_model']['transfer']}: Kendall τ "
                       f"{t['tau']:.2f} ({flips}; {len(t['flipped_pairs'])} pair(s) swap order)")
-    if "proxies_reused" in choice:
-        console.print(f"  proxies trained {choice['proxies_trained']}, reused from cache {choice['proxies_reused']}")
+    run = json.loads((paths["mixture"] / "meta.json").read_text()).get("summary", {})
+    if "proxies_reused" in run:
+        console.print(f"  proxies trained {run['proxies_trained']}, reused from cache {run['proxies_reused']}")
 
 
 def _sweep_section(paths: dict[str, Path], console: Console, max_epochs: float) -> None:

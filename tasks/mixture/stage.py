@@ -75,8 +75,7 @@ def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: l
         "name": choice.name, "weights": chosen.weights, "score": choice.score, "runner_up": choice.runner_up,
         "runner_up_score": choice.runner_up_score, "margin": choice.margin, "rule": choice.rule_text,
         "natural": natural, "scores": choice.scores.to_dict(orient="records"),
-        "proxies_trained": trainer.trained, "proxies_reused": trainer.reused,
-    }
+    }  # how many proxies this call trained vs read back is run history (meta.json), not the decision
     if proposal is not None:
         record["proposal"] = {"weights": proposal.weights, "predicted_bpb": proposal.predicted_bpb,
                               "predicted_score": proposal.predicted_score, "fit": proposal.fit.to_dict(orient="records")}

@@ -69,3 +69,18 @@ def test_cached_proxy_results_equal_fresh_ones(tmp_path, inputs):  # noqa: F811
     summary = run(StageContext(out=out, inputs={"tokenizer": inputs["tokenizer"]}, layout=RunsLayout(tmp_path / "runs"),
                                key="third", experiment="t", torch_threads=1), cfg, other, general=["a", "b"])
     assert (summary["proxies_trained"], summary["proxies_reused"]) == (2, 0)
+
+
+def test_choice_is_the_same_after_an_interrupted_run(tmp_path, inputs):  # noqa: F811
+    """A run killed after some proxies were cached, then rerun, writes the decision a cold run writes."""
+    cfg = MixtureConfig(candidates=CANDIDATES, generate={"kind": "grid", "count": 1, "step": 0.5})
+    _, cold = _run(tmp_path / "cold", inputs, "k", cfg)
+    _, first = _run(tmp_path / "warm", inputs, "first", cfg)
+    cache = sorted((tmp_path / "warm" / "runs" / "cache" / "proxies").glob("*.parquet"))
+    assert len(cache) == 3
+    for path in cache[1:]:  # as if the run died after its first proxy was cached
+        path.unlink()
+    summary, resumed = _run(tmp_path / "warm", inputs, "k", cfg)
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (2, 1)
+    assert (resumed / "choice.json").read_bytes() == (cold / "choice.json").read_bytes()
+    pd.testing.assert_frame_equal(pd.read_parquet(resumed / "trials.parquet"), pd.read_parquet(cold / "trials.parquet"))
