@@ -31,7 +31,9 @@ class ExperimentConfig(Section):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = Field(default=0, ge=0)
-    torch_threads: int = Field(default=2, gt=0, description="CPU threads for training (cosmetic: not in keys)")
+    torch_threads: int | None = Field(default=None, gt=0, description=(
+        "CPU threads for training, shared among launched workers; an exported OMP_NUM_THREADS (per process) wins; "
+        "default: the CPUs the process may use (infra.threads). Not in keys: results do not depend on it"))
     sources: dict[str, SourceConfig]
     corpus: CorpusConfig
     tokenizer: TokenizerConfig

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from prefect import flow, get_run_logger, task
 from prefect.context import get_run_context
 
@@ -30,6 +31,7 @@ from infra.errors import DataError
 from infra.parallel import prefect_shard_map
 from infra.runs import RunsLayout
 from infra.stage import StageContext
+from infra.threads import ThreadPolicy, thread_policy
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 
@@ -55,6 +57,7 @@ class Env:
     flow_run_id: str
     refresh: set[str] = field(default_factory=set)
     progress: RichProgress = field(default_factory=RichProgress)
+    threads: ThreadPolicy = field(default_factory=lambda: thread_policy(None))
 
 
 @task(persist_result=True)
@@ -82,8 +85,9 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
     stage = _stage(name)
     tmp = env.store.begin(name, key)
     ctx = StageContext(
-        out=tmp, inputs=input_paths, layout=env.layout, key=key, experiment=env.cfg.name, seed=env.cfg.seed,
-        torch_threads=env.cfg.torch_threads, progress=env.progress,
+        out=tmp, inputs=input_paths, layout=env.layout, key=key, key_config=meta["config"], experiment=env.cfg.name,
+        seed=env.cfg.seed,
+        torch_threads=env.threads.torch_threads, threads=env.threads, progress=env.progress,
         log_metrics=lambda metrics, step: env.tracker.log_metrics(meta["mlflow_run_id"], metrics, step),
         log_child=lambda child, params, rows: _log_child(env, meta["mlflow_run_id"], child, params, rows),
         shard_map_for=prefect_shard_map,
@@ -98,7 +102,8 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
         if full is not None:
             raise full from err
         raise
-    artifact = env.store.commit(name, key, tmp, {**meta, "summary": summary, "wall_s": time.perf_counter() - started})
+    artifact = env.store.commit(name, key, tmp, {**meta, "summary": summary, "wall_s": time.perf_counter() - started,
+                                                   "threads": env.threads.params()})
     return {"key": key, "path": str(artifact.path), "computed": True}
 
 
@@ -194,9 +199,14 @@ def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -
     tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, cfg.name)
     flow_run_id = str(get_run_context().flow_run.id)
     parent = tracker.start_run("pipeline", tags={"prefect_flow_run_id": flow_run_id, "git_commit": _git_commit()})
-    tracker.log_params(parent, {"config": cfg.name, "seed": cfg.seed})
+    threads = thread_policy(cfg.torch_threads)
+    torch.set_num_threads(threads.torch_threads)  # every in-process stage (proxies, sweep trials, CPT) uses it
+    tracker.log_params(parent, {"config": cfg.name, "seed": cfg.seed, **threads.params()})
+    print(f"CPU threads: {threads.torch_threads} ({threads.threads_source}), OMP_WAIT_POLICY "
+          f"{threads.omp_wait_policy} ({threads.wait_policy_source})")
     return Env(cfg=cfg, layout=layout, store=ArtifactStore(layout.artifacts), tracker=tracker,
-               warehouse=Warehouse(layout.duckdb), parent_run_id=parent, flow_run_id=flow_run_id, refresh=refresh)
+               warehouse=Warehouse(layout.duckdb), parent_run_id=parent, flow_run_id=flow_run_id, refresh=refresh,
+               threads=threads)
 
 
 def _git_commit() -> str:

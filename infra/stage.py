@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from infra.parallel import ShardMap, sequential_map
 from infra.runs import RunsLayout
+from infra.threads import ThreadPolicy
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
 ChildFn = Callable[[str, Mapping[str, Any], list[Mapping[str, float]]], None]
@@ -36,8 +37,13 @@ class StageContext:
         inputs: upstream artifact directories by stage name.
         layout: the runs folder (source cache, Optuna storage, resumable scratch space).
         key: this stage's artifact key (names scratch checkpoints and Optuna studies).
+        key_config: the config the key was computed from (``StageDef.key_config``), with anything resolved for it
+            (the sources' Debian releases); empty outside the pipeline.
         experiment: the experiment name.
         seed: the experiment seed.
+        torch_threads: intra-op CPU threads of this process.
+        threads: the thread policy the run chose (``infra.threads``), which a launcher splits among its workers;
+            None: ``torch_threads`` from the experiment config.
         log_metrics: metrics at an explicit step to this stage's MLflow run (step unit stated by the caller).
         log_child: one nested MLflow run under this stage (name, params, metric rows each with a "step").
         progress: progress bars.
@@ -50,8 +56,10 @@ class StageContext:
     layout: RunsLayout
     key: str
     experiment: str
+    key_config: Mapping[str, Any] = field(default_factory=dict)
     seed: int = 0
     torch_threads: int = 2
+    threads: ThreadPolicy | None = None
     log_metrics: MetricsFn = field(default=lambda metrics, step: None)
     log_child: ChildFn = field(default=lambda name, params, rows: None)
     progress: Progress = field(default_factory=Progress)

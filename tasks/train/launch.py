@@ -27,6 +27,7 @@ import yaml
 
 from infra.errors import ConfigError, TrainingError
 from infra.stage import Progress
+from infra.threads import ThreadPolicy, apply_wait_policy, worker_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.5
@@ -68,8 +69,12 @@ def launch_command(job_path: Path, config_path: Path, processes: int) -> list[st
     return [*cmd, "-m", "tasks.train.launch", str(job_path)]
 
 
-def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], progress: Progress) -> dict:
+def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], progress: Progress,
+           threads: ThreadPolicy | None = None) -> dict:
     """Run ``job`` (a ``stage.MainJob``) on ``dist.processes`` workers and return rank 0's run summary.
+
+    Each worker trains with ``threads`` (its share of the run's threads; default ``job.torch_threads`` under the
+    default wait policy), given to it as ``OMP_NUM_THREADS`` / ``OMP_WAIT_POLICY``.
 
     Raises:
         ConfigError: the accelerate config is missing or malformed.
@@ -82,8 +87,8 @@ def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], pro
     metrics_path, log_path = folder / "metrics.jsonl", folder / "workers.log"
     metrics_path.write_text("")
     cmd = launch_command(job_path, config_path, dist.processes)
-    threads = max(1, job.torch_threads // dist.processes)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PRETRAIN_METRICS_FILE": str(metrics_path),
+    threads = threads or ThreadPolicy(job.torch_threads, "config", *apply_wait_policy())
+    env = {**worker_environment(threads), "PRETRAIN_METRICS_FILE": str(metrics_path),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     print(f"main: launching {dist.processes} process(es) ({dist.strategy}) with {config_path.name}; "
           f"worker log {log_path}")

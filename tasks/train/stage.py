@@ -37,6 +37,7 @@ from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_
                                 make_sampler, run_training, seed_everything, StepProgress)
 from models.planning import require_fit
 from tasks.train.sections import MainConfig
+from infra.threads import ThreadPolicy, apply_wait_policy
 from tasks.tokenizer.config import PackingConfig
 from tasks.tokenizer.stage import packing_report
 
@@ -51,7 +52,7 @@ class MainJob:
     scratch: str
     inputs: dict[str, str]
     seed: int
-    torch_threads: int
+    torch_threads: int  # intra-op threads of each process
     cfg: dict
     sources: list[str]
     max_epochs: float
@@ -83,7 +84,10 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     if cfg.distributed.launch == "accelerate":
         from tasks.train.launch import launch
 
-        return launch(job, cfg.distributed, log_metrics=ctx.log_metrics, progress=ctx.progress)
+        threads = ctx.threads or ThreadPolicy(ctx.torch_threads, "config", *apply_wait_policy())
+        worker = threads.split(cfg.distributed.processes)  # the run's threads, shared among its workers
+        job.torch_threads = worker.torch_threads
+        return launch(job, cfg.distributed, log_metrics=ctx.log_metrics, progress=ctx.progress, threads=worker)
     return train_main(job, log_metrics=ctx.log_metrics, progress=ctx.progress)
 
 
@@ -96,7 +100,7 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
     main_rank = accelerator is None or accelerator.is_main_process
     processes = 1 if accelerator is None else accelerator.num_processes
     dist = cfg.distributed
-    seed_everything(job.seed, max(1, job.torch_threads // processes))
+    seed_everything(job.seed, job.torch_threads)  # per process: a launcher has split the run's threads
     corpus = TokenizedCorpus(Path(job.inputs["tokenizer"]))
     choice = load_choice(Path(job.inputs["mixture"]))
     model_cfg = cfg.model.build(corpus.vocab_size)

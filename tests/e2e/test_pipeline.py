@@ -67,6 +67,10 @@ def test_mlflow_has_nested_stage_runs_and_registered_model(smoke_runs):
         assert sorted(r.data.tags["stage"] for r in children) == sorted(STAGE_NAMES)
         assert all(r.data.tags.get("artifact_key") for r in children)
         assert parent.data.tags.get("gate_hash")
+        # The thread policy is a deliberate, recorded choice (infra.threads); the suite exports neither variable.
+        assert parent.data.params["omp_wait_policy"] == "PASSIVE"
+        assert parent.data.params["omp_wait_policy_source"] == "default"
+        assert int(parent.data.params["torch_threads"]) >= 1
     second = max(parents, key=lambda r: r.info.start_time)
     cached_children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == second.info.run_id]
     first_ids = {r.info.run_id for r in all_runs if r.data.tags.get("mlflow.parentRunId") != second.info.run_id}
