@@ -657,8 +657,13 @@ def main() -> None:
             campaign.round(number, rounds.pop(0))
             print(f"round {number}: killed in {', '.join(f.landed for f in campaign.faults[before:])}; "
                   f"mismatches so far {len(campaign.mismatches)}")
-            missing = args.trials - sum(f.kind == RANDOM_KILL for f in campaign.faults)
-            if not rounds and missing > 0 and not campaign.problems:  # kills that came too late or were skipped
+            # A soak counts only the kills that landed inside its stage (one that came after the commit does not).
+            missing = args.trials - sum(f.kind == RANDOM_KILL and (args.stage is None or f.landed == args.stage)
+                                        for f in campaign.faults)
+            if number >= 5 * args.trials:
+                campaign.problems.append(f"only {args.trials - missing} of {args.trials} kills landed where aimed "
+                                         f"after {number} rounds")
+            elif not rounds and missing > 0 and not campaign.problems:  # kills that came too late or were skipped
                 rounds = plan(missing)
         if args.stage in (None, "main"):
             harness.until = None  # the targeted faults run through CPT

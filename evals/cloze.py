@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from infra.errors import DataError
+from infra.jsonl import jsonl_lines
 
 # Shape legend: B = options of one item, T = tokens fed to the model, V = vocabulary size.
 
@@ -146,7 +147,7 @@ def load_cloze_items(path: Path) -> list[ClozeItem]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise DataError(f"{path} is not UTF-8 text ({err}); save the item file as UTF-8") from err
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    for line_no, line in jsonl_lines(text):  # "\n" only: U+2028 may sit raw in a JSON string
         if not line.strip():
             continue
         try:

@@ -166,7 +166,7 @@ def fetch(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
 
         for name, src in cfg.sources.items():
             if src.kind == "deb":
-                pkg = fetch_deb(src.package, layout.source_cache)
+                pkg = fetch_deb(src.package, layout.source_cache, src.version)
                 console.print(f"{name}: {pkg.package} {pkg.version} → {pkg.root}")
     except PretrainError as err:
         _fail(err)

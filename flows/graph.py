@@ -40,15 +40,25 @@ def cloze_paths(cfg: ExperimentConfig) -> list[Path]:
 
 
 def _sources(cfg):
-    """Source configs, plus a fingerprint (path, size, mtime) of local files so edited inputs rerun the chain."""
+    """Source configs plus what determines their content, so a key names one content only.
+
+    Debian sources: the release the apt package lists resolve now (version, architecture, .deb SHA256; offline,
+    ``tasks.sources.deb.resolve_debs``) instead of the pin, so a moved archive is a new key and pinning the version
+    already used keeps the key. Local files: a digest of each matched file's relative path, size and bytes
+    (metadata such as mtimes can stay the same while bytes change, as with ``cp -p`` or ``touch -r``).
+    """
+    from tasks.sources import deb
     from tasks.sources.read import match_files
 
+    releases = deb.resolve_debs((s.package, s.version) for s in cfg.sources.values() if s.kind == "deb")
     keyed = {}
     for name, src in cfg.sources.items():
-        keyed[name] = src.model_dump()
-        if src.kind == "local":
+        keyed[name] = src.model_dump(exclude={"version"})
+        if src.kind == "deb":
+            keyed[name]["resolved"] = releases[(src.package, src.version)].key_fields()
+        else:
             files = match_files(src.include, None)
-            keyed[name]["files"] = _file_digest_list([(rel, p.stat().st_size, p.stat().st_mtime_ns) for rel, p in files])
+            keyed[name]["files"] = _file_digest_list([(rel, p.stat().st_size, _content_digest(p)) for rel, p in files])
     return keyed
 
 
@@ -56,9 +66,21 @@ def _file_digest_list(rows: list) -> str:
     return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
 
 
+def _content_digest(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
 def _run_sources(ctx, cfg):
+    """Fetch the Debian releases the key was computed from (``ctx.key_config``), never ones resolved again later;
+    without a key config (library use) they are resolved now."""
+    from tasks.sources.deb import DebRelease
     from tasks.sources.stage import run
-    return run(ctx, cfg.sources)
+
+    keyed = (ctx.key_config or {}).get("sources", {})
+    releases = {name: DebRelease(package=src.package, **keyed[name]["resolved"])
+                for name, src in cfg.sources.items() if src.kind == "deb" and "resolved" in keyed.get(name, {})}
+    return run(ctx, cfg.sources, releases=releases)
 
 
 def eval_items(cfg: ExperimentConfig):

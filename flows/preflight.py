@@ -1,8 +1,9 @@
 """Checks that need no Prefect, MLflow or training: run before anything starts, so a bad run fails in seconds.
 
 Covers what config validation cannot see on its own: ``--refresh`` stage names, the cloze file the gate
-reads, local sources whose include patterns match no file, decontamination files that match nothing, and a gate
-edited after decisions were made.
+reads, local sources whose include patterns match no file, Debian sources the apt package lists cannot resolve
+(an unknown package, a pinned version the archive no longer has), decontamination files that match nothing, and a
+gate edited after decisions were made.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from flows.graph import STAGE_NAMES, cloze_paths
 from flows.gates import check_gate
 from infra.errors import ConfigError
 from infra.warehouse import Warehouse
+from tasks.sources.deb import resolve_debs
 from tasks.sources.read import match_files
 
 
@@ -33,6 +35,8 @@ def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: War
     for name, source in cfg.sources.items():
         if source.kind == "local":
             match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches
+    # The sources key needs every Debian release resolved; on a machine without package lists this fetches them.
+    resolve_debs(((s.package, s.version) for s in cfg.sources.values() if s.kind == "deb"), update_lists=True)
     for pattern in cfg.corpus.decontamination.eval_files:  # else the corpus stage fails after reading every source
         if not glob.glob(pattern, recursive=True):
             raise ConfigError(f"corpus.decontamination.eval_files: {pattern!r} matches no file (relative paths are "

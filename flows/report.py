@@ -30,7 +30,7 @@ from flows.plots import funnel_counts, stage_plots, training_history
 from flows.status import StageStatus, stage_statuses
 from flows.summary import _fmt, _table, decision_frame, funnel_frame, inconclusive_lines
 from infra.errors import ConfigError
-from infra.runs import RunsLayout
+from infra.runs import RunsLayout, ensure_folder
 from infra.warehouse import Warehouse
 
 FORMATS = ("md", "html")
@@ -92,7 +92,7 @@ def build_report(cfg: ExperimentConfig, layout: RunsLayout, plots_dir: Path) -> 
     if report.missing:
         blocks.append(Text(f"**Missing stages:** {', '.join(report.missing)}. Their sections are left out; "
                            "`pretrain run CONFIG` computes them (`pretrain status CONFIG --explain` says why)."))
-    plots_dir.mkdir(parents=True, exist_ok=True)
+    ensure_folder(plots_dir, fix="choose another --out or --runs-dir")
     sections = [("corpus", _corpus), ("tokenizer", _tokenizer), ("mixture", _mixture), ("sweep", _sweep),
                 ("main", _main), ("cpt", _cpt), ("gate", _gate)]
     for stage, section in sections:
@@ -412,10 +412,11 @@ def write_report(report: Report, out: Path, formats: tuple[str, ...] = FORMATS) 
 
     Raises:
         ConfigError: a format other than ``md`` or ``html``.
+        RunsFolderError: ``out`` or a folder above it is a file.
     """
     for fmt in formats:
         resolve_formats(fmt)
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_folder(out, fix="choose another --out or --runs-dir")
     written = []
     if "md" in formats:
         path = out / "report.md"

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from infra.errors import ConfigError, PretrainError
-from infra.runs import RunsLayout
+from infra.runs import RunsLayout, ensure_folder
 
 LOOPBACK = "127.0.0.1"
 
@@ -51,7 +51,7 @@ def start_local_server(layout: RunsLayout, port: int, *, timeout_s: float = 180.
         if probe.connect_ex((LOOPBACK, port)) == 0:
             raise ConfigError(f"--port {port}: something already listens on {LOOPBACK}:{port}; choose a free port, or "
                               f"point PREFECT_API_URL at that server if it is a Prefect server")
-    layout.prefect_home.mkdir(parents=True, exist_ok=True)
+    ensure_folder(layout.prefect_home)
     log_path = layout.prefect_home / "server.log"
     env = {**os.environ, "PREFECT_HOME": str(layout.prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)

@@ -1,9 +1,11 @@
 """What a rerun would do, and why: every stage's artifact key computed from the config alone, whether a complete
 artifact exists for it, and — when not — how it differs from the nearest artifact already in the store.
 
-Keys depend only on config fields, input keys and code (``infra.artifacts.artifact_key``), never on outputs, so
-the whole chain's keys are known before anything runs. "Nearest" is the stored artifact of the same stage with the
-fewest differing items (config leaves, input keys, code version); its differences are the explanation.
+Keys depend only on config fields (with what the sources resolve to: Debian releases from the local apt package
+lists, local files' bytes), input keys and code (``infra.artifacts.artifact_key``), never on outputs, so the whole
+chain's keys are known before anything runs, and nothing is downloaded to know them. "Nearest" is the stored
+artifact of the same stage with the fewest differing items (config leaves, input keys, code version); its
+differences are the explanation.
 """
 
 from __future__ import annotations
@@ -42,12 +44,41 @@ def _leaves(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix: canonical_json(value)}
 
 
+def _release_changes(old: dict, new: dict) -> tuple[list[str], set[str]]:
+    """``sources: PACKAGE OLD → NEW (source names)`` for each Debian package whose resolved release differs (the
+    archive moved, or the pin changed), and the config leaves those lines stand for."""
+    old_sources, new_sources = old.get("sources"), new.get("sources")
+    if not isinstance(old_sources, dict) or not isinstance(new_sources, dict):
+        return [], set()
+    changes: dict[tuple[str, str, str], list[str]] = {}
+    covered: set[str] = set()
+    for name, src in new_sources.items():
+        was = old_sources.get(name)
+        if not isinstance(src, dict) or "resolved" not in src or not isinstance(was, dict):
+            continue
+        a, b = was.get("resolved") or {}, src["resolved"]
+        if a == b:
+            continue
+        covered.update(f"sources.{name}.resolved.{field}" for field in set(a) | set(b))
+        if a.get("version") != b.get("version"):
+            before, after = a.get("version", "(not recorded)"), b["version"]
+        elif a.get("architecture") != b.get("architecture"):
+            before, after = f"{a['version']} {a['architecture']}", f"{b['version']} {b['architecture']}"
+        else:  # the same version rebuilt: only the file's checksum tells them apart
+            before = f"{a.get('version')} (sha256 {str(a.get('sha256'))[:12]})"
+            after = f"{b['version']} (sha256 {b['sha256'][:12]})"
+        changes.setdefault((str(src.get("package")), before, after), []).append(name)
+    lines = [f"sources: {package} {before} → {after} (source {', '.join(names)})"
+             for (package, before, after), names in sorted(changes.items())]
+    return lines, covered
+
+
 def _differences(old: dict, new: dict) -> list[str]:
     """Human lines for every differing item between a stored artifact's meta and the wanted one."""
-    lines = []
+    lines, covered = _release_changes(old.get("config", {}), new["config"])
     old_cfg, new_cfg = _leaves(old.get("config", {})), _leaves(new["config"])
     for path in sorted(set(old_cfg) | set(new_cfg)):
-        if old_cfg.get(path) != new_cfg.get(path):
+        if old_cfg.get(path) != new_cfg.get(path) and path not in covered:
             lines.append(f"config {path}: {old_cfg.get(path, '(absent)')} → {new_cfg.get(path, '(absent)')}")
     for name in sorted(set(old.get("input_keys", {})) | set(new["input_keys"])):
         a, b = old.get("input_keys", {}).get(name), new["input_keys"].get(name)

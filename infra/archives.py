@@ -4,19 +4,43 @@ outside the destination.
 Tar archives go through the standard library's ``data`` extraction filter (PEP 706), which refuses absolute paths,
 ``..`` components, links that point outside the destination, and device files; zip archives are checked member by
 member with the same rules (zip has no links to follow, but names can still climb). A refused archive raises
-``SourceError`` naming the member and leaves nothing behind in the destination.
+``SourceError`` naming the member and leaves nothing behind in the destination; so does a damaged one (truncated or
+corrupt compressed data, encrypted zip members, an unknown zip compression method).
+
+``unpack_cached`` unpacks an archive once into a folder named by the SHA-256 of its bytes, so the same content is
+found again whatever the archive's name, path or mtime.
 """
 
 from __future__ import annotations
 
+import hashlib
+import lzma
 import os
 import shutil
 import tarfile
+import tempfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from infra.errors import SourceError
+from infra.runs import ensure_folder
+
+# Names (any case) read as archives: tar, optionally gzip/xz/bzip2-compressed, and zip.
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".zip")
+# What the decompressors raise on damaged data (zlib for gzip/deflate, lzma for xz, EOFError when data ends early).
+_DAMAGED = (EOFError, zlib.error, lzma.LZMAError)
+
+
+def is_archive(path: Path) -> bool:
+    """True for file names ending in one of ``ARCHIVE_SUFFIXES`` (any case)."""
+    return Path(path).name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def _damaged_os_error(err: OSError) -> bool:
+    # gzip's BadGzipFile and bz2's "Invalid data stream" are OSErrors without an errno; real I/O errors have one.
+    return err.errno is None
 
 
 def _refuse(archive: str, member: str, why: str) -> SourceError:
@@ -53,9 +77,14 @@ def extract_tar(source: Path | IO[bytes], destination: Path, *, name: str | None
                     continue
                 archive.extract(checked, staging, filter="data")
                 names.append(member.name)
-    except tarfile.TarError as err:
+    except (tarfile.TarError, *_DAMAGED) as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise SourceError(f"{label}: not a readable tar archive ({err})") from err
+        raise SourceError(f"{label}: not a readable tar archive ({type(err).__name__}: {err})") from err
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        if _damaged_os_error(err):
+            raise SourceError(f"{label}: not a readable tar archive ({type(err).__name__}: {err})") from err
+        raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -81,8 +110,9 @@ def extract_zip(source: Path, destination: Path) -> list[str]:
     """Extract a zip archive into ``destination``; return the member names written.
 
     Raises:
-        SourceError: a member name is absolute (``/x``, ``C:\\x``) or climbs out with ``..``, or the file is not a
-            zip archive. ``destination`` is then left as it was.
+        SourceError: a member name is absolute (``/x``, ``C:\\x``) or climbs out with ``..``, the file is not a
+            zip archive, or a member is damaged, encrypted or compressed with a method Python cannot read.
+            ``destination`` is then left as it was.
     """
     destination = Path(destination)
     try:
@@ -102,8 +132,9 @@ def extract_zip(source: Path, destination: Path) -> list[str]:
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-    except zipfile.BadZipFile as err:
-        raise SourceError(f"{source}: not a readable zip archive ({err})") from err
+    # zipfile raises RuntimeError for an encrypted member and NotImplementedError for an unknown compression method.
+    except (zipfile.BadZipFile, RuntimeError, NotImplementedError, *_DAMAGED) as err:
+        raise SourceError(f"{source}: not a readable zip archive ({type(err).__name__}: {err})") from err
     _move_into(staging, destination)
     return [m.filename for m in members]
 
@@ -120,3 +151,48 @@ def _move_into(staging: Path, destination: Path) -> None:
                 shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
             shutil.move(str(item), str(target))
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def extract_archive(source: Path, destination: Path) -> list[str]:
+    """``extract_zip`` for ``*.zip`` names, else ``extract_tar`` (compression detected from the bytes).
+
+    Raises:
+        SourceError: as ``extract_tar`` / ``extract_zip``.
+    """
+    source = Path(source)
+    if source.name.lower().endswith(".zip"):
+        return extract_zip(source, destination)
+    return extract_tar(source, destination)
+
+
+def archive_digest(path: Path) -> str:
+    """SHA-256 (hex) of the file's bytes."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def unpack_cached(source: Path, cache_dir: Path) -> Path:
+    """Unpack ``source`` into ``cache_dir/<SHA-256 of its bytes>/`` unless already there; return that folder.
+
+    The folder appears by one rename once every member is written, so a crash or a refused archive never leaves a
+    partial one, and concurrent runs unpacking the same archive agree on the result.
+
+    Raises:
+        SourceError: as ``extract_archive``; nothing is left under ``cache_dir``.
+        RunsFolderError: a file is in the way of ``cache_dir``.
+    """
+    target = Path(cache_dir) / archive_digest(source)
+    if target.is_dir():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}.", dir=ensure_folder(cache_dir)))
+    try:
+        extract_archive(source, tmp / "members")
+        (tmp / "members").mkdir(exist_ok=True)  # an archive without members is an empty folder
+        try:
+            os.rename(tmp / "members", target)
+        except OSError:
+            if not target.is_dir():  # another process may have won the rename; otherwise a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 from filelock import FileLock, Timeout
 
 from infra.errors import ConfigError, DiskFullError
+from infra.runs import ensure_folder
 
 MARKER = "_COMPLETE"
 META = "meta.json"
@@ -132,10 +133,10 @@ class ArtifactStore:
         The lease is an OS file lock (``flock``) on ``<runs>/locks/<stage>/<key>.lock``, beside the artifacts rather
         than among them: a killed holder releases it with its process, so a crash never leaves a stale lock.
         ``on_wait`` is called once when another process holds it. Callers re-check ``get`` after entering: the
-        holder may have finished the artifact meanwhile.
+        holder may have finished the artifact meanwhile. Raises ``RunsFolderError`` when a file is in the way of the
+        lock's folder.
         """
-        folder = self.root.parent / "locks" / stage
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = ensure_folder(self.root.parent / "locks" / stage)
         lock = FileLock(str(folder / f"{key}.lock"))
         try:
             lock.acquire(timeout=0)
@@ -148,9 +149,10 @@ class ArtifactStore:
             lock.release()
 
     def begin(self, stage: str, key: str) -> Path:
-        """A fresh temporary directory to write a stage's outputs into."""
-        tmp = self.root / stage / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
+        """A fresh temporary directory to write a stage's outputs into; ``RunsFolderError`` when a file is in the
+        way of the stage's folder."""
+        tmp = ensure_folder(self.root / stage) / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
         return tmp
 
     def commit(self, stage: str, key: str, tmp: Path, meta: dict[str, Any]) -> Artifact:

@@ -16,6 +16,17 @@ class ConfigError(PretrainError, ValueError):
     """
 
 
+class RunsFolderError(ConfigError, NotADirectoryError):
+    """A path the run needs as a folder inside the runs folder (or the runs folder itself) is a file, or cannot be
+    created: names the path and the fix (remove or rename the file, or choose another ``--runs-dir``). A
+    ``NotADirectoryError`` too, so callers that catch the raw ``OSError`` keep working."""
+
+
+class ConfigWarning(UserWarning):
+    """A config that loads but probably does not do what was meant (work computed and never used, a threshold the
+    method cannot reach): names the fields, the figures and the fix. Issued with ``warnings.warn`` at load."""
+
+
 class DataError(PretrainError):
     """Input data cannot be read or violates a stage-boundary expectation."""
 

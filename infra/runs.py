@@ -1,6 +1,7 @@
 """The runs folder: everything a pipeline run writes lives under one root.
 
-Default ``./runs``; overridden by ``--runs-dir`` or the ``PRETRAIN_RUNS_DIR`` environment variable.
+Default ``./runs``; overridden by ``--runs-dir`` or the ``PRETRAIN_RUNS_DIR`` environment variable. Folders inside
+it are made with ``ensure_folder``, so a file where a folder belongs is one ``RunsFolderError`` naming that path.
 """
 
 from __future__ import annotations
@@ -9,10 +10,35 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, RunsFolderError
 
 RUNS_ENV = "PRETRAIN_RUNS_DIR"
 TRACKING_ENV = "PRETRAIN_TRACKING_URI"
+
+
+def ensure_folder(path: str | Path, *, fix: str = "choose another --runs-dir") -> Path:
+    """Make ``path`` a folder (parents included) unless it already is one; return it as a ``Path``.
+
+    ``fix`` ends the message after "remove or rename the file, or" (another option when the folder was given by
+    one, e.g. ``--out``).
+
+    Raises:
+        RunsFolderError: ``path`` or a folder above it is a file or a broken link (the message names that path),
+            or it cannot be created (permissions, read-only disk).
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if (p.exists() or p.is_symlink()) and not p.is_dir()), path)
+        what = "a broken link" if blocker.is_symlink() and not blocker.exists() else "a file"
+        needed = "" if blocker == path else f" (to make {path})"
+        raise RunsFolderError(f"{blocker}: {what} is in the way where the run needs a folder{needed}; remove or "
+                              f"rename the file, or {fix}") from None
+    except OSError as err:
+        raise RunsFolderError(f"folder {path} cannot be created ({err.strerror}); fix the permissions of the "
+                              f"folder above it, or {fix}") from None
+    return path
 
 
 @dataclass(frozen=True)
@@ -63,20 +89,30 @@ class RunsLayout:
     def source_cache(self) -> Path:
         return self.root / "cache" / "sources"
 
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """Every folder the platform writes directly under the runs folder (README "Where things go"; the mixture
+        stage's proxy results go to ``cache/proxies``)."""
+        return (self.root, self.mlflow_artifacts, self.artifacts, self.prefect_home, self.optuna,
+                self.root / "cache", self.source_cache, self.root / "cache" / "proxies", self.root / "scratch",
+                self.root / "audit", self.root / "locks", self.root / "reports")
+
     def prepare_environment(self) -> None:
         """Point Prefect and MLflow at this folder. Must run before ``prefect`` is imported.
 
+        Checks every path of ``folders`` first, so a file in the way fails now rather than in the stage that
+        needs the folder.
+
         Raises:
-            ConfigError: the runs folder is a file, cannot be created, or is not writable.
+            RunsFolderError: the runs folder or one of ``folders`` is a file, or cannot be created (a
+                ``ConfigError``).
+            ConfigError: the runs folder is not writable.
         """
-        try:
-            for path in (self.root, self.prefect_home, self.optuna, self.artifacts):
-                path.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ConfigError(f"runs folder {self.root}: a file is in the way; choose another --runs-dir") from None
-        except OSError as err:
-            raise ConfigError(f"runs folder {self.root} cannot be created ({err.strerror}); choose another "
-                              "--runs-dir or PRETRAIN_RUNS_DIR") from None
+        for path in self.folders:
+            if (path.exists() or path.is_symlink()) and not path.is_dir():
+                ensure_folder(path)  # raises, naming the path
+        for path in (self.root, self.prefect_home, self.optuna, self.artifacts):
+            ensure_folder(path)
         if not os.access(self.root, os.W_OK) or not os.access(self.prefect_home, os.W_OK):
             raise ConfigError(f"runs folder {self.root} is not writable; fix its permissions or choose another "
                               "--runs-dir (read-only folders can still be inspected with `pretrain status`)")

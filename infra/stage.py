@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from infra.parallel import ShardMap, sequential_map
-from infra.runs import RunsLayout
+from infra.runs import RunsLayout, ensure_folder
 from infra.threads import ThreadPolicy
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
@@ -67,7 +67,6 @@ class StageContext:
 
     @property
     def scratch(self) -> Path:
-        """Per-key scratch folder that survives a crash (resumable checkpoints); removed by the caller on success."""
-        path = self.layout.root / "scratch" / self.out.parent.name / self.key
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        """Per-key scratch folder that survives a crash (resumable checkpoints); removed by the caller on success.
+        Raises ``RunsFolderError`` when a file is in its way."""
+        return ensure_folder(self.layout.root / "scratch" / self.out.parent.name / self.key)

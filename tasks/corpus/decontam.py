@@ -140,6 +140,7 @@ def load_eval_files(patterns: Sequence[str]) -> list[EvalItem]:
     import glob
 
     from infra.errors import DataError
+    from infra.jsonl import jsonl_lines
 
     items: list[EvalItem] = []
     for pattern in patterns:
@@ -149,7 +150,7 @@ def load_eval_files(patterns: Sequence[str]) -> list[EvalItem]:
         for path in map(Path, paths):
             text = path.read_text(encoding="utf-8", errors="replace")
             if path.suffix == ".jsonl":
-                for n, line in enumerate(text.splitlines(), 1):
+                for n, line in jsonl_lines(text):  # "\n" only: U+2028 may sit raw in a JSON string
                     if not line.strip():
                         continue
                     try:

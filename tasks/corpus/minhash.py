@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tasks.corpus.config import MinHashConfig
+from tasks.corpus.config import MinHashConfig, lsh_candidate_probability, lsh_threshold  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +80,7 @@ USE_NUMBA = HAVE_NUMBA
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Candidate probabilities (SPEC §7)
-
-
-def lsh_candidate_probability(s: float, bands: int, rows: int) -> float:
-    """P(pair with Jaccard ``s`` shares at least one band) = 1 − (1 − s^rows)^bands (SPEC §7)."""
-    return 1.0 - (1.0 - s**rows) ** bands
-
-
-def lsh_threshold(bands: int, rows: int) -> float:
-    """Similarity where the candidate S-curve is steepest, ≈ (1/bands)^(1/rows) (SPEC §7)."""
-    return (1.0 / bands) ** (1.0 / rows)
+# Candidate probabilities: lsh_candidate_probability and lsh_threshold live beside the config they check
 
 
 def s_curve(bands: int, rows: int, points: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9)) -> list[tuple[float, float]]:

@@ -24,7 +24,7 @@ from infra.stage import StageContext
 from tasks.corpus.build import STAGES, curate, split_sources
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.decontam import EvalItem
-from tasks.corpus.minhash import lsh_threshold, s_curve
+from tasks.corpus.minhash import s_curve
 
 MANIFEST_VERSION = 2
 
@@ -93,7 +93,9 @@ def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, k
     """The corpus manifest (SPEC §7: per component source, snapshot, licence, filters, counts) and its hash.
 
     Per source: documents and characters in/out of every stage, removals by rule, repairs by fix name, PII
-    placeholders, boilerplate lines cut, near-dedup clusters and decontamination hits. Token counts are added by
+    placeholders, boilerplate lines cut, near-dedup clusters and decontamination hits. Corpus-wide ``near_dedup``:
+    the LSH threshold, S-curve, unused signature values, candidate probability at ``jaccard_threshold`` and the
+    config's warnings (``MinHashConfig.lsh_figures``, ``lsh_warnings``). Token counts are added by
     the tokenizer stage (tokens do not exist before it). ``manifest_hash`` is the SHA-256 of the manifest without it.
     """
     funnel = result.funnel
@@ -132,7 +134,7 @@ def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, k
         "version": MANIFEST_VERSION, "stages": STAGES, "sources": sources,
         "boilerplate_units": int(len(result.boilerplate)),
         "near_dedup": {**result.near.get("_all", {}),
-                       "implied_threshold": lsh_threshold(cfg.near_dedup.bands, cfg.near_dedup.rows),
+                       **cfg.near_dedup.lsh_figures(), "warnings": cfg.near_dedup.lsh_warnings(),
                        "s_curve": [[s, p] for s, p in s_curve(cfg.near_dedup.bands, cfg.near_dedup.rows)]},
         "eval_sets": sorted({item.set_name for item in eval_items}),
         "eval_items": len(eval_items),

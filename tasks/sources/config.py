@@ -15,6 +15,8 @@ from infra.section import Section
 _NAME_RE = re.compile(r"^[a-z0-9_]+$")
 # Debian Policy §5.6.1: lower case letters, digits, + - . ; at least two characters; starts alphanumeric.
 _DEB_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+# Debian Policy §5.6.12: [epoch:]upstream_version[-debian_revision]; the upstream part starts with a digit.
+_DEB_VERSION_RE = re.compile(r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*$")
 
 
 def check_package_name(package: str) -> str:
@@ -31,6 +33,22 @@ def check_package_name(package: str) -> str:
     return package
 
 
+def check_version(version: str) -> str:
+    """Return ``version`` unchanged if it is a Debian package version (Debian Policy §5.6.12).
+
+    Raises:
+        ConfigError: not ``[epoch:]upstream_version[-debian_revision]`` (epoch digits, upstream starting with a
+            digit and made of letters, digits and ``.+~-``, a revision of letters, digits and ``.+~``).
+    """
+    # The revision is what follows the last hyphen, so a trailing hyphen leaves it empty.
+    if not _DEB_VERSION_RE.match(version) or version.endswith("-"):
+        raise ConfigError(
+            f"version={version!r} is not a Debian package version: use [epoch:]upstream[-revision] with letters, "
+            "digits and '.+~-', the upstream part starting with a digit (e.g. '3.11.2-6+deb12u8' or '1:1.99.1-7.3')"
+        )
+    return version
+
+
 class SourceConfig(Section):
     """One source of documents.
 
@@ -38,8 +56,11 @@ class SourceConfig(Section):
         name: source name, ``^[a-z0-9_]+$`` (the TOML table key); prefix of every ``doc_id``.
         kind: ``"deb"`` (fetched with apt-get) or ``"local"`` (files on disk).
         package: Debian package name; required for ``deb``, must be unset for ``local``.
-        include: glob patterns (``**`` allowed); for ``deb`` relative to the unpacked package root, for ``local``
-            absolute or relative to the working directory.
+        version: Debian package version to fetch (``deb`` only); unset: the candidate version of the apt package
+            lists, resolved each time the key is computed, so a moved archive is a new key.
+        include: glob patterns (``**`` allowed) or folders (every file under them); for ``deb`` relative to the
+            unpacked package root, for ``local`` absolute or relative to the working directory. A ``local`` source
+            reads the members of the archives it matches (.tar, .tar.gz/.tgz, .tar.xz, .tar.bz2, .zip) as files.
         format: how to split files into documents; ``auto`` picks by file extension (``warc`` for
             ``*.warc``/``*.warc.gz``, e.g. Common Crawl files).
         text_field: the text column/key for ``jsonl`` and ``parquet``.
@@ -51,6 +72,7 @@ class SourceConfig(Section):
     name: str
     kind: Literal["deb", "local"]
     package: str | None = None
+    version: str | None = None
     include: list[str]
     format: Literal["auto", "html", "warc", "text", "fortune", "jsonl", "parquet"] = "auto"
     text_field: str = "text"
@@ -79,6 +101,11 @@ class SourceConfig(Section):
     def _check_package(cls, v: str | None) -> str | None:
         return None if v is None else check_package_name(v)
 
+    @field_validator("version")
+    @classmethod
+    def _check_version(cls, v: str | None) -> str | None:
+        return None if v is None else check_version(v)
+
     @field_validator("include")
     @classmethod
     def _check_include(cls, v: list[str]) -> list[str]:
@@ -99,4 +126,6 @@ class SourceConfig(Section):
             raise ConfigError(f"source {self.name!r}: kind='deb' needs package='<debian package name>'")
         if self.kind == "local" and self.package is not None:
             raise ConfigError(f"source {self.name!r}: package={self.package!r} is only for kind='deb'; remove it")
+        if self.kind != "deb" and self.version is not None:
+            raise ConfigError(f"source {self.name!r}: version={self.version!r} is only for kind='deb'; remove it")
         return self

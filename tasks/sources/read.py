@@ -11,8 +11,17 @@ Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → ht
 - text: one document per file, UTF-8 (a file that is not UTF-8 is rejected).
 - fortune: BSD fortune files, one document per entry between lines that are exactly ``%``; ANSI colour escapes
   stripped; ``*.dat`` index files and symlinked duplicates (``*.u8``) skipped.
-- jsonl: one document per line, text under ``text_field``.
+- jsonl: one document per line, text under ``text_field``; lines end at ``\n`` only (JSON Lines), so U+2028,
+  U+2029 or U+0085 written raw inside a JSON string stay in their record (``infra.jsonl``).
 - parquet: one document per row of column ``text_field``.
+
+A local source's ``include`` may name a folder (every file under it, hidden ones too, recursively, in sorted
+order; symlinked folders are not followed) and archives (``infra.archives.ARCHIVE_SUFFIXES``: .tar, .tar.gz/.tgz,
+.tar.xz, .tar.bz2, .zip). An archive is unpacked by the safe extractor (``infra.archives``) into
+``<cache_dir>/archives/<SHA-256 of its bytes>/`` once, and its members are read like files in sorted order, with
+the format chosen per member; their relative path is ``<archive>!<member>`` (ids ``<source>/<archive>!<member>``,
+then ``#<n>`` as for a file). Archives inside an archive are read as files; an archive without files is one
+reject row (``read.empty_archive``).
 
 Every document records how its bytes became text (``encoding``, ``encoding_from``: bom/declared/utf8/detected/
 fallback) and the damage repaired: ``num_replaced`` (undecodable bytes and lone surrogates → U+FFFD) and
@@ -32,9 +41,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infra.archives import is_archive, unpack_cached
 from infra.errors import SourceError
+from infra.jsonl import jsonl_lines
 from tasks.sources.config import SourceConfig
-from tasks.sources.deb import fetch_deb
+from tasks.sources.deb import DebRelease, fetch_deb
 from tasks.sources.encoding import Decoded, Rejected, decode_html, scrub
 from tasks.sources.warc import WarcPage, WarcProblem, is_warc, iter_warc
 
@@ -83,20 +94,23 @@ class _Acc:
         return self.cfg.max_docs is not None and len(self.docs) >= self.cfg.max_docs
 
 
-def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
+def read_source(cfg: SourceConfig, cache_dir: Path, release: DebRelease | None = None) -> SourceDocs:
     """Read every file ``cfg.include`` matches into documents.
 
     ``snapshot`` is the package version (deb) or, for local files, "local-" + the first 12 hex digits of the
     sha256 of the matched files' paths, sizes and mtimes. Files are read in sorted relative-path order, so
-    ``max_docs`` keeps a deterministic prefix.
+    ``max_docs`` keeps a deterministic prefix. A Debian source fetches ``release`` when given (the one its
+    artifact key names), else ``cfg.version`` or the candidate resolved now.
 
     Raises:
-        SourceError: no file matches the patterns, a parquet file lacks ``text_field``, or the package cannot
-            be fetched (see ``fetch_deb``). Damaged content (bad bytes, bad JSON, broken Parquet or WARC files)
-            never raises: it becomes reject rows.
+        SourceError: no file matches the patterns, a parquet file lacks ``text_field``, the package cannot
+            be fetched (see ``fetch_deb``), or an archive is refused by the safe extractor or cannot be read (the
+            message names the source, the archive and any refused member). Damaged content (bad bytes, bad JSON, broken
+            Parquet or WARC files) never raises: it becomes reject rows.
+        RunsFolderError: a file is in the way of the archive cache under ``cache_dir``.
     """
     if cfg.kind == "deb":
-        pkg = fetch_deb(cfg.package, cache_dir)
+        pkg = fetch_deb(cfg.package, cache_dir, cfg.version, release=release)
         files = match_files(cfg.include, pkg.root)
         snapshot, licence = pkg.version, pkg.licence
     else:
@@ -106,7 +120,10 @@ def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
     for rel, path in files:
         if acc.full():
             break
-        _read_file(acc, rel, path)
+        if cfg.kind == "local" and is_archive(path):
+            _read_archive(acc, rel, path, Path(cache_dir) / "archives")
+        else:
+            _read_file(acc, rel, path)
     docs = pd.DataFrame(acc.docs[: cfg.max_docs], columns=DOC_COLUMNS[:-2])
     docs["licence"], docs["snapshot"] = licence, snapshot
     return SourceDocs(docs=docs[DOC_COLUMNS], rejects=pd.DataFrame(acc.rejects, columns=REJECT_COLUMNS),
@@ -114,22 +131,66 @@ def read_source(cfg: SourceConfig, cache_dir: Path) -> SourceDocs:
 
 
 def match_files(patterns: list[str], root: Path | None) -> list[tuple[str, Path]]:
-    """(relative path, path) of matched regular files, sorted, without symlinked duplicates."""
-    seen: dict[str, tuple[bool, str, Path]] = {}
+    """(relative path, path) of matched regular files, sorted, without symlinked duplicates.
+
+    A pattern is a glob (``**`` allowed) or a folder without wildcards, which matches every file under it
+    (recursively, hidden files included, symlinked folders not followed). Relative paths start below ``root``
+    (deb), else below the pattern's part before its first wildcard (a folder pattern: the folder itself).
+
+    Raises:
+        SourceError: nothing matches any pattern.
+    """
+    hits = []
     for pattern in patterns:
         base = root if root is not None else _glob_base(pattern)
         full = str(root / pattern) if root is not None else pattern
-        for hit in glob.glob(full, recursive=True):
-            path = Path(hit)
-            if path.is_file():
-                # Several names for one file (fortune "x.u8 -> x"): keep the real file, else the first name.
-                candidate = (path.is_symlink(), os.path.relpath(hit, base), path)
-                real = os.path.realpath(hit)
-                seen[real] = min(seen.get(real, candidate), candidate)
-    if not seen:
+        if not glob.has_magic(pattern) and os.path.isdir(full):
+            hits.extend((hit, base) for hit in _files_under(full))
+        else:
+            hits.extend((hit, base) for hit in glob.glob(full, recursive=True))
+    files = _unique_files(hits)
+    if not files:
         where = f" under {root}" if root is not None else ""
-        raise SourceError(f"no file matches include={patterns!r}{where}; check the patterns (globs, '**' allowed)")
+        raise SourceError(f"no file matches include={patterns!r}{where}; check the patterns (globs, '**' allowed, "
+                          "or a folder)")
+    return files
+
+
+def _unique_files(hits: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    """(path relative to its base, path) of the regular files among ``(hit, base)`` pairs, sorted, one per file."""
+    seen: dict[str, tuple[bool, str, Path]] = {}
+    for hit, base in hits:
+        path = Path(hit)
+        if path.is_file():
+            # Several names for one file (fortune "x.u8 -> x"): keep the real file, else the first name.
+            candidate = (path.is_symlink(), os.path.relpath(hit, base), path)
+            real = os.path.realpath(hit)
+            seen[real] = min(seen.get(real, candidate), candidate)
     return sorted((rel, path) for _, rel, path in seen.values())
+
+
+def _files_under(folder: str | Path) -> list[str]:
+    """Every file below ``folder`` (symlinks to files included; symlinked folders not entered, so no cycles)."""
+    found = []
+    for parent, _, names in os.walk(folder, followlinks=False):
+        found.extend(os.path.join(parent, name) for name in names)
+    return sorted(found)
+
+
+def _read_archive(acc: _Acc, rel: str, path: Path, cache_dir: Path) -> None:
+    """Members of one archive, unpacked once into ``cache_dir`` (``unpack_cached``), as files ``<rel>!<member>``."""
+    try:
+        root = unpack_cached(path, cache_dir)
+    except SourceError as err:
+        raise SourceError(f"source {acc.cfg.name!r}: {err}; repack the archive (without any such member) or remove "
+                          "it from include") from err
+    members = _unique_files([(hit, root) for hit in _files_under(root)])  # sorted, symlinked duplicates dropped
+    if not members:  # an input file that gives no document still gets its row
+        acc.reject(f"{acc.cfg.name}/{rel}", "read.empty_archive", f"{rel}: the archive holds no file")
+    for member_rel, member in members:
+        if acc.full():
+            return
+        _read_file(acc, f"{rel}!{member_rel}", member)
 
 
 def _glob_base(pattern: str) -> Path:
@@ -236,18 +297,18 @@ def strip_ansi(text: str) -> str:
 
 def _read_jsonl(acc: _Acc, rel: str, text: str) -> None:
     field_name = acc.cfg.text_field
-    for i, line in enumerate(text.splitlines()):
-        doc_id = f"{acc.cfg.name}/{rel}#{i}"
+    for line_no, line in jsonl_lines(text):
+        doc_id = f"{acc.cfg.name}/{rel}#{line_no - 1}"
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            acc.reject(doc_id, "read.bad_json", f"{rel} line {i + 1}: {e.msg} at column {e.colno}")
+            acc.reject(doc_id, "read.bad_json", f"{rel} line {line_no}: {e.msg} at column {e.colno}")
             continue
         value = record.get(field_name) if isinstance(record, dict) else None
         if not isinstance(value, str):
-            acc.reject(doc_id, "read.missing_field", f"{rel} line {i + 1}: no string field {field_name!r}")
+            acc.reject(doc_id, "read.missing_field", f"{rel} line {line_no}: no string field {field_name!r}")
             continue
         acc.doc(doc_id, rel, scrub(value), "text")  # JSON "\ud800" escapes give lone surrogates
 

@@ -2,7 +2,8 @@
 
 Outputs: ``docs/<source>.parquet`` (doc_id, source, path, language_hint, content, content_type, licence,
 snapshot), ``rejects.parquet`` (inputs that could not become documents, with a reason) and
-``sources.json`` (per source: kind, package, snapshot, licence, role, docs read, rejects).
+``sources.json`` (per source: kind, package, snapshot, licence, role, docs read, rejects; for a Debian source
+the pinned ``version`` and the ``release`` fetched: version, architecture, .deb SHA256).
 """
 
 from __future__ import annotations
@@ -14,16 +15,31 @@ import pandas as pd
 
 from infra.stage import StageContext
 from tasks.sources.config import SourceConfig
+from tasks.sources.deb import DebRelease, resolve_debs
 from tasks.sources.read import read_source
 
 
-def run(ctx: StageContext, sources: Mapping[str, SourceConfig]) -> dict[str, Any]:
-    """Read all sources; returns per-source document counts."""
+def run(ctx: StageContext, sources: Mapping[str, SourceConfig],
+        releases: Mapping[str, DebRelease] | None = None) -> dict[str, Any]:
+    """Read all sources; returns per-source document counts.
+
+    ``releases`` gives, per Debian source name, the exact release to fetch (the one in the artifact key); Debian
+    sources missing from it are resolved now (``resolve_debs``).
+
+    Raises:
+        SourceError: as ``read_source`` and ``resolve_debs``.
+    """
     (ctx.out / "docs").mkdir()
+    releases = dict(releases or {})
+    missing = {name: (cfg.package, cfg.version) for name, cfg in sources.items()
+               if cfg.kind == "deb" and name not in releases}
+    if missing:
+        resolved = resolve_debs(missing.values(), update_lists=True)
+        releases.update({name: resolved[want] for name, want in missing.items()})
     rejects, described = [], {}
     with ctx.progress.task("sources: reading", len(sources)) as advance:
         for name, cfg in sources.items():
-            read = read_source(cfg, ctx.layout.source_cache)
+            read = read_source(cfg, ctx.layout.source_cache, release=releases.get(name))
             read.docs.to_parquet(ctx.out / "docs" / f"{name}.parquet", index=False)
             rejects.append(read.rejects)
             described[name] = {
@@ -31,6 +47,9 @@ def run(ctx: StageContext, sources: Mapping[str, SourceConfig]) -> dict[str, Any
                 "snapshot": read.snapshot, "licence": read.licence,
                 "docs_read": len(read.docs), "rejects": len(read.rejects), "skipped": dict(read.skipped),
             }
+            if cfg.kind == "deb":
+                described[name]["version"] = cfg.version
+                described[name]["release"] = releases[name].key_fields()
             advance(1)
     pd.concat(rejects, ignore_index=True).to_parquet(ctx.out / "rejects.parquet", index=False)
     (ctx.out / "sources.json").write_text(json.dumps(described, indent=2))

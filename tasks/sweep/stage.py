@@ -22,6 +22,7 @@ import pandas as pd
 
 from infra.artifacts import artifact_key, code_version
 from infra.errors import DataError
+from infra.runs import ensure_folder
 from infra.stage import StageContext
 from tasks.mixture.stage import load_choice
 from tasks.sweep.config import SweepConfig
@@ -72,7 +73,7 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
     budget = proxy.budget.model_copy(update={"eval_every": cfg.report_every})
     base = proxy.model.d_model
     widths = [base, *(w for w in cfg.widths if w != base)]
-    ctx.layout.optuna.mkdir(parents=True, exist_ok=True)
+    ensure_folder(ctx.layout.optuna)
     results: dict[int, SweepResult] = {}
     with ctx.progress.task("sweep: Optuna trials", cfg.n_trials * len(widths)) as advance:
         for width in widths:

@@ -80,3 +80,39 @@ def test_not_an_archive(tmp_path):
         extract_tar(tmp_path / "junk.tar", tmp_path / "out")
     with pytest.raises(SourceError, match="not a readable zip"):
         extract_zip(tmp_path / "junk.tar", tmp_path / "out")
+
+
+@pytest.mark.parametrize("name, mode", [("c.tar.gz", "w:gz"), ("c.tar.xz", "w:xz")])
+def test_damaged_compressed_tar_is_a_source_error_not_a_crash(tmp_path, name, mode):
+    import os
+
+    with tarfile.open(tmp_path / name, mode) as tar:
+        for i in range(20):
+            data = os.urandom(4000)
+            info = tarfile.TarInfo(f"d/{i}.bin")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = (tmp_path / name).read_bytes()
+    (tmp_path / name).write_bytes(raw[: len(raw) // 2])  # truncated: the decompressor raises EOFError
+    with pytest.raises(SourceError, match="not a readable tar archive"):
+        extract_tar(tmp_path / name, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_zip_with_encrypted_or_unknown_compression_members_is_a_source_error(tmp_path):
+    with zipfile.ZipFile(tmp_path / "a.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("d/a.txt", "hello " * 100)
+    raw = bytearray((tmp_path / "a.zip").read_bytes())
+    central = raw.find(b"PK\x01\x02")
+    encrypted = bytearray(raw)
+    encrypted[central + 8] |= 1  # general-purpose flag bit 0: encrypted
+    (tmp_path / "enc.zip").write_bytes(bytes(encrypted))
+    with pytest.raises(SourceError, match="enc.zip: not a readable zip archive .*encrypted"):
+        extract_zip(tmp_path / "enc.zip", tmp_path / "out")
+    unknown = bytearray(raw)
+    local = unknown.find(b"PK\x03\x04")
+    unknown[local + 8:local + 10] = unknown[central + 10:central + 12] = (99).to_bytes(2, "little")
+    (tmp_path / "method.zip").write_bytes(bytes(unknown))
+    with pytest.raises(SourceError, match="method.zip: not a readable zip archive"):
+        extract_zip(tmp_path / "method.zip", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -193,3 +193,12 @@ def test_one_option_items_and_non_utf8_files_are_refused(tmp_path):
     path.write_bytes(b"\xff\xfe not utf-8\n")
     with pytest.raises(DataError, match="not UTF-8"):
         load_cloze_sets([path])
+
+
+def test_raw_line_separators_inside_json_strings_do_not_split_an_item(tmp_path):
+    item = {**GOOD, "context": "apt\u2028get\u0085x"}
+    path = tmp_path / "items.jsonl"
+    path.write_text(json.dumps(item, ensure_ascii=False) + "\r\n" + json.dumps({**GOOD, "item_id": "b"}) + "\n",
+                    encoding="utf-8", newline="")
+    items = load_cloze_items(path)
+    assert [i.item_id for i in items] == ["a", "b"] and items[0].context == "apt\u2028get\u0085x"

@@ -331,3 +331,62 @@ def test_runs_folder_that_is_a_file_or_unwritable_is_a_one_line_error(tmp_path):
     finally:
         locked.chmod(0o755)
         (locked / "prefect").chmod(0o755)
+
+
+def test_near_dedup_settings_that_waste_or_miss_warn_at_load_and_shipped_configs_do_not():
+    import warnings
+
+    from infra.errors import ConfigWarning
+
+    raw = _raw()
+    raw["corpus"]["near_dedup"] = {"bands": 14, "rows": 8, "jaccard_threshold": 0.55}
+    with pytest.warns(ConfigWarning, match=r"corpus\.near_dedup: jaccard_threshold=0\.55"):
+        parse_config(raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        for name in ("demo.toml", "smoke.toml"):
+            load_config(ROOT / "configs" / name)
+
+
+@pytest.mark.parametrize("blocked", ["audit", "reports", "scratch", "locks", "cache", "cache/sources", "cache/proxies",
+                                     "mlartifacts", "artifacts", "optuna", "prefect"])
+def test_a_file_where_the_runs_folder_needs_a_folder_is_named_with_the_fix(tmp_path, blocked):
+    from infra.errors import RunsFolderError
+    from infra.runs import RunsLayout
+
+    root = tmp_path / "runs"
+    (root / blocked).parent.mkdir(parents=True, exist_ok=True)
+    (root / blocked).write_text("x")
+    with pytest.raises(RunsFolderError) as err:
+        RunsLayout.resolve(root).prepare_environment()
+    message = str(err.value)
+    assert str(root / blocked) in message and "a file is in the way" in message and "needs a folder" in message
+    assert "remove or rename the file" in message and "--runs-dir" in message
+    assert isinstance(err.value, ConfigError) and isinstance(err.value, OSError)
+
+
+def test_a_file_below_the_runs_folder_is_named_where_a_stage_or_the_audit_makes_its_folder(tmp_path):
+    from infra.artifacts import ArtifactStore
+    from infra.errors import RunsFolderError
+    from infra.runs import RunsLayout, ensure_folder
+    from infra.stage import StageContext
+
+    layout = RunsLayout.resolve(tmp_path / "runs")
+    layout.prepare_environment()
+    (layout.artifacts / "corpus").write_text("x")
+    with pytest.raises(RunsFolderError, match=re.escape(str(layout.artifacts / "corpus")) + ".*needs a folder"):
+        ArtifactStore(layout.artifacts).begin("corpus", "k1")
+    (layout.root / "locks").mkdir()
+    (layout.root / "locks" / "corpus").write_text("x")
+    with pytest.raises(RunsFolderError, match=re.escape(str(layout.root / "locks" / "corpus"))):
+        with ArtifactStore(layout.artifacts).computing("corpus", "k1"):
+            pass
+    (layout.root / "scratch").mkdir()
+    (layout.root / "scratch" / "tokenizer").write_text("x")
+    ctx = StageContext(out=layout.artifacts / "tokenizer" / ".tmp-k", inputs={}, layout=layout, key="k", experiment="e")
+    with pytest.raises(RunsFolderError, match=re.escape(str(layout.root / "scratch" / "tokenizer"))):
+        ctx.scratch
+    (layout.root / "audit").mkdir()
+    (layout.root / "audit" / "smoke").write_text("x")
+    with pytest.raises(RunsFolderError, match=r"audit/smoke: a file is in the way .* remove or rename the file"):
+        ensure_folder(layout.root / "audit" / "smoke" / "fortunes_en")

@@ -1,6 +1,7 @@
 """Near-duplicate detection (SPEC §7) against its reference table and brute-force oracles."""
 
 import logging
+import warnings
 import random
 
 import numpy as np
@@ -462,3 +463,42 @@ def test_compiled_shingle_hashes_match_the_numpy_reference_with_repeats_and_orde
         np.testing.assert_array_equal(a, b)
     for t, h in zip(texts[:40], single):
         np.testing.assert_array_equal(h, shingle_hashes(t, 5, by_chars))
+
+
+def test_near_dedup_with_unused_permutations_or_an_unreachable_threshold_warns_at_load():
+    from infra.errors import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match=r"bands×rows = 10×8 = 80 of num_perm=112: 32 signature values"):
+        MinHashConfig(bands=10, rows=8)
+    # (1/14)^(1/8) = 0.719; 1 - (1 - 0.55^8)^14 = 0.111 (Leskovec, Rajaraman & Ullman, ch. 3)
+    curve = r"jaccard_threshold=0\.55 .* \(1/14\)\^\(1/8\) = 0\.719: .* = 0\.111"
+    with pytest.warns(ConfigWarning, match=curve) as got:
+        cfg = MinHashConfig(jaccard_threshold=0.55)
+    assert "bands=28, rows=4" in str(got[0].message)  # a split of the 112 values that reaches 0.55
+    figures = cfg.lsh_figures()
+    assert figures["unused_permutations"] == 0
+    assert figures["implied_threshold"] == pytest.approx((1 / 14) ** (1 / 8))
+    assert figures["candidate_probability_at_threshold"] == pytest.approx(1 - (1 - 0.55**8) ** 14)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        MinHashConfig()  # 14 × 8 of 112 at 0.8: P = 0.924
+        MinHashConfig(enabled=False, bands=10, rows=8, jaccard_threshold=0.3)  # nothing computed: nothing to say
+
+
+def test_manifest_records_the_lsh_figures_and_warnings():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from tasks.corpus.config import CorpusConfig
+    from tasks.corpus.stage import build_manifest
+
+    with pytest.warns(UserWarning):
+        cfg = CorpusConfig(near_dedup=MinHashConfig(bands=10, rows=8, jaccard_threshold=0.6))
+    empty = pd.DataFrame()
+    result = SimpleNamespace(funnel=empty, hits=empty, near={}, boilerplate=[])
+    near = build_manifest({}, empty, empty, empty, empty, result, cfg, [])["near_dedup"]
+    assert near["unused_permutations"] == 32
+    assert near["implied_threshold"] == pytest.approx(0.1 ** (1 / 8))
+    assert near["candidate_probability_at_threshold"] == pytest.approx(1 - (1 - 0.6**8) ** 10)
+    assert len(near["warnings"]) == 2 and "32 signature values" in near["warnings"][0]

@@ -241,3 +241,15 @@ def test_identical_pages_are_deduplicated_not_erased_as_boilerplate(tmp_path):
     res = build_corpus(docs, CorpusConfig(boilerplate={"min_docs": 5}), out=tmp_path)
     assert res.kept.doc_id.tolist() == ["d/0"]
     assert set(res.removals.rule) == {"dedup.exact"}
+
+
+def test_jsonl_eval_files_split_at_newline_only(tmp_path):
+    import json
+
+    from tasks.corpus.decontam import load_eval_files
+
+    path = tmp_path / "eval.jsonl"
+    rows = [{"id": "a", "text": "one\u2028two"}, {"id": "b", "text": "three\u2029four"}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert [(i.item_id, i.text) for i in load_eval_files([str(path)])] == [("a", "one\u2028two"),
+                                                                         ("b", "three\u2029four")]

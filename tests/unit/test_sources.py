@@ -1,6 +1,7 @@
 """Source configs, Debian fetching errors and the file readers (fortune, JSONL, Parquet, HTML, WARC, text)."""
 
 import gzip
+import hashlib
 import io
 import os
 import zlib
@@ -64,6 +65,21 @@ def test_jsonl_bad_lines_become_rejects(tmp_path):
     assert list(out.rejects.columns) == REJECT_COLUMNS
     assert out.rejects.rule.tolist() == ["read.bad_json", "read.missing_field"]
     assert out.rejects.doc_id.tolist() == ["src/a.jsonl#1", "src/a.jsonl#3"] and (out.rejects.stage == "read").all()
+
+
+def test_jsonl_records_split_at_newline_only_keep_raw_line_separators_inside_strings(tmp_path):
+    import json
+
+    # Valid JSON (ensure_ascii=False writes U+2028/U+2029/U+0085 raw); str.splitlines would cut these records.
+    texts = ["first\u2028line", "second\u2029para", "third\x85next"]
+    body = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+    (tmp_path / "a.jsonl").write_text(body + "not json\r\n" + json.dumps({"text": "crlf"}) + "\r\n",
+                                      encoding="utf-8", newline="")
+    out = read_source(local(tmp_path, ["*.jsonl"]), tmp_path)
+    assert out.docs.content.tolist() == texts + ["crlf"]
+    assert out.docs.doc_id.tolist() == ["src/a.jsonl#0", "src/a.jsonl#1", "src/a.jsonl#2", "src/a.jsonl#4"]
+    assert out.rejects.doc_id.tolist() == ["src/a.jsonl#3"]
+    assert out.rejects.detail.iloc[0].startswith("a.jsonl line 4: ")
 
 
 def test_parquet_reads_column_and_names_missing_one(tmp_path):
@@ -207,3 +223,95 @@ def test_source_language_must_be_a_lid176_label():
 
     with pytest.raises(ConfigError, match="not a lid.176 label"):
         SourceConfig(name="s", kind="local", include=["x/*.txt"], language="klingon")
+
+
+def test_a_bare_folder_in_include_reads_every_file_under_it_sorted(tmp_path):
+    (tmp_path / "docs" / "b" / "deep").mkdir(parents=True)
+    (tmp_path / "docs" / "b" / "deep" / "z.txt").write_text("deep")
+    (tmp_path / "docs" / "a.txt").write_text("top")
+    (tmp_path / "docs" / ".hidden").write_text("hidden")
+    out = read_source(local(tmp_path, ["docs"]), tmp_path)
+    assert out.docs.doc_id.tolist() == ["src/.hidden", "src/a.txt", "src/b/deep/z.txt"]
+    assert out.docs.content.tolist() == ["hidden", "top", "deep"]
+    assert read_source(local(tmp_path, ["docs/"]), tmp_path).docs.doc_id.tolist() == out.docs.doc_id.tolist()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no file matches"):
+        read_source(local(tmp_path, ["empty"]), tmp_path)
+
+
+def _write_archives(tmp_path):
+    import json
+    import tarfile
+    import zipfile
+
+    members = {"notes/b.txt": b"second note", "notes/a.txt": b"first note",
+               "data/rows.jsonl": (json.dumps({"text": "row zero"}) + "\n" + json.dumps({"text": "row one"}) + "\n"
+                                   ).encode()}
+    for name, mode in (("pack.tar", "w"), ("pack.tar.gz", "w:gz"), ("pack.tgz", "w:gz"), ("pack.tar.xz", "w:xz")):
+        with tarfile.open(tmp_path / "in" / name, mode) as tar:
+            for member, data in members.items():
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with zipfile.ZipFile(tmp_path / "in" / "pack.zip", "w") as z:
+        for member, data in members.items():
+            z.writestr(member, data)
+
+
+@pytest.mark.parametrize("name", ["pack.tar", "pack.tar.gz", "pack.tgz", "pack.tar.xz", "pack.zip"])
+def test_archives_in_include_are_unpacked_into_the_cache_and_read_like_files(tmp_path, name):
+    (tmp_path / "in").mkdir()
+    _write_archives(tmp_path)
+    cache = tmp_path / "cache"
+    out = read_source(local(tmp_path, [f"in/{name}"]), cache)
+    assert out.docs.doc_id.tolist() == [f"src/{name}!data/rows.jsonl#0", f"src/{name}!data/rows.jsonl#1",
+                                        f"src/{name}!notes/a.txt", f"src/{name}!notes/b.txt"]
+    assert out.docs.content.tolist() == ["row zero", "row one", "first note", "second note"]
+    assert out.docs.path.tolist()[2] == f"{name}!notes/a.txt" and out.rejects.empty
+    digest = hashlib.sha256((tmp_path / "in" / name).read_bytes()).hexdigest()
+    assert (cache / "archives" / digest / "notes" / "a.txt").read_bytes() == b"first note"
+    again = read_source(local(tmp_path, [f"in/{name}"]), cache)  # unpacked once, read again from the cache
+    assert again.docs.equals(out.docs)
+    assert sorted(p.name for p in (cache / "archives").iterdir()) == [digest]
+
+
+def test_a_refused_or_damaged_archive_is_a_source_error_naming_the_source(tmp_path):
+    import tarfile
+    import zipfile
+
+    (tmp_path / "in").mkdir()
+    with tarfile.open(tmp_path / "in" / "evil.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("../../escape.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(SourceError, match=r"source 'src': .*evil\.tar\.gz: member '\.\./\.\./escape\.txt' would be "
+                                          r"written outside"):
+        read_source(local(tmp_path, ["in/evil.tar.gz"]), tmp_path / "cache")
+    (tmp_path / "in" / "evil.tar.gz").unlink()
+    (tmp_path / "in" / "junk.zip").write_bytes(b"not a zip at all")
+    with pytest.raises(SourceError, match=r"source 'src': .*junk\.zip: not a readable zip archive"):
+        read_source(local(tmp_path, ["in/*"]), tmp_path / "cache")
+    assert not (tmp_path / "escape.txt").exists() and not any((tmp_path / "cache" / "archives").iterdir())
+    (tmp_path / "in" / "junk.zip").unlink()
+    with zipfile.ZipFile(tmp_path / "in" / "empty.zip", "w") as z:
+        z.writestr("only/a/folder/", "")
+    out = read_source(local(tmp_path, ["in"]), tmp_path / "cache")
+    assert out.docs.empty and out.rejects[["doc_id", "rule"]].values.tolist() == [["src/empty.zip", "read.empty_archive"]]
+
+
+def test_the_sources_key_changes_with_archive_content_and_covers_folders(tmp_path):
+    import zipfile
+
+    from flows.graph import _sources
+
+    (tmp_path / "in").mkdir()
+    archive = tmp_path / "in" / "a.zip"
+
+    def key(content: str) -> str:
+        with zipfile.ZipFile(archive, "w") as z:
+            z.writestr("x.txt", content)
+        os.utime(archive, ns=(1_000_000_000, 1_000_000_000))  # same mtime and size each time
+        cfg = type("Cfg", (), {"sources": {"src": local(tmp_path, ["in"])}})
+        return _sources(cfg)["src"]["files"]
+
+    assert key("aaaa") != key("bbbb")
