@@ -3,7 +3,7 @@
 The tokenizer is the experiment's tokenizer artifact whose hash the checkpoint records, so a checkpoint is never
 scored with a tokenizer it was not trained with. Held-out loss per source (nats/token and bits per byte) uses
 the tokenizer stage's held-out splits and the CPT evaluation budget; cloze accuracy is reported per group and
-kind with its binomial standard error (SPEC §10).
+kind with its binomial standard error (docs/methods.md §10).
 """
 
 from __future__ import annotations

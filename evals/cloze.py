@@ -1,4 +1,4 @@
-"""Cloze / multiple-choice scoring by summed continuation log-probability (SPEC §10).
+"""Cloze / multiple-choice scoring by summed continuation log-probability (docs/methods.md §10).
 
 Each option is scored as the summed log-probability, in nats, of all its tokens given the context; the option
 carries its own leading space. The context's tokens must be a prefix of the tokens of context+option; when a
@@ -11,7 +11,7 @@ Item file (JSON lines, one item per line)::
      "context": "To install a package, run apt", "correct": " install", "distractor": " remove"}
 
 ``kind`` says what the answer depends on: ``local`` (the last few words) or ``earlier_context`` (something stated
-several words back, SPEC §10 Lab 2's split). ``distractor`` may also be a list of wrong continuations. The older
+several words back, docs/methods.md §10 (TinyStories small-decoder run) split). ``distractor`` may also be a list of wrong continuations. The older
 form with ``options`` and an ``answer`` index is still read (kind and source then empty).
 
 Usage::
@@ -43,7 +43,7 @@ class ClozeItem:
     """One cloze item: ``options[answer]`` is the correct continuation of ``context``.
 
     ``group`` labels the item's register (e.g. "general" or "domain"); ``source`` the corpus source it tests;
-    ``kind`` is "local" or "earlier_context"; each option starts with its leading space (SPEC §10), except in
+    ``kind`` is "local" or "earlier_context"; each option starts with its leading space (docs/methods.md §10), except in
     scripts written without spaces (then no option has one).
     """
 
@@ -75,7 +75,7 @@ def _item_from_record(record: object) -> ClozeItem:
     if len(set(options)) != len(options):
         raise ValueError(f"options must be distinct, got {options!r}")
     if not all(o.startswith(" ") and o.strip() for o in options):
-        raise ValueError(f"every option needs its leading space and a word (SPEC §10), got {options!r}")
+        raise ValueError(f"every option needs its leading space and a word (docs/methods.md §10), got {options!r}")
     answer = record["answer"]
     if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(options):
         raise ValueError(f"answer must be an index in [0, {len(options)}), got {answer!r}")
@@ -104,7 +104,7 @@ def _item_from_pair(record: dict) -> ClozeItem:
         raise ValueError(f"the distractor must differ from the correct continuation, got {options!r}")
     spaced = [o.startswith(" ") for o in options]
     if any(spaced) and not all(spaced):
-        raise ValueError(f"either every option carries its leading space or none does (SPEC §10), got {options!r}")
+        raise ValueError(f"either every option carries its leading space or none does (docs/methods.md §10), got {options!r}")
     if not all(spaced) and record["context"][-1:].isascii() and record["context"][-1:].isalnum():
         raise ValueError(f"options without a leading space after a Latin word would glue onto it: {options!r}")
     if record["kind"] not in KINDS:
@@ -176,7 +176,7 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 def _split_option(encode: Callable[[str], list[int]], context: str, option: str) -> tuple[list[int], int, bool]:
     """Tokens of context+option, the index where the scored option tokens start, and whether it shifted.
 
-    The scored tokens are those beyond the longest common prefix with the context's own tokens (SPEC §10).
+    The scored tokens are those beyond the longest common prefix with the context's own tokens (docs/methods.md §10).
     At least one token must stay as conditioning, so a common prefix of zero starts scoring at token 1.
     """
     context_ids = list(encode(context))
@@ -220,7 +220,7 @@ def _option_logprobs(model: torch.nn.Module, sequences: list[list[int]], starts:
 
 def score_cloze(model: torch.nn.Module, encode: Callable[[str], list[int]], items: Sequence[ClozeItem], *,
                 max_len: int | None = None) -> pd.DataFrame:
-    """Score every option of every item by its summed log-probability given the context (SPEC §10).
+    """Score every option of every item by its summed log-probability given the context (docs/methods.md §10).
 
     ``model.forward(idx)`` takes a LongTensor (B, T) and returns logits (B, T, V) (a tuple's first element is
     used). The model runs under ``torch.no_grad()`` in eval mode; its previous mode is restored. All options of

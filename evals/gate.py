@@ -1,9 +1,9 @@
-"""The predeclared continued-pretraining gate (SPEC §11): decide which candidate, if any, replaces the base.
+"""The predeclared continued-pretraining gate (docs/methods.md §11): decide which candidate, if any, replaces the base.
 
 The gate is written down before any candidate is evaluated and identified by ``gate_hash``; changing it after
 results exist is a GateError for the caller to raise. Each criterion compares one metric to a threshold, with a
 confidence interval from paired data — the same held-out windows and the same cloze items for base and every
-candidate (SPEC §10) — so a criterion is ``pass`` only when the whole interval is on the right side,
+candidate (docs/methods.md §10) — so a criterion is ``pass`` only when the whole interval is on the right side,
 ``fail`` when the whole interval is on the wrong side, and ``inconclusive`` otherwise.
 
 Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
@@ -13,7 +13,7 @@ Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
 - ``cloze_accuracy``             = candidate cloze accuracy (Wilson interval, ``scipy.stats.binomtest``);
 - ``cloze_accuracy_delta``       = candidate − base accuracy (paired bootstrap over items, exact McNemar p).
 
-Lab-5 toy gate (SPEC §11)::
+Lab-5 toy gate (docs/methods.md §11)::
 
     GateConfig(criteria=[
         GateCriterion(name="domain", metric="domain_loss_reduction_nats", op=">=", threshold=1.0),
@@ -237,7 +237,7 @@ def _status(c: GateCriterion, iv: _Interval) -> str:
 def _units_needed(c: GateCriterion, iv: _Interval) -> float:
     """Rough windows/items for the CI to clear the threshold at the current point value.
 
-    Accuracy: ``items_needed`` with half-width |p − threshold| (SPEC §10). Other metrics: the CI half-width
+    Accuracy: ``items_needed`` with half-width |p − threshold| (docs/methods.md §10). Other metrics: the CI half-width
     shrinks as 1/√n, so n · (half-width / |point − threshold|)². Infinite when the point sits on the threshold.
     """
     gap = abs(iv.point - c.threshold)
@@ -287,7 +287,7 @@ def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, se
 
 
 def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval], *, seed: int = 0) -> GateDecision:
-    """Judge every candidate against the predeclared gate and keep the best passing one (SPEC §11).
+    """Judge every candidate against the predeclared gate and keep the best passing one (docs/methods.md §11).
 
     Table columns, one row per candidate: ``candidate``, ``param_<key>`` per params entry; for each metric
     ``<metric>``, ``<metric>_ci_low``, ``<metric>_ci_high`` (losses in nats/token, accuracies as fractions;

@@ -1,4 +1,4 @@
-"""Held-out loss on fixed, non-overlapping windows, and its tokenizer-independent form, bits per byte (SPEC §10, units).
+"""Held-out loss on fixed, non-overlapping windows, and its tokenizer-independent form, bits per byte (docs/methods.md §10, units).
 
 Windows are deterministic (no sampling), so two checkpoints scored on the same split see the same windows and
 the per-window sums support a paired bootstrap of their difference.
@@ -103,7 +103,7 @@ def keep_windows(loss: HeldoutLoss, keep: np.ndarray) -> HeldoutLoss:
 
 
 def bits_per_byte(loss_nats: float, tokens_per_byte: float) -> float:
-    """Bits per UTF-8 byte = loss_nats · tokens_per_byte / ln 2 (SPEC units: Σ nats / (ln 2 · bytes)).
+    """Bits per UTF-8 byte = loss_nats · tokens_per_byte / ln 2 (docs/methods.md units: Σ nats / (ln 2 · bytes)).
 
     ``tokens_per_byte`` is the held-out split's token count divided by its UTF-8 byte count (the same
     tokenizer and the same text the loss was measured on); e.g. 3.952 chars/token ASCII → 0.253.

@@ -1,7 +1,7 @@
-"""Uncertainty for evaluation results: binomial SE, paired bootstrap, exact McNemar, items needed (SPEC §10).
+"""Uncertainty for evaluation results: binomial SE, paired bootstrap, exact McNemar, items needed (docs/methods.md §10).
 
 Accuracies here are fractions in [0, 1]; multiply by 100 for points. Loss differences are in nats per token.
-Two checkpoints scored on the same windows or items are compared pairwise (SPEC §10: "use paired comparisons").
+Two checkpoints scored on the same windows or items are compared pairwise (docs/methods.md §10: "use paired comparisons").
 
     binomial_se(0.40, 500)            # 0.0219 -> 2.19 points
     paired_bootstrap_ci(base_nats, cand_nats, weights=tokens)   # BootstrapCI(delta, low, high)
@@ -45,7 +45,7 @@ def _check_confidence(confidence: float) -> None:
 
 
 def binomial_se(p: float, n: int) -> float:
-    """Standard error √(p(1−p)/n) of an accuracy ``p`` (fraction) measured on ``n`` items (SPEC §10).
+    """Standard error √(p(1−p)/n) of an accuracy ``p`` (fraction) measured on ``n`` items (docs/methods.md §10).
 
     40% on 500 items → 0.0219 (2.19 points); 24 items at 50% → 0.102. Raises DataError for p outside
     [0, 1] or n < 1.
@@ -126,7 +126,7 @@ def mcnemar_exact(base_correct: np.ndarray, cand_correct: np.ndarray) -> McNemar
 def items_needed(p: float, half_width: float, confidence: float = 0.95) -> int:
     """Items n so that a normal-approximation binomial CI at ``confidence`` has half-width ``half_width``.
 
-    n = ⌈z² p(1−p) / h²⌉ with z the two-sided normal quantile (SPEC §10: 40% on 500 → ±4.3 points at 95%);
+    n = ⌈z² p(1−p) / h²⌉ with z the two-sided normal quantile (docs/methods.md §10: 40% on 500 → ±4.3 points at 95%);
     at least 1. ``p`` and ``half_width`` are fractions (0.043 = 4.3 points). Raises DataError for p outside
     [0, 1]; ConfigError for half_width <= 0 or confidence outside (0, 1).
     """

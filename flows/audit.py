@@ -1,6 +1,6 @@
-"""The filter audit flow: SPEC §7's Lab 1 method on any configured source, tracked in MLflow and DuckDB.
+"""The filter audit flow: docs/methods.md §7 (TinyStories filter audit) on any configured source, tracked in MLflow and DuckDB.
 
-    pretrain audit configs/demo.toml                          # every source, 5,000 originals each (Lab 1 mix)
+    pretrain audit configs/demo.toml                          # every source, 5,000 originals each (the filter audit mix)
     pretrain audit configs/demo.toml --source python_doc      # one source
     pretrain audit configs/smoke.toml --originals 50 --runs-dir /tmp/smoke-runs
 

@@ -12,7 +12,7 @@
     pretrain eval runs/artifacts/main/<key>/checkpoint # held-out loss per source and cloze, no training
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
-    pretrain stability configs/demo.toml               # Lab 3 grid: LR × interventions, attention-logit growth
+    pretrain stability configs/demo.toml               # stability grid: LR × interventions, attention-logit growth
     pretrain report configs/demo.toml                  # report.md + report.html of the evidence, with figures
 
 Everything is written under the runs folder: ``--runs-dir``, else $PRETRAIN_RUNS_DIR, else ./runs.
@@ -180,7 +180,7 @@ def audit(
     originals: Optional[int] = typer.Option(None, "--originals", help="first N documents per source (default 5000)"),
     review: Optional[int] = typer.Option(None, "--review", help="removed documents listed per rule (default 5)"),
 ) -> None:
-    """Audit the corpus filters on labelled junk injected into each source (SPEC §7 Lab 1)."""
+    """Audit the corpus filters on labelled junk injected into each source (docs/methods.md §7 (TinyStories filter audit))."""
     layout = RunsLayout.resolve(runs_dir)
     options = {k: v for k, v in {"num_originals": originals, "review_per_rule": review}.items() if v is not None}
     try:
@@ -204,7 +204,7 @@ def audit(
 
 @app.command()
 def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[Path] = RunsDir) -> None:
-    """Lab 3 grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's shards."""
+    """stability grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's shards."""
     from rich.table import Table
 
     layout = RunsLayout.resolve(runs_dir)
@@ -417,7 +417,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
 
     console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})", soft_wrap=True)
     console.print(_table("Held-out loss per source", result["heldout"]))
-    console.print(_table("Cloze accuracy (binomial SE in points, SPEC §10)", result["cloze"]))
+    console.print(_table("Cloze accuracy (binomial SE in points, docs/methods.md §10)", result["cloze"]))
 
 
 if __name__ == "__main__":

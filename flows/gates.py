@@ -1,4 +1,4 @@
-"""Recording the gate before any CPT step, and refusing a changed gate once results exist (SPEC §11).
+"""Recording the gate before any CPT step, and refusing a changed gate once results exist (docs/methods.md §11).
 
 The ``gates`` table keeps every declaration (experiment, gate_hash, declared_at, gate_json). A run whose
 config's gate differs from the experiment's latest declaration stops when decisions already exist under the

@@ -1,6 +1,6 @@
 """The stage graph: each stage's inputs, the config fields in its key, its code, and its plain function.
 
-Data flows one way (DESIGN.md): sources → corpus → tokenizer → mixture → sweep → main → cpt → gate.
+Data flows one way (docs/methods.md §13: ): sources → corpus → tokenizer → mixture → sweep → main → cpt → gate.
 ``key_config`` holds only fields that change a stage's result; cosmetic ones (log intervals, thread counts,
 checkpoint intervals) stay out, so changing them reuses the cache.
 """

@@ -39,7 +39,7 @@ from infra.warehouse import Warehouse
 # Typed flow parameters: a deployment's UI and API refuse a stage name that does not exist.
 StageName = Literal[STAGE_NAMES]
 
-# What the ``step`` of each stage run's metrics counts (DESIGN.md: curves say whether steps are tokens or steps).
+# What the ``step`` of each stage run's metrics counts (docs/methods.md §13: curves say whether steps are tokens or steps).
 STEP_UNITS = {"mixture": "candidate index", "sweep": "optimiser steps (per trial run)",
               "main": "optimiser steps", "cpt": "optimiser steps (metrics prefixed by candidate)"}
 

@@ -1,4 +1,4 @@
-"""``pretrain plan``: the pre-launch arithmetic of a run, before any device is booked (SPEC §1–§5).
+"""``pretrain plan``: the pre-launch arithmetic of a run, before any device is booked (docs/methods.md §1–§5).
 
 A plan file holds one ``[model]`` shape and one or more ``[[runs]]`` (pretraining, CPT, ...) with their tokens,
 devices and layout; an experiment config is planned too, from its ``[main]`` section on the detected device.
@@ -35,7 +35,7 @@ class RunPlan(Section):
         tokens: D, training tokens.
         devices: accelerators in the run.
         device: a key of ``DEVICE_PEAK_BF16`` (peak and memory come from it).
-        rate: sustained FLOP/s per device for time estimates (SPEC §1 planning rate 4e14).
+        rate: sustained FLOP/s per device for time estimates (docs/methods.md §1 planning rate 4e14).
         mfu: utilisations at which elapsed days are also shown.
         zero_stage / micro_batch / grad_accum: the data-parallel layout; global batch = mb × accum × devices.
         checkpointing: full activation checkpointing.
@@ -108,7 +108,7 @@ def build_plan(plan: PlanConfig) -> list[PlanTable]:
     cfg = plan.model
     counts = param_count(cfg)
     shape = PlanTable("Model")
-    shape.add("parameters", f"{counts.total:,}", "SPEC §2 closed form")
+    shape.add("parameters", f"{counts.total:,}", "docs/methods.md §2 closed form")
     shape.add("blocks", f"{counts.blocks:,}")
     shape.add("embedding", f"{counts.embedding:,}", "untied: input + output" if not cfg.tied_embeddings else "tied")
     tables = [shape]
@@ -122,7 +122,7 @@ def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
     n = param_count(cfg).total
     flops, c6 = training_flops(cfg, run.tokens), flops_6nd(cfg, run.tokens)
     compute = PlanTable(f"{run.name}: compute and time ({run.tokens:.3g} tokens, {run.devices} × {run.device})")
-    compute.add("training FLOPs", f"{flops:.4g}", "(6·N_matmul + 6·L·d·T)·D, SPEC §1")
+    compute.add("training FLOPs", f"{flops:.4g}", "(6·N_matmul + 6·L·d·T)·D, docs/methods.md §1")
     compute.add("6ND shortcut", f"{c6:.4g}", f"{(c6 / flops - 1):+.1%} (scaling-law convention)")
     compute.add("GPU-hours", f"{gpu_hours(flops, run.rate):,.1f}", f"at {run.rate:.3g} FLOP/s per device")
     hours = elapsed_hours(flops, run.devices, run.rate)

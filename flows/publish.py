@@ -137,7 +137,7 @@ def _log_named_metrics(env: "Env", run_id: str, metrics: dict) -> None:
 def _mixture(artifact: Artifact, env: "Env", run_id: str, cached: bool) -> None:
     trials = pd.read_parquet(artifact.path / "trials.parquet")
     if "unique_train_tokens" in trials:
-        # Epochs each source would get in the main run under each candidate, e = w·D/U (SPEC §8), D from
+        # Epochs each source would get in the main run under each candidate, e = w·D/U (docs/methods.md §8), D from
         # today's [main] budget: the main budget is not in the mixture key, so this is computed at publish time.
         main_tokens = env.cfg.main.budget.steps * env.cfg.main.budget.batch_size * env.cfg.main.model.seq_len
         trials["main_epochs"] = trials["weight"] * main_tokens / trials["unique_train_tokens"].clip(lower=1)

@@ -1,4 +1,4 @@
-"""``pretrain stability``: the Lab 3 grid (SPEC §6) on the experiment's token shards, as a Prefect flow.
+"""``pretrain stability``: the stability grid (docs/methods.md §6) on the experiment's token shards, as a Prefect flow.
 
     pretrain stability configs/demo.toml         # needs the tokenizer stage: run `pretrain run` first
 

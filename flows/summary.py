@@ -50,7 +50,7 @@ def funnel_frame(corpus: Path) -> pd.DataFrame:
 
 
 def print_main_run(run: dict[str, Any], console: Console, max_epochs: float) -> None:
-    """The main run's resume point and epochs per source (w·D/U, SPEC §8), warning above ``max_epochs``."""
+    """The main run's resume point and epochs per source (w·D/U, docs/methods.md §8), warning above ``max_epochs``."""
     if run.get("resumed_from_step"):
         console.print(f"  resumed from step {run['resumed_from_step']:,} of {run['steps']:,} (scratch checkpoint)")
     source = run.get("peak_lr_source", {})
@@ -198,7 +198,7 @@ def inconclusive_lines(table: pd.DataFrame) -> list[str]:
 
 def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
     """Rich renderables for ``pretrain gate show``: the declarations (newest first, the first is in force) and
-    the decision table in Lab 5's form, each metric with its confidence interval and each criterion's verdict."""
+    the decision table in the form of the CPT replay grid (docs/methods.md §11), each metric with its confidence interval and each criterion's verdict."""
     out = []
     if gates.empty:
         return ["no gate declared yet for this experiment: `pretrain run` or `pretrain gate declare` records it"]
@@ -217,7 +217,7 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
 
 
 def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
-    """The gate's decision table in Lab 5's form, one row per candidate: its CPT parameters, each metric as
+    """The gate's decision table in the form of the CPT replay grid (docs/methods.md §11), one row per candidate: its CPT parameters, each metric as
     ``value [low, high]`` (nats; cloze accuracy ± its standard error), each criterion's status and the decision.
 
     Args:

@@ -1,6 +1,6 @@
 """Content-addressed artifact store: one immutable directory per (stage, key).
 
-Layout (DESIGN.md, "Artifacts, caching, lineage")::
+Layout (docs/methods.md §13: "Artifacts, caching, lineage")::
 
     <runs>/artifacts/<stage>/<key>/
         ... outputs ...

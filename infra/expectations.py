@@ -1,7 +1,7 @@
 """Great Expectations suites that guard the data at stage boundaries.
 
 A failed suite raises ``DataError`` naming every failing expectation and what it observed, so the flow
-stops before the next stage consumes bad data (DESIGN.md, "Artifacts, caching, lineage").
+stops before the next stage consumes bad data (docs/methods.md §13: "Artifacts, caching, lineage").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Closed-form parameter counts and training FLOPs of a ``ModelConfig`` (SPEC §1, §2).
+"""Closed-form parameter counts and training FLOPs of a ``ModelConfig`` (docs/methods.md §1, §2).
 
 Nothing here builds a module, so the 9.5B case-study shape is counted in microseconds. Tests check the
-five SPEC §2 reference rows and the SPEC §1 FLOP figures; ``Decoder`` must agree with ``param_count``.
+five reference rows of docs/methods.md §2 and the FLOP figures of §1; ``Decoder`` must agree with ``param_count``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from models.config import ModelConfig
 
 @dataclass(frozen=True)
 class ParamCount:
-    """Parameter counts (SPEC §2).
+    """Parameter counts (docs/methods.md §2).
 
     Attributes:
         total: every trainable parameter (a tied embedding counted once).
         blocks: the L decoder blocks, their norms included.
         embedding: V·d, or 2·V·d when the output head is untied.
-        decayed_matrices: 2-D weights that get AdamW weight decay (embeddings included, SPEC §6).
+        decayed_matrices: 2-D weights that get AdamW weight decay (embeddings included, docs/methods.md §6).
         norms: RMSNorm gains (2·d per block, d final, plus 2·d_h per block with QK-norm); no decay.
     """
 
@@ -39,7 +39,7 @@ def _per_layer(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def param_count(cfg: ModelConfig) -> ParamCount:
-    """Exact parameter counts of the decoder described by ``cfg`` (SPEC §2 formulas)."""
+    """Exact parameter counts of the decoder described by ``cfg`` (docs/methods.md §2 formulas)."""
     layer_matrices, layer_norms = _per_layer(cfg)
     embedding = cfg.vocab_size * cfg.d_model * (1 if cfg.tied_embeddings else 2)
     norms = cfg.n_layers * layer_norms + cfg.d_model
@@ -54,7 +54,7 @@ def param_count(cfg: ModelConfig) -> ParamCount:
 
 
 def flops_per_token(cfg: ModelConfig) -> float:
-    """Training FLOPs per token, 6·N_matmul + 6·L·d·T (SPEC §1, architecture-aware).
+    """Training FLOPs per token, 6·N_matmul + 6·L·d·T (docs/methods.md §1, architecture-aware).
 
     N_matmul = N − V·d when untied (the input embedding is a lookup, not a matmul), N when tied
     (the shared matrix is the output projection). 6·L·d·T counts the attention score/value matmuls
@@ -66,10 +66,10 @@ def flops_per_token(cfg: ModelConfig) -> float:
 
 
 def training_flops(cfg: ModelConfig, tokens: float) -> float:
-    """C = (6·N_matmul + 6·L·d·T)·D FLOPs for D = ``tokens`` training tokens (SPEC §1, the default convention)."""
+    """C = (6·N_matmul + 6·L·d·T)·D FLOPs for D = ``tokens`` training tokens (docs/methods.md §1, the default convention)."""
     return flops_per_token(cfg) * float(tokens)
 
 
 def flops_6nd(cfg: ModelConfig, tokens: float) -> float:
-    """C6 = 6·N·D FLOPs, N = total parameters: Chinchilla's shortcut, for scaling-law and payback maths only (SPEC §1)."""
+    """C6 = 6·N·D FLOPs, N = total parameters: Chinchilla's shortcut, for scaling-law and payback maths only (docs/methods.md §1)."""
     return 6.0 * param_count(cfg).total * float(tokens)

@@ -1,4 +1,4 @@
-"""Shape of the decoder-only transformer (SPEC §2).
+"""Shape of the decoder-only transformer (docs/methods.md §2).
 
 A ``ModelConfig`` fully determines the parameter count (``models.arithmetic.param_count``) and the module
 built by ``models.decoder.Decoder``; it is stored as JSON inside every checkpoint.
@@ -13,7 +13,7 @@ from infra.section import Section
 
 
 class ModelConfig(Section):
-    """Decoder shape: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN, no biases (SPEC §2).
+    """Decoder shape: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN, no biases (docs/methods.md §2).
 
     Fields:
         n_layers: L, number of decoder blocks.
@@ -21,12 +21,12 @@ class ModelConfig(Section):
         n_heads: n_h, query heads; d_model must divide evenly, head_dim = d_model / n_heads.
         n_kv_heads: n_kv, key/value heads (GQA); must divide n_heads (n_kv == n_h is plain multi-head).
         d_ff: hidden width of the SwiGLU FFN (three d × d_ff matrices).
-        vocab_size: V, tokenizer vocabulary (padded to a multiple of 64/128, SPEC §8).
+        vocab_size: V, tokenizer vocabulary (padded to a multiple of 64/128, docs/methods.md §8).
         seq_len: T, context length in tokens used for training and for the 6·L·d·T attention FLOPs.
         tied_embeddings: output head shares the input embedding matrix.
-        qk_norm: RMSNorm with a learned gain (size head_dim) on q and k per head, before RoPE (SPEC §2).
+        qk_norm: RMSNorm with a learned gain (size head_dim) on q and k per head, before RoPE (docs/methods.md §2).
         rope_theta: RoPE base frequency.
-        init_std: std of N(0, σ) init for matrices; residual projections use σ/√(2L) (SPEC §2).
+        init_std: std of N(0, σ) init for matrices; residual projections use σ/√(2L) (docs/methods.md §2).
         norm_eps: ε inside RMSNorm.
 
     Raises:

@@ -1,4 +1,4 @@
-"""Decoder-only transformer: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN, no biases (SPEC §2).
+"""Decoder-only transformer: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN, no biases (docs/methods.md §2).
 
 Shape legend: B batch, T sequence length, d model width, V vocabulary, n_h query heads, n_kv key/value
 heads, d_h head width, d_ff FFN hidden width.
@@ -57,7 +57,7 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention; parameters 2·d² + 2·d·n_kv·d_h (SPEC §2), plus 2·d_h with QK-norm."""
+    """Causal grouped-query attention; parameters 2·d² + 2·d·n_kv·d_h (docs/methods.md §2), plus 2·d_h with QK-norm."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -69,7 +69,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        # Instrument (SPEC §6, Lab 3): when set, forward also records the largest |q·k|/√d_h over causal pairs.
+        # Instrument (docs/methods.md §6 (learning-rate stability grid)): when set, forward also records the largest |q·k|/√d_h over causal pairs.
         self.probe_logits, self.max_logit = False, 0.0
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -104,7 +104,7 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """W_down(SiLU(W_gate x) ⊙ W_up x), 3·d·d_ff parameters (Shazeer 2020; SPEC §2)."""
+    """W_down(SiLU(W_gate x) ⊙ W_up x), 3·d·d_ff parameters (Shazeer 2020; docs/methods.md §2)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -146,9 +146,9 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Token ids → next-token logits. ``sum(p.numel())`` equals ``param_count(cfg).total`` (SPEC §2).
+    """Token ids → next-token logits. ``sum(p.numel())`` equals ``param_count(cfg).total`` (docs/methods.md §2).
 
-    Init (SPEC §2): every matrix N(0, init_std); the residual projections (attention ``wo`` and FFN
+    Init (docs/methods.md §2): every matrix N(0, init_std); the residual projections (attention ``wo`` and FFN
     ``w_down``) N(0, init_std/√(2L)); norm gains 1. With tied embeddings the output head reuses the
     input embedding matrix, so a tied model has one V × d matrix.
     """
@@ -167,7 +167,7 @@ class Decoder(nn.Module):
 
     @property
     def activation_checkpointing(self) -> bool:
-        """Recompute each block's activations in backward instead of storing them (SPEC §3: stored activations
+        """Recompute each block's activations in backward instead of storing them (docs/methods.md §3: stored activations
         drop to the block inputs). A runtime choice: not part of the config or the weights."""
         return all(block.recompute for block in self.blocks)
 
@@ -178,7 +178,7 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Re-draw all weights with the SPEC §2 init (uses the global torch RNG)."""
+        """Re-draw all weights with the init of docs/methods.md §2 (uses the global torch RNG)."""
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
             if p.ndim == 1:
@@ -192,7 +192,7 @@ class Decoder(nn.Module):
         """idx LongTensor (B, T) with T ≤ cfg.seq_len → logits (B, T, V) (autocast dtype under autocast).
 
         ``doc_ids`` (B, T), the document each position belongs to, turns on a block-diagonal causal mask: a
-        position attends only to earlier positions of its own document (SPEC §8 packing). None: plain causal.
+        position attends only to earlier positions of its own document (docs/methods.md §8 packing). None: plain causal.
 
         Raises:
             DataError: T exceeds cfg.seq_len (RoPE tables are built for seq_len positions), or doc_ids' shape

@@ -1,1 +1,1 @@
-"""Filter audit (SPEC §7 Lab 1): labelled junk injected into a source, the corpus build run on it, what it caught."""
+"""Filter audit (docs/methods.md §7 (TinyStories filter audit)): labelled junk injected into a source, the corpus build run on it, what it caught."""

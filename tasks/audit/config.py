@@ -1,6 +1,6 @@
-"""Settings of the filter audit (SPEC §7 "Lab 1 reference"): how many originals, how much junk, what to measure.
+"""Settings of the filter audit (docs/methods.md §7 (TinyStories filter audit)): how many originals, how much junk, what to measure.
 
-Defaults are Lab 1's mix: the first 5,000 documents + 150 navigation pages, 150 spam pages, 150 repeated-line pages,
+Defaults are the TinyStories filter audit's mix: the first 5,000 documents + 150 navigation pages, 150 spam pages, 150 repeated-line pages,
 150 short fragments, 200 exact copies and 600 near copies (100 at each word edit rate
 q ∈ {.01, .03, .05, .08, .12, .20}).
 """
@@ -24,9 +24,9 @@ class AuditConfig(Section):
             without spaces) is substituted or deleted with probability q.
         edit_rates: the rates q, each in (0, 1).
         max_copies_per_original: cap on exact + near copies of one original. An original with many copies makes
-            its own lines look like cross-document boilerplate (SPEC §7), and the boilerplate rule would then
+            its own lines look like cross-document boilerplate (docs/methods.md §7), and the boilerplate rule would then
             remove the original too; 4 keeps original + copies below the build's default of 10 documents. When
-            N originals cannot take every copy, the copy counts are scaled down alike (Lab 1: 800 copies of
+            N originals cannot take every copy, the copy counts are scaled down alike (the filter audit: 800 copies of
             5,000 originals, so never).
         thresholds: Jaccard thresholds at which near-dedup precision and recall are reported.
         bin_edges: Jaccard bin edges for the LSH detection rate (S-curve) plot, increasing in [0, 1].

@@ -1,9 +1,9 @@
-"""Labelled junk injection (SPEC §7 "Lab 1 reference"): originals first, then junk, exact copies and near copies.
+"""Labelled junk injection (docs/methods.md §7 (TinyStories filter audit)): originals first, then junk, exact copies and near copies.
 
 Near copies edit each shingle unit (a whitespace word, or a non-space character for languages written without
 spaces) with probability q: half of the edits substitute a unit drawn from the source's vocabulary, half delete it.
 A shingle of n units survives when none of its units is edited, so the surviving share is s = (1 − q)^n and the
-copy's Jaccard similarity to its original is J ≈ s / (2 − s) (SPEC §7; deletions shrink the copy by a share q/2 of
+copy's Jaccard similarity to its original is J ≈ s / (2 − s) (docs/methods.md §7; deletions shrink the copy by a share q/2 of
 its shingles, which raises J by up to 0.015 over q ∈ [.01, .20]).
 """
 
@@ -36,7 +36,7 @@ def labels(cfg: AuditConfig) -> list[str]:
 
 def theoretical_jaccard(q: float, n: int) -> float:
     """J ≈ s / (2 − s) with s = (1 − q)^n: a copy with unit edit rate ``q`` vs its original, n-unit shingles
-    (SPEC §7). Two copies at rates q1, q2 of one original: pass q = 1 − (1 − q1)(1 − q2)."""
+    (docs/methods.md §7). Two copies at rates q1, q2 of one original: pass q = 1 − (1 − q1)(1 − q2)."""
     s = (1.0 - q) ** n
     return s / (2.0 - s)
 

@@ -1,4 +1,4 @@
-"""Synthetic junk of the kinds web crawls are full of (SPEC §7 Lab 1): navigation, spam, repeated lines, fragments.
+"""Synthetic junk of the kinds web crawls are full of (docs/methods.md §7 (TinyStories filter audit)): navigation, spam, repeated lines, fragments.
 
 Each generator takes a ``random.Random``, the language and the source's ``Material`` and returns one plain-text
 page; English and Chinese variants (``language="zh"`` gives Chinese, anything else English). Pages mix fixed

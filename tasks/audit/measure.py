@@ -1,15 +1,15 @@
-"""What the audit measures on the mixed set (SPEC §7 "Lab 1 reference").
+"""What the audit measures on the mixed set (docs/methods.md §7 (TinyStories filter audit)).
 
 - Crosstab: label × first failing rule of the corpus build ("kept" when the document survives).
 - Pairs: every pair inside a family (an original and its near copies), plus every LSH candidate pair across
   families, with exact Jaccard on shingle sets, the MinHash estimate (share of equal signature entries over all
   ``num_perm`` permutations) and whether LSH banding makes it a candidate (equal rows in at least one band).
-- LSH detection rate per Jaccard bin beside the S-curve P(s) = 1 − (1 − s^r)^b (SPEC §7).
+- LSH detection rate per Jaccard bin beside the S-curve P(s) = 1 − (1 − s^r)^b (docs/methods.md §7).
 - Near-dedup precision and recall per Jaccard threshold t, over (near copy, its original) pairs and cross-family
   candidate pairs (copy-copy pairs are left out: their count depends on how many copies share an original). A pair
   is *predicted* a duplicate when it is an LSH candidate and its exact Jaccard is ≥ t (what the corpus build's
   near dedup joins at threshold t). Two truths: ``theory``: a copy-original pair whose J = s/(2 − s),
-  s = (1 − q)^n, is ≥ t (SPEC §7); ``exact``: a copy-original pair whose exact Jaccard is ≥ t (so recall is the
+  s = (1 − q)^n, is ≥ t (docs/methods.md §7); ``exact``: a copy-original pair whose exact Jaccard is ≥ t (so recall is the
   LSH detection rate above t, and precision only counts cross-family matches against it).
 """
 
@@ -79,7 +79,7 @@ def is_candidate(sig_a: np.ndarray, sig_b: np.ndarray, bands: int, rows: int) ->
 
 
 def candidate_pairs(sigs: np.ndarray, has: np.ndarray, bands: int, rows: int) -> set[tuple[int, int]]:
-    """All index pairs (i < j) equal on every row of some band; rows without shingles get no buckets (SPEC §7).
+    """All index pairs (i < j) equal on every row of some band; rows without shingles get no buckets (docs/methods.md §7).
 
     Buckets are complete (the build may cap pairs per large bucket): this is the candidate set the S-curve
     describes."""

@@ -1,4 +1,4 @@
-"""The LSH S-curve plot: empirical detection rate per Jaccard bin beside P(s) = 1 − (1 − s^r)^b (SPEC §7)."""
+"""The LSH S-curve plot: empirical detection rate per Jaccard bin beside P(s) = 1 − (1 − s^r)^b (docs/methods.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The filter audit of one source (SPEC §7 "Lab 1 reference"), as plain functions.
+"""The filter audit of one source (docs/methods.md §7 (TinyStories filter audit)), as plain functions.
 
     originals, _ = load_originals(source_cfg, layout.source_cache, 5000)
     result = run_audit(originals, source_cfg, corpus_cfg, AuditConfig())
@@ -46,7 +46,7 @@ Progress = Callable[[str, int, int], None]
 PR_DEFINITION = (
     "pairs: every (near copy, its original) pair plus every LSH candidate pair of documents with different "
     "originals, among originals and near copies. predicted duplicate: LSH candidate (configured bands x rows) and "
-    "exact Jaccard >= t. truth 'theory': a copy-original pair with J = s/(2-s) >= t, s = (1-q)^n (SPEC 7). "
+    "exact Jaccard >= t. truth 'theory': a copy-original pair with J = s/(2-s) >= t, s = (1-q)^n (docs/methods.md §7). "
     "truth 'exact': a copy-original pair with exact Jaccard >= t."
 )
 

@@ -1,4 +1,4 @@
-"""Cross-document boilerplate: lines and paragraphs repeated across many documents (SPEC §7 exact dedup).
+"""Cross-document boilerplate: lines and paragraphs repeated across many documents (docs/methods.md §7 exact dedup).
 
 Navigation bars, footers and licence paragraphs survive document-level deduplication because each page around them
 differs. A unit (a line, or a paragraph of two or more lines) is keyed by the xxh3-64 hash of its normal form

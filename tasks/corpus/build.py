@@ -1,4 +1,4 @@
-"""The corpus build, by shards: memory bounded by shard size, shards in parallel, a crash resumes (SPEC §7).
+"""The corpus build, by shards: memory bounded by shard size, shards in parallel, a crash resumes (docs/methods.md §7).
 
 Passes over a work directory (each shard's output is written under a temporary name and renamed when complete,
 so a rerun skips finished shards and never reads a partial one):

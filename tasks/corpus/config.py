@@ -1,4 +1,4 @@
-"""Config of the corpus build (SPEC §7): kept languages, rule thresholds, PII and deduplication switches.
+"""Config of the corpus build (docs/methods.md §7): kept languages, rule thresholds, PII and deduplication switches.
 
 Defaults are the published values: language-ID threshold 0.65 (FineWeb), Gopher quality and repetition rules
 (Rae et al. 2021, "Scaling Language Models: Methods, Analysis & Insights from Training Gopher", App. A), MinHash
@@ -32,7 +32,7 @@ def _check_share(name: str, v: float) -> float:
 
 
 class GopherConfig(Section):
-    """Gopher quality and repetition thresholds (SPEC §7; Rae et al. 2021, App. A, Table A1).
+    """Gopher quality and repetition thresholds (docs/methods.md §7; Rae et al. 2021, App. A, Table A1).
 
     A document is removed when any rule fires. Word counts are whitespace tokens; shares are fractions in [0, 1].
     ``max_dup_lines`` / ``max_dup_paragraphs``: max share of lines / paragraphs repeating an earlier one;
@@ -87,7 +87,7 @@ class GopherConfig(Section):
 
 
 class ChineseRulesConfig(Section):
-    """Character-based rules for languages without spaces between words (SPEC §7 "Chinese"): Chinese, and
+    """Character-based rules for languages without spaces between words (docs/methods.md §7 "Chinese"): Chinese, and
     Japanese with its own stop words.
 
     ``min_chars`` / ``max_chars``: non-whitespace characters (the maximum mirrors Gopher's 100,000 words);
@@ -128,7 +128,7 @@ class ChineseRulesConfig(Section):
 
 
 class C4Config(Section):
-    """C4 line rules, opt-in (SPEC §7 "C4"; Raffel et al. 2020, §2.2; defaults from TFDS ``c4_utils``).
+    """C4 line rules, opt-in (docs/methods.md §7 "C4"; Raffel et al. 2020, §2.2; defaults from TFDS ``c4_utils``).
 
     Lines are kept only if they end in one of ``end_marks`` and have at least ``min_words_per_line`` whitespace
     words and no word longer than ``max_word_length`` characters; lines containing one of ``line_substrings``
@@ -180,7 +180,7 @@ SUGGESTED_CANDIDATE_PROBABILITY = 0.9
 
 
 class MinHashConfig(Section):
-    """MinHash LSH near-duplicate detection (SPEC §7; FineWeb: 5-grams, 112 hashes as 14 bands × 8 rows).
+    """MinHash LSH near-duplicate detection (docs/methods.md §7; FineWeb: 5-grams, 112 hashes as 14 bands × 8 rows).
 
     ``bands * rows`` hash functions are used out of ``num_perm``; candidates are kept when their exact Jaccard
     similarity on shingle sets is >= ``jaccard_threshold``. ``scope``: "source" compares documents of the same
@@ -200,7 +200,7 @@ class MinHashConfig(Section):
       Each shingle is hashed once and falls into one of ``num_perm`` bins; a bin's value is the minimum there, and
       an empty bin copies the value of the first non-empty bin along a fixed pseudo-random probe sequence.
       P(values agree) = Jaccard, as with ``num_perm`` permutations, at the cost of one hash per shingle.
-    * "universal": SPEC §7's ``num_perm`` permutations h_i(x) = (a_i·x + b_i) mod (2^31 − 1), the minimum of each;
+    * "universal": docs/methods.md §7's ``num_perm`` permutations h_i(x) = (a_i·x + b_i) mod (2^31 − 1), the minimum of each;
       ``num_perm`` hashes per shingle.
 
     The two families give different signatures: band keys stored by a build are comparable only within a family.
@@ -280,7 +280,7 @@ def _banding_for(threshold: float, num_perm: int) -> tuple[int, int]:
 
 
 class BoilerplateConfig(Section):
-    """Cross-document boilerplate removal (SPEC §7 "also line/paragraph boilerplate across documents").
+    """Cross-document boilerplate removal (docs/methods.md §7 "also line/paragraph boilerplate across documents").
 
     A line (or a multi-line paragraph) whose normal form (lower-cased, whitespace collapsed) has at least
     ``min_chars`` characters and occurs in at least ``min_docs`` documents of the corpus is cut from every document
@@ -294,7 +294,7 @@ class BoilerplateConfig(Section):
 
 
 class DecontaminationConfig(Section):
-    """Removal of training documents that overlap an evaluation set (SPEC §7 "Decontamination").
+    """Removal of training documents that overlap an evaluation set (docs/methods.md §7 "Decontamination").
 
     Texts are compared as word ``ngram``-grams after lower-casing and collapsing whitespace (so line wraps do not
     hide a match). Evaluation sets: the gate's cloze items (context + correct option) and every file in
@@ -332,7 +332,7 @@ class ExecutionConfig(Section):
 
 
 class CorpusConfig(Section):
-    """Corpus build settings (SPEC §7).
+    """Corpus build settings (docs/methods.md §7).
 
     ``source_overrides`` maps a source name to partial rule thresholds, either nested
     (``{"fortunes": {"gopher": {"min_words": 5}}}``) or flat (``{"fortunes": {"min_words": 5}}``: a flat key is

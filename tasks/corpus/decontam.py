@@ -1,4 +1,4 @@
-"""Decontamination: find training documents that share a word n-gram with an evaluation item (SPEC §7).
+"""Decontamination: find training documents that share a word n-gram with an evaluation item (docs/methods.md §7).
 
 Texts are reduced to lower-cased ``\\w+`` tokens, so whitespace, line wraps and punctuation never hide a match.
 Each token is hashed with xxh3-64 and every window of n tokens gets the polynomial hash

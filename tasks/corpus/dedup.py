@@ -1,4 +1,4 @@
-"""Exact deduplication (SPEC §7): normalise (lower-case, collapse whitespace), hash with xxh3-128, keep first."""
+"""Exact deduplication (docs/methods.md §7): normalise (lower-case, collapse whitespace), hash with xxh3-128, keep first."""
 
 import re
 from collections.abc import Sequence

@@ -1,4 +1,4 @@
-"""Cheap first stages: main-text extraction from HTML, Unicode repair, whitespace normalisation (SPEC §7).
+"""Cheap first stages: main-text extraction from HTML, Unicode repair, whitespace normalisation (docs/methods.md §7).
 
 Extraction is trafilatura's main-content extractor (navigation, footers and sidebars dropped); repair is ftfy,
 which undoes UTF-8 read as cp1252 ("â€", "Ã", "Â" mojibake) and similar damage.

@@ -1,4 +1,4 @@
-"""Per-document stages of the corpus build, cheap → expensive (SPEC §7); they need no other document.
+"""Per-document stages of the corpus build, cheap → expensive (docs/methods.md §7); they need no other document.
 
 sanitise (NUL bytes, lone surrogates) → extract (HTML main text) → repair (ftfy) → empty → langid → quality
 (optional C4 line rules, then Gopher or Chinese rules by the identified language) → pii (placeholders).
@@ -165,7 +165,7 @@ def _langid(frame: pd.DataFrame, ledger: Ledger, cfg: CorpusConfig) -> pd.DataFr
 def language_of(line: str, hint: object, cfg: CorpusConfig) -> tuple[str, float, Reason | None]:
     """(language, lid.176 score, removal reason or None) of whitespace-normalised text ``line``.
 
-    Below ``cfg.langid_min_chars`` characters the identifier is unreliable (SPEC §7): the source's language hint is
+    Below ``cfg.langid_min_chars`` characters the identifier is unreliable (docs/methods.md §7): the source's language hint is
     used (score NaN), or the language is ``unknown`` — kept or removed by ``cfg.unknown_language``.
     """
     if len(line) < cfg.langid_min_chars:

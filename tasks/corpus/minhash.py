@@ -1,4 +1,4 @@
-"""Near-duplicate detection (SPEC §7): shingles, MinHash signatures, LSH band keys, candidate pairs, exact-Jaccard
+"""Near-duplicate detection (docs/methods.md §7): shingles, MinHash signatures, LSH band keys, candidate pairs, exact-Jaccard
 verification and leader clustering, vectorised over many documents at once.
 
 Pipeline and the shapes that travel between its steps (``n`` documents, ``k = num_perm``, ``b`` bands × ``r`` rows):
@@ -14,7 +14,7 @@ Pipeline and the shapes that travel between its steps (``n`` documents, ``k = nu
      bins, 31 other bits are its value, and a bin keeps its minimum. An empty bin ``i`` copies the value of the
      first non-empty bin among ``probe(i, 1), probe(i, 2), ...``, a 2-universal hash of (bin, attempt) shared by
      all documents, which keeps P(values agree) = Jaccard. One hash per shingle instead of ``k``.
-   * "universal", SPEC §7's family: a hash is reduced to ``x = hash mod p`` with ``p = 2^31 − 1`` and permutation
+   * "universal", docs/methods.md §7's family: a hash is reduced to ``x = hash mod p`` with ``p = 2^31 − 1`` and permutation
      ``i`` maps it to ``h_i(x) = (a_i·x + b_i) mod p``; the signature is the per-permutation minimum.
 
    Documents without shingles get the sentinel row ``EMPTY`` (2^32 − 1, above any value of either family).
@@ -678,7 +678,7 @@ def _as_flags(by_chars: bool | Sequence[bool], n: int) -> np.ndarray:
 def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHashConfig,
                progress: Callable[[int, int], None] | None = None) -> Signatures:
     """MinHash signatures of ``texts``: (n, ``cfg.num_perm``) values of family ``cfg.family`` with seed
-    ``cfg.seed`` (SPEC §7; see the module docstring for "oph" and "universal").
+    ``cfg.seed`` (docs/methods.md §7; see the module docstring for "oph" and "universal").
 
     ``by_chars``: one flag per text (character shingles when true) or one flag for all. Texts are processed in
     chunks of about 500,000 characters; within a chunk, all shingle hashes are concatenated: "universal" evaluates
@@ -860,7 +860,7 @@ def cluster(n: int, pairs: np.ndarray, similarity: Callable[[int, int], float], 
 def near_duplicates(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHashConfig,
                     groups: Sequence | np.ndarray | None = None,
                     progress: Callable[[int, int], None] | None = None) -> NearDuplicates:
-    """Near duplicates among in-memory ``texts`` (SPEC §7): signatures → band keys → candidate pairs → leader
+    """Near duplicates among in-memory ``texts`` (docs/methods.md §7): signatures → band keys → candidate pairs → leader
     clustering with exact Jaccard >= ``cfg.jaccard_threshold`` on the shingle sets.
 
     ``by_chars`` as in :func:`signatures`; texts shingled differently are never paired. ``groups`` (one label per

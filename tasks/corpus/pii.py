@@ -1,4 +1,4 @@
-"""Replace personal data with placeholders, not deletion (SPEC §7 "PII").
+"""Replace personal data with placeholders, not deletion (docs/methods.md §7 "PII").
 
 E-mail addresses → ``<EMAIL>``, IPv4/IPv6 addresses → ``<IP>``, phone numbers → ``<PHONE>``. Only the address or
 number itself is replaced: quotes, brackets, commas and sentence-final dots around it stay.

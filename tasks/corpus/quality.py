@@ -1,4 +1,4 @@
-"""Document quality rules (SPEC §7): Gopher rules for space-separated languages, character rules for Chinese and
+"""Document quality rules (docs/methods.md §7): Gopher rules for space-separated languages, character rules for Chinese and
 Japanese, and the opt-in C4 line rules.
 
 Every filter returns ``(keep, reason)``; ``reason`` is None when kept, else a ``Reason`` whose ``rule`` names the
@@ -382,7 +382,7 @@ def han_kana_count(text: str) -> int:
 
 
 def chinese(text: str, cfg: ChineseRulesConfig, language: str = "zh") -> Verdict:
-    """Character rules for languages written without spaces (SPEC §7), cheapest first: length in non-space
+    """Character rules for languages written without spaces (docs/methods.md §7), cheapest first: length in non-space
     characters, share of Han/kana characters, stop-word occurrences (``cfg.stop_words_for(language)``), share of
     characters covered by repeated character n-grams (the character analogue of Gopher's duplicated n-grams)."""
     chars = "".join(text.split())

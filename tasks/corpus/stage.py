@@ -90,7 +90,7 @@ def reconcile(docs: pd.DataFrame, rejects: pd.DataFrame, kept: pd.DataFrame, rem
 def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, kept: pd.DataFrame,
                    removals: pd.DataFrame, result, cfg: CorpusConfig,
                    eval_items: Sequence[EvalItem]) -> dict[str, Any]:
-    """The corpus manifest (SPEC §7: per component source, snapshot, licence, filters, counts) and its hash.
+    """The corpus manifest (docs/methods.md §7: per component source, snapshot, licence, filters, counts) and its hash.
 
     Per source: documents and characters in/out of every stage, removals by rule, repairs by fix name, PII
     placeholders, boilerplate lines cut, near-dedup clusters and decontamination hits. Corpus-wide ``near_dedup``:

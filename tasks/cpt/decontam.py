@@ -1,6 +1,6 @@
 """Evaluation sets checked against the CPT training stream, in token 13-grams, before any CPT step.
 
-The corpus stage already removed training documents that contain an evaluation text (SPEC §7). CPT trains on a
+The corpus stage already removed training documents that contain an evaluation text (docs/methods.md §7). CPT trains on a
 new stream (domain sources plus replay), so the evaluation it is judged by is checked once more, in the unit the
 model sees: a held-out window or a cloze item (context + correct continuation) that shares any 13-gram of token
 ids with the stream's training split is listed and left out of every score — for the base and every candidate

@@ -1,7 +1,7 @@
 """CPT stage: continued pretraining of the main checkpoint on the domain source with replay.
 
 A grid of replay fraction × peak LR; each candidate starts from the same base weights with a fresh AdamW
-state and a short warmup (SPEC §11). The replay stream is the base run's mixture (same general sources and
+state and a short warmup (docs/methods.md §11). The replay stream is the base run's mixture (same general sources and
 weights) taking ``replay_fraction`` of every batch. General and domain held-out loss are evaluated every
 ``cpt.budget.eval_every`` steps, so the forgetting curve is visible in MLflow, and the cloze set at the end.
 
@@ -50,7 +50,7 @@ def base_checkpoint(ctx: StageContext, cfg: CptConfig, corpus: TokenizedCorpus) 
 
     Raises:
         CheckpointError: missing/corrupt checkpoint, or one trained with another tokenizer or vocabulary (the
-            message gives both hashes: a new vocabulary needs an embedding transition, SPEC §11).
+            message gives both hashes: a new vocabulary needs an embedding transition, docs/methods.md §11).
     """
     path = Path(cfg.base_checkpoint) if cfg.base_checkpoint else ctx.inputs["main"] / "checkpoint"
     record = verify_checkpoint(path)

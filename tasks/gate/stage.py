@@ -31,7 +31,7 @@ def load_eval(cpt_dir: Path, name: str, params: dict) -> CandidateEval:
 
 
 def plot_decision(table, cfg: GateConfig, path: Path) -> None:
-    """Lab 5's figure: domain loss reduction (x) against general loss rise (y) per candidate, with the intervals
+    """The CPT replay grid's figure (docs/methods.md §11): domain loss reduction (x) against general loss rise (y) per candidate, with the intervals
     as error bars, the gate's thresholds as lines, and the verdict as colour."""
     import matplotlib
 

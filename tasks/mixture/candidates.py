@@ -1,9 +1,9 @@
 """Turn mixture candidates into per-source sampling weights, and check how often each source repeats.
 
-Formulas (SPEC §8):
+Formulas (docs/methods.md §8):
     temperature sampling  p_s = q_s^α / Σ_t q_t^α, with q_s = n_s / Σ_t n_t the natural token share;
     epochs of source s    e_s = w_s · D / U_s (D main-run tokens, U_s unique tokens of s).
-Up to ~4 epochs of a small high-quality source is almost as good as fresh data (SPEC §8), hence the default limit.
+Up to ~4 epochs of a small high-quality source is almost as good as fresh data (docs/methods.md §8), hence the default limit.
 """
 
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ def _check_sizes(sizes: dict[str, int], what: str) -> None:
 
 
 def temperature_weights(sizes: dict[str, int], alpha: float) -> dict[str, float]:
-    """Sampling weights p_s ∝ q_s^α over sources (SPEC §8), keyed like ``sizes``.
+    """Sampling weights p_s ∝ q_s^α over sources (docs/methods.md §8), keyed like ``sizes``.
 
     Args:
         sizes: tokens per source (the natural shares q come from these).
@@ -106,9 +106,9 @@ def _explicit_weights(name: str, weights: dict[str, float], sizes: dict[str, int
 
 
 def epochs(weights: dict[str, float], main_tokens: int, unique_tokens: dict[str, int]) -> dict[str, float]:
-    """Epochs of each source over the main run: e_s = w_s · D / U_s (SPEC §8).
+    """Epochs of each source over the main run: e_s = w_s · D / U_s (docs/methods.md §8).
 
-    SPEC §12 example: web 0.80 × 1,000B / 900B = 0.89, wiki 0.05 × 1,000B / 20B = 2.5,
+    docs/methods.md §12 example: web 0.80 × 1,000B / 900B = 0.89, wiki 0.05 × 1,000B / 20B = 2.5,
     code 0.15 × 1,000B / 150B = 1.0.
 
     Args:
@@ -138,14 +138,14 @@ def epochs(weights: dict[str, float], main_tokens: int, unique_tokens: dict[str,
 
 
 def epoch_warnings(epochs: dict[str, float], max_epochs: float) -> list[str]:
-    """One message per source repeated more than ``max_epochs`` times (SPEC §8: up to ~4 epochs is nearly free).
+    """One message per source repeated more than ``max_epochs`` times (docs/methods.md §8: up to ~4 epochs is nearly free).
 
     Returns:
         Human-readable warnings, in source order; empty when every source is within the limit.
     """
     return [
         f"source {source!r} is repeated {e:.2f} epochs (> {max_epochs:g}): beyond ~4 epochs repeated tokens are worth "
-        f"less than fresh ones (SPEC §8); lower its weight or add unique data"
+        f"less than fresh ones (docs/methods.md §8); lower its weight or add unique data"
         for source, e in epochs.items()
         if e > max_epochs
     ]

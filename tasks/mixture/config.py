@@ -1,6 +1,6 @@
 """Config section for the mixture ablation: the candidate mixtures and the rule that picks one.
 
-A candidate is either explicit per-source weights or a temperature α (SPEC §8: p_s ∝ q_s^α, α = 1 natural,
+A candidate is either explicit per-source weights or a temperature α (docs/methods.md §8: p_s ∝ q_s^α, α = 1 natural,
 α = 0 uniform). Exactly one natural candidate is the reference every other candidate is compared against.
 """
 
@@ -47,14 +47,14 @@ class MixtureCandidate(Section):
 
     @property
     def is_natural(self) -> bool:
-        """True for the natural mixture: named ``"natural"`` or with α = 1 (SPEC §8)."""
+        """True for the natural mixture: named ``"natural"`` or with α = 1 (docs/methods.md §8)."""
         return self.name == NATURAL_NAME or self.alpha == 1.0
 
 
 def check_alpha(alpha: float, where: str) -> None:
-    """Raise ConfigError naming ``where`` unless the temperature α lies in [0, 1] (SPEC §8)."""
+    """Raise ConfigError naming ``where`` unless the temperature α lies in [0, 1] (docs/methods.md §8)."""
     if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
-        raise ConfigError(f"{where} = {alpha}: must lie in [0, 1] (1 = natural shares, 0 = uniform; SPEC §8)")
+        raise ConfigError(f"{where} = {alpha}: must lie in [0, 1] (1 = natural shares, 0 = uniform; docs/methods.md §8)")
 
 
 def _check_weights(weights: dict[str, float], where: str) -> None:
@@ -98,7 +98,7 @@ class MixtureConfig(Section):
         max_regression_bpb: δ in bits/byte; a candidate is ineligible when any source is worse than under the
             natural mixture by more than δ.
         max_epochs: epochs per source in the main run (w·D/U, D from ``[main]``'s budget) above which the main
-            stage warns (~4, SPEC §8). It only sets a warning threshold, so it is left out of every stage key.
+            stage warns (~4, docs/methods.md §8). It only sets a warning threshold, so it is left out of every stage key.
         generate: candidates generated from a budget (grid or simplex sample), in addition to ``candidates``.
         transfer_model: a second proxy shape; every candidate is also trained at it and the stage reports Kendall's
             τ between the two sizes' scores, and whether the winner flips. The choice uses ``[proxy]``'s size.
@@ -145,12 +145,12 @@ class MixtureConfig(Section):
                               "alpha = 1; rename the other one")
         if not any(c.is_natural for c in self.candidates):
             raise ConfigError(
-                "mixture.candidates has no natural mixture: add one with alpha = 1 or named 'natural' (SPEC §8)"
+                "mixture.candidates has no natural mixture: add one with alpha = 1 or named 'natural' (docs/methods.md §8)"
             )
         if not (math.isfinite(self.max_regression_bpb) and self.max_regression_bpb >= 0.0):
             raise ConfigError(f"mixture.max_regression_bpb = {self.max_regression_bpb}: must be ≥ 0 bits/byte")
         if not (math.isfinite(self.max_epochs) and self.max_epochs > 0.0):
-            raise ConfigError(f"mixture.max_epochs = {self.max_epochs}: must be > 0 (SPEC §8 suggests ~4)")
+            raise ConfigError(f"mixture.max_epochs = {self.max_epochs}: must be > 0 (docs/methods.md §8 suggests ~4)")
         return self
 
     def natural_name(self) -> str:

@@ -1,6 +1,6 @@
-"""Pick a mixture from proxy runs compared on per-source held-out loss (SPEC §8: proxy ablations).
+"""Pick a mixture from proxy runs compared on per-source held-out loss (docs/methods.md §8: proxy ablations).
 
-Scores are in bits per byte, the only loss unit comparable across tokenizers (SPEC, units). A candidate is
+Scores are in bits per byte, the only loss unit comparable across tokenizers (docs/methods.md, units and conventions). A candidate is
 ineligible when any source is worse than under the natural mixture by more than δ = ``max_regression_bpb``, so a
 better average never hides a source the main run would quietly get worse at.
 """

@@ -10,7 +10,7 @@ itself); ``dpkg-deb -f`` confirms the version and ``dpkg-deb --fsys-tarfile`` un
 
 The resolved release is part of the sources key, so a moved archive is a new key, never new content under an
 old one. The package version is the source's snapshot and its ``usr/share/doc/<package>/copyright`` the licence
-(DESIGN "The embedded default and real input"; SPEC §7 "Manifest per component").
+(DESIGN "The embedded default and real input"; docs/methods.md §7 "Manifest per component").
 """
 
 import glob

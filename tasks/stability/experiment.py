@@ -1,4 +1,4 @@
-"""The stability experiment (SPEC §6, Lab 3): a learning-rate sweep crossed with cumulative interventions.
+"""The stability experiment (docs/methods.md §6 (learning-rate stability grid)): a learning-rate sweep crossed with cumulative interventions.
 
 Each cell trains the same small model from the same seed on the same batches for ``steps`` optimiser steps. The
 interventions are applied cumulatively in the order given: ``bare`` (no warmup, no clipping, no z-loss, no QK-norm),
@@ -6,7 +6,7 @@ then ``+warmup``, ``+clipping``, ``+z_loss``, ``+qk_norm``. Per cell it records 
 steps), worst CE (after the first 10 steps), max |attention logit| (the probe, every ``probe_every`` steps), mean log
 Z at the end, and the largest pre-clip gradient norm. A run whose loss turns non-finite is kept as ``diverged``.
 
-SPEC §6 reference (Lab 3, 1,328,256 parameters, 150 steps): at lr 0.03 the bare run's max |attention logit| is
+docs/methods.md §6 reference (stability grid, 1,328,256 parameters, 150 steps): at lr 0.03 the bare run's max |attention logit| is
 about 972 against about 12 with QK-norm; warmup, clipping and z-loss alone do not bound it.
 """
 
@@ -33,7 +33,7 @@ COLUMNS = ["lr", "interventions", "final_ce", "worst_ce", "max_attention_logit",
 
 
 class StabilityExperimentConfig(Section):
-    """``[stability]``: the grid of ``pretrain stability`` (defaults: SPEC §6 Lab 3).
+    """``[stability]``: the grid of ``pretrain stability`` (defaults: docs/methods.md §6 (learning-rate stability grid)).
 
     Fields:
         lrs: peak learning rates swept.

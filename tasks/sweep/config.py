@@ -25,7 +25,7 @@ class SweepConfig(Section):
         spread_tolerance: completed trials within this relative distance of the best held-out loss count as "near
             the optimum"; their LR range is reported as the spread of the choice.
         forecast_windows: shares of the best trial's tokens on which L(D) = L∞ + a·D^−γ is fitted to forecast its
-            final held-out loss (SPEC §10); at least 3 held-out reports must fall in a window.
+            final held-out loss (docs/methods.md §10); at least 3 held-out reports must fall in a window.
 
     Raises:
         ConfigError: naming the field and the fix.

@@ -1,8 +1,8 @@
-"""Loss forecast from the early part of a training curve: L(D) = L∞ + a·D^−γ (SPEC §10).
+"""Loss forecast from the early part of a training curve: L(D) = L∞ + a·D^−γ (docs/methods.md §10).
 
 The fit is made on the points up to a fraction of the run and judged by how well it predicts the last point. Two
 fit windows are reported side by side, because the forecast is only as good as its sensitivity to the window
-(SPEC §10: "show sensitivity to the fit window").
+(docs/methods.md §10: "show sensitivity to the fit window").
 """
 
 from __future__ import annotations

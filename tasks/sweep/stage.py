@@ -7,7 +7,7 @@ name leaves ``n_trials`` out (TPE), so raising it continues the study instead of
 
 Outputs: ``trials.parquet`` (every trial of every width) and ``best.json``: the best peak LR at the proxy width
 (it feeds the main run) with the spread of LRs near the optimum, the best LR per width and the drift between
-widths, and the loss forecast of the best trial (SPEC §10).
+widths, and the loss forecast of the best trial (docs/methods.md §10).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Config section of the tokenizer stage: BPE size, vocab padding, specials, held-out split, fit sample.
 
-Sources: SPEC §8 (tokenizer, padding) and §10 (held-out splits).
+Sources: docs/methods.md §8 (tokenizer, padding) and §10 (held-out splits).
 """
 
 from typing import Literal
@@ -10,28 +10,28 @@ from pydantic import Field, field_validator, model_validator
 from infra.section import Section
 
 EOS_TOKEN = "<|endoftext|>"
-NUM_BYTE_TOKENS = 256  # byte-level BPE starts from every byte value (SPEC §8)
+NUM_BYTE_TOKENS = 256  # byte-level BPE starts from every byte value (docs/methods.md §8)
 
 
 class TokenizerConfig(Section):
     """What the tokenizer stage needs, validated when built.
 
     Fields:
-        vocab_size: target BPE vocabulary in tokens, counting the specials and the 256 byte tokens (SPEC §8).
-        pad_multiple: the model's embedding rows are padded to a multiple of this (64 or 128, SPEC §8).
+        vocab_size: target BPE vocabulary in tokens, counting the specials and the 256 byte tokens (docs/methods.md §8).
+        pad_multiple: the model's embedding rows are padded to a multiple of this (64 or 128, docs/methods.md §8).
         special_tokens: reserved up front; the first must be ``<|endoftext|>``, the EOS that separates documents.
-        heldout_fraction: share of near-duplicate families held out, in (0, 1) (SPEC §10).
-        min_heldout_docs: held-out documents required per source (SPEC §10: held-out loss per source).
+        heldout_fraction: share of near-duplicate families held out, in (0, 1) (docs/methods.md §10).
+        min_heldout_docs: held-out documents required per source (docs/methods.md §10: held-out loss per source).
         sample_max_chars: cap on the tokenizer fit sample, in characters.
         seed: seeds the split hash and the fit sample.
         decontam_ngram: training documents sharing a word n-gram of this length with any held-out document are
-            removed before fitting (SPEC §7 decontamination; 0 turns it off).
+            removed before fitting (docs/methods.md §7 decontamination; 0 turns it off).
         decontam_common_docs: an n-gram held by this many training documents or more is common phrasing, ignored.
-        fit_weights: source → weight of the fit sample (SPEC §8: a sample of the final mixture); empty = the
+        fit_weights: source → weight of the fit sample (docs/methods.md §8: a sample of the final mixture); empty = the
             natural mixture (each source by its training characters). Sources left out are not sampled.
         max_pretoken_chars: longer runs of non-space (or space) characters are cut into pieces this long before
             BPE, so base64 blobs and repeated characters cost what ordinary text costs.
-        domain_terms: terms whose fragmentation (tokens per term, the pieces) is reported (SPEC §11).
+        domain_terms: terms whose fragmentation (tokens per term, the pieces) is reported (docs/methods.md §11).
 
     Raises:
         pydantic.ValidationError: a field is invalid; the message names the field and the fix.
@@ -102,7 +102,7 @@ class TokenizerConfig(Section):
 
 
 class PackingConfig(Section):
-    """How token shards become training rows (SPEC §8); read by every training stage's loader.
+    """How token shards become training rows (docs/methods.md §8); read by every training stage's loader.
 
     Fields:
         policy: ``best_fit`` (Ding et al. 2024: documents cut only when longer than a row; rows padded) or

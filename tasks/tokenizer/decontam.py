@@ -3,7 +3,7 @@
 The split keeps near-duplicate families on one side (tasks.tokenizer.split), but two different documents can still
 share a passage (a quoted paragraph, a copied code sample). Every held-out document of every source becomes an
 evaluation item; a training document holding one of its ``ngram``-grams that is not common phrasing is removed and
-logged (SPEC §7 decontamination, applied to the held-out splits the platform reports).
+logged (docs/methods.md §7 decontamination, applied to the held-out splits the platform reports).
 """
 
 from __future__ import annotations

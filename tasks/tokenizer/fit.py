@@ -1,6 +1,6 @@
-"""Fit the byte-level BPE tokenizer on a mixture-weighted sample of the training split (SPEC §8).
+"""Fit the byte-level BPE tokenizer on a mixture-weighted sample of the training split (docs/methods.md §8).
 
-Rules from SPEC §8, each checked on the fitted tokenizer (:func:`check_tokenizer`):
+Rules from docs/methods.md §8, each checked on the fitted tokenizer (:func:`check_tokenizer`):
   - byte-level BPE with all 256 byte symbols in the vocabulary, so no text is out of vocabulary;
   - digits split into single characters: no vocabulary entry holds two digits, "12345" is five tokens;
   - special tokens reserved up front, each always one id, even glued to text ("你好<|endoftext|>").
@@ -40,7 +40,7 @@ class FitSample(NamedTuple):
 
 def sample_texts(texts_by_source: dict[str, list[str]], weights: dict[str, float], max_chars: int,
                  seed: int) -> FitSample:
-    """Draw at most ``max_chars`` characters, split across sources by mixture weight (SPEC §8: "a sample of the final
+    """Draw at most ``max_chars`` characters, split across sources by mixture weight (docs/methods.md §8: "a sample of the final
     mixture (training split only)" — pass training-split texts only).
 
     Source s gets a budget of ``max_chars * w_s / sum(w)`` characters, filled with whole documents in a seeded random
@@ -68,7 +68,7 @@ def fit_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
     Special tokens get ids 0..k-1 in ``cfg.special_tokens`` order, so ``<|endoftext|>`` is id 0.
 
     Raises:
-        DataError: the fitted tokenizer breaks a SPEC §8 rule (see :func:`check_tokenizer`).
+        DataError: the fitted tokenizer breaks a docs/methods.md §8 rule (see :func:`check_tokenizer`).
     """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizer(cfg.max_pretoken_chars)
@@ -95,7 +95,7 @@ def pre_tokenizer(max_pretoken_chars: int) -> pre_tokenizers.PreTokenizer:
 
 
 def check_tokenizer(tok: Tokenizer, special_tokens: list[str], max_pretoken_chars: int | None = None) -> None:
-    """Verify the SPEC §8 rules listed in the module docstring on a fitted tokenizer: all 256 bytes present, no
+    """Verify the rules of docs/methods.md §8 listed in the module docstring on a fitted tokenizer: all 256 bytes present, no
     entry with two digits, "12345" → five tokens, each special one id next to Chinese text and decoding back to
     itself, and (when given) no pre-token longer than ``max_pretoken_chars`` characters.
 
@@ -108,10 +108,10 @@ def check_tokenizer(tok: Tokenizer, special_tokens: list[str], max_pretoken_char
         raise DataError(f"{len(missing)} of {NUM_BYTE_TOKENS} byte symbols missing from the vocab: text could be OOV")
     multi = [t for t in vocab if t not in special_tokens and _count_digits(t) > 1]
     if multi:
-        raise DataError(f"vocab entries with more than one digit (SPEC §8 digit split): {multi[:5]}")
+        raise DataError(f"vocab entries with more than one digit (docs/methods.md §8 digit split): {multi[:5]}")
     n_probe = len(tok.encode(DIGIT_PROBE).ids)
     if n_probe != len(DIGIT_PROBE):
-        raise DataError(f"{DIGIT_PROBE!r} encodes to {n_probe} tokens, expected {len(DIGIT_PROBE)} (SPEC §8)")
+        raise DataError(f"{DIGIT_PROBE!r} encodes to {n_probe} tokens, expected {len(DIGIT_PROBE)} (docs/methods.md §8)")
     for special in special_tokens:
         special_id = tok.token_to_id(special)
         if tok.encode(f"你好{special}世界").ids.count(special_id) != 1:
@@ -126,7 +126,7 @@ def check_tokenizer(tok: Tokenizer, special_tokens: list[str], max_pretoken_char
 
 
 def padded_vocab_size(tok: Tokenizer, multiple: int) -> int:
-    """Rows of the model's embedding: the vocab size rounded up to ``multiple`` (SPEC §8: 152,064 = 1,188 × 128).
+    """Rows of the model's embedding: the vocab size rounded up to ``multiple`` (docs/methods.md §8: 152,064 = 1,188 × 128).
 
     Raises:
         ConfigError: ``multiple`` is not positive.
@@ -143,7 +143,7 @@ def tokenizer_hash(tok: Tokenizer) -> str:
 
 
 def eos_id(tok: Tokenizer) -> int:
-    """Id of ``<|endoftext|>``, the document separator (SPEC §8 packing).
+    """Id of ``<|endoftext|>``, the document separator (docs/methods.md §8 packing).
 
     Raises:
         DataError: the tokenizer has no such token.

@@ -1,4 +1,4 @@
-"""Packing documents into training rows of T + 1 tokens (SPEC §8).
+"""Packing documents into training rows of T + 1 tokens (docs/methods.md §8).
 
 A shard is a flat array of documents, each ending in EOS. A *row* is the T + 1 tokens one training sequence reads
 (inputs ``row[:-1]``, targets ``row[1:]``); it is stored as segments ``(start, length)`` of the flat array, so a row

@@ -1,4 +1,4 @@
-"""Tokenizer efficiency per language or source, and how terms fragment (SPEC §8: Lab 2 reference 3.952 chars/token,
+"""Tokenizer efficiency per language or source, and how terms fragment (docs/methods.md §8: TinyStories tokenizer reference 3.952 chars/token,
 1.294 tokens/word).
 
 Words are whitespace-separated for space-delimited languages; Chinese and Japanese do not delimit words with spaces,

@@ -1,7 +1,7 @@
-"""Token shards: flat id arrays with EOS after every document, plus a JSON header and document offsets (SPEC §8).
+"""Token shards: flat id arrays with EOS after every document, plus a JSON header and document offsets (docs/methods.md §8).
 
 A shard ``<stem>`` is three files:
-  - ``<stem>.bin``: raw ids, uint16 when the vocab has at most 65,536 entries, uint32 above (SPEC §8);
+  - ``<stem>.bin``: raw ids, uint16 when the vocab has at most 65,536 entries, uint32 above (docs/methods.md §8);
   - ``<stem>.idx.npy``: int64 start position of each document in the .bin, shape (n_docs,);
   - ``<stem>.json``: header (dtype, vocab_size, eos_id, tokenizer_hash, n_tokens, n_docs, n_bytes, extra).
 Each is written under a temporary name and renamed; the header goes last, so a shard without a header is incomplete.
@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from infra.errors import ConfigError, DataError
 from tasks.tokenizer.fit import eos_id as find_eos_id
 
-UINT16_VOCAB_MAX = 65_536  # ids 0..65,535 fit in uint16 (SPEC §8)
+UINT16_VOCAB_MAX = 65_536  # ids 0..65,535 fit in uint16 (docs/methods.md §8)
 UINT32_VOCAB_MAX = 2**32
 HEADER_KEYS = ("dtype", "vocab_size", "eos_id", "tokenizer_hash", "n_tokens", "n_docs", "n_bytes", "extra")
 
@@ -41,7 +41,7 @@ class Shard:
 
 
 def shard_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits (vocab_size <= 65,536), else uint32 (SPEC §8).
+    """uint16 when every id fits (vocab_size <= 65,536), else uint32 (docs/methods.md §8).
 
     Raises:
         ConfigError: vocab_size is not in 1..2**32.
@@ -57,7 +57,7 @@ def text_bytes(texts: Sequence[str]) -> int:
 
 
 def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Encode documents and join them with EOS (SPEC §8 packing).
+    """Encode documents and join them with EOS (docs/methods.md §8 packing).
 
     Special-token strings inside a document (say a web page quoting "<|endoftext|>") are encoded as plain text, so
     EOS ids appear only at document ends. Uses ``encode_batch_fast`` (no character offsets: packing never needs

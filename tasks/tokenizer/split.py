@@ -1,6 +1,6 @@
-"""Train / held-out split by near-duplicate family, decided before the tokenizer is fitted (SPEC §8, §10).
+"""Train / held-out split by near-duplicate family, decided before the tokenizer is fitted (docs/methods.md §8, §10).
 
-Whole families land on one side so a near-copy of a held-out document never leaks into training (SPEC §10: "group
+Whole families land on one side so a near-copy of a held-out document never leaks into training (docs/methods.md §10: "group
 near-duplicates before splitting"). The side of a family comes from a seeded SHA-256 of its id, so the split is the
 same on every machine and Python process (Python's ``hash`` is salted per process).
 """
@@ -30,13 +30,13 @@ def assign_splits(kept: pd.DataFrame, cfg: TokenizerConfig) -> pd.Series:
     """Label each kept document "train" or "heldout".
 
     Args:
-        kept: one row per document, columns doc_id, source, family_id (near-duplicate group, SPEC §7/§10).
+        kept: one row per document, columns doc_id, source, family_id (near-duplicate group, docs/methods.md §7/§10).
         cfg: uses heldout_fraction (share of families), min_heldout_docs (per source) and seed.
 
     Returns:
         str Series named "split", aligned to ``kept.index``.
 
-    Per source (SPEC §10, held-out loss per source): at least ``min_heldout_docs`` held-out documents and at least one
+    Per source (docs/methods.md §10, held-out loss per source): at least ``min_heldout_docs`` held-out documents and at least one
     training document when the source has two or more families; lowest-scoring families are moved first, so the result
     is deterministic. A one-family source cannot satisfy both and goes wholly to train, logged as a warning and shown
     by :func:`split_summary`. A family shared by several sources keeps one side everywhere.
@@ -55,7 +55,7 @@ def assign_splits(kept: pd.DataFrame, cfg: TokenizerConfig) -> pd.Series:
 
 
 def split_summary(kept: pd.DataFrame, splits: pd.Series, cfg: TokenizerConfig) -> pd.DataFrame:
-    """Per source: n_families, n_train_docs, n_heldout_docs and a note when a SPEC §10 requirement could not be met."""
+    """Per source: n_families, n_train_docs, n_heldout_docs and a note when a docs/methods.md §10 requirement could not be met."""
     frame = kept.assign(split=splits)
     rows = []
     for source, g in frame.groupby("source", sort=True):

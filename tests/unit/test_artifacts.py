@@ -1,4 +1,4 @@
-"""Artifact keys and the store's completion semantics (DESIGN.md: a directory without its marker does not exist)."""
+"""Artifact keys and the store's completion semantics (docs/methods.md §13: a directory without its marker does not exist)."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Filter audit (SPEC §7 Lab 1): labelled injection, the edit-rate → Jaccard formula, crosstab, precision/recall."""
+"""Filter audit (docs/methods.md §7 (TinyStories filter audit)): labelled injection, the edit-rate → Jaccard formula, crosstab, precision/recall."""
 
 import math
 import random
@@ -66,7 +66,7 @@ def test_near_copy_jaccard_follows_spec_formula(q):
     vocab, original = vocabulary([text], False), shingles(text, 5, False)
     measured = np.mean([jaccard(original, shingles(edit_units(text, q, rng, vocab, False), 5, False))
                         for _ in range(8)])
-    # SPEC §7: s = (1 − q)^n, J ≈ s/(2 − s). Deletions shorten the copy and raise J by up to 0.015; the spread of
+    # docs/methods.md §7: s = (1 − q)^n, J ≈ s/(2 − s). Deletions shorten the copy and raise J by up to 0.015; the spread of
     # the mean of 8 copies of 10,000 words is about 0.004.
     assert measured == pytest.approx(theoretical_jaccard(q, 5), abs=0.03)
 

@@ -1,4 +1,4 @@
-"""Cloze scoring against a bigram oracle whose log-probabilities are written down by hand (SPEC §10)."""
+"""Cloze scoring against a bigram oracle whose log-probabilities are written down by hand (docs/methods.md §10)."""
 
 import json
 import math

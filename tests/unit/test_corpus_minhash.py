@@ -1,4 +1,4 @@
-"""Near-duplicate detection (SPEC §7) against its reference table and brute-force oracles."""
+"""Near-duplicate detection (docs/methods.md §7) against its reference table and brute-force oracles."""
 
 import logging
 import warnings
@@ -16,8 +16,8 @@ from tasks.corpus.minhash import (EMPTY, MERSENNE_P, band_keys, cluster, jaccard
                                   oph_probes, permutations, s_curve, shingle_hash_sets, shingle_hashes, shingles,
                                   signatures)
 
-# SPEC §7: bands, rows, threshold (2 d.p.), P at s = 0.5, 0.6, 0.7, 0.8, 0.9 (3 d.p.)
-SPEC_TABLE = [
+# docs/methods.md §7: bands, rows, threshold (2 d.p.), P at s = 0.5, 0.6, 0.7, 0.8, 0.9 (3 d.p.)
+S_CURVE_TABLE = [
     (16, 8, 0.71, [0.061, 0.237, 0.613, 0.947, 1.000]),
     (14, 8, 0.72, [0.053, 0.211, 0.565, 0.924, 1.000]),
     (32, 4, 0.42, [0.873, 0.988, 1.000, 1.000, 1.000]),
@@ -73,13 +73,13 @@ def _oracle_oph(text: str, by_chars: bool, cfg: MinHashConfig) -> list[int]:
     return [bins[i] if i in bins else next(bins[int(j)] for j in probes[i] if int(j) in bins) for i in range(k)]
 
 
-@pytest.mark.parametrize("bands,rows,threshold,probs", SPEC_TABLE)
+@pytest.mark.parametrize("bands,rows,threshold,probs", S_CURVE_TABLE)
 def test_lsh_reference_table(bands, rows, threshold, probs):
     assert round(lsh_threshold(bands, rows), 2) == threshold
     got = [round(lsh_candidate_probability(s, bands, rows), 3) for s in (0.5, 0.6, 0.7, 0.8, 0.9)]
     assert got == probs
     assert [round(p, 3) for _, p in s_curve(bands, rows)] == probs
-    # SPEC §7: P at the threshold ≈ 0.63 (1 − 1/e for large b)
+    # docs/methods.md §7: P at the threshold ≈ 0.63 (1 − 1/e for large b)
     assert lsh_candidate_probability(lsh_threshold(bands, rows), bands, rows) == pytest.approx(0.63, abs=0.03)
 
 

@@ -1,4 +1,4 @@
-"""PII placeholders (SPEC §7): e-mail, phone, IPv4/IPv6 replaced; versions, decimals, IDs and punctuation kept."""
+"""PII placeholders (docs/methods.md §7): e-mail, phone, IPv4/IPv6 replaced; versions, decimals, IDs and punctuation kept."""
 
 import pytest
 

@@ -22,7 +22,7 @@ from tasks.corpus.quality import (
 )
 
 G = GopherConfig()
-# 60 distinct words plus stop words: passes every Gopher rule with the SPEC §7 defaults.
+# 60 distinct words plus stop words: passes every Gopher rule with the defaults of docs/methods.md §7.
 FILLER = [f"token{c}{i}" for i, c in enumerate("abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefgh")]
 GOOD = " ".join(["the", "and", "of"] + FILLER)
 

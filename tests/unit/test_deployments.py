@@ -16,13 +16,13 @@ from prefect.flows import load_flow_from_entrypoint
 from flows.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())
+DEPLOYMENTS_FILE = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())
 TEMPLATE = json.loads((ROOT / "infra" / "prefect" / "h100-job-template.json").read_text())
 OVERRIDES = {"seed": "seed", "launch": "main.distributed.launch", "processes": "main.distributed.processes",
              "accelerate_config": "main.distributed.accelerate_config"}
 
 
-@pytest.mark.parametrize("deployment", SPEC["deployments"], ids=lambda d: d["name"])
+@pytest.mark.parametrize("deployment", DEPLOYMENTS_FILE["deployments"], ids=lambda d: d["name"])
 def test_deployment_entrypoint_parameters_and_schedules_are_valid(deployment, monkeypatch):
     monkeypatch.chdir(ROOT)  # paths in the file are relative to the checkout, as the pull step sets it
     flow = load_flow_from_entrypoint(deployment["entrypoint"])
@@ -43,7 +43,7 @@ def test_every_template_placeholder_is_a_declared_job_variable():
     used = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(TEMPLATE["job_configuration"])))
     assert used <= declared, used - declared
     assert set(TEMPLATE["variables"]["required"]) <= used
-    h100 = next(d for d in SPEC["deployments"] if d["work_pool"]["name"] == "h100")
+    h100 = next(d for d in DEPLOYMENTS_FILE["deployments"] if d["work_pool"]["name"] == "h100")
     assert set(h100["work_pool"]["job_variables"]) <= declared
     container = TEMPLATE["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpus }}"

@@ -1,4 +1,4 @@
-"""The predeclared gate: SPEC §11 Lab-5 table, inconclusive cases, selection and the gate's identity."""
+"""The predeclared gate: docs/methods.md §11 Lab-5 table, inconclusive cases, selection and the gate's identity."""
 
 import numpy as np
 import pydantic
@@ -15,7 +15,7 @@ LAB5_GATE = GateConfig(criteria=[
     GateCriterion(name="domain", metric="domain_loss_reduction_nats", op=">=", threshold=1.0),
     GateCriterion(name="general", metric="general_loss_rise_nats", op="<=", threshold=0.20),
 ])
-# SPEC §11, Lab 5: condition -> (general, domain, rise, reduction, gate); base general/domain 3.510/7.019.
+# docs/methods.md §11 (CPT replay grid): condition -> (general, domain, rise, reduction, gate); base general/domain 3.510/7.019.
 LAB5 = {
     "3e-4/0%": (4.554, 2.331, 1.044, 4.688, "fail"),
     "3e-4/10%": (3.779, 2.466, 0.269, 4.553, "fail"),
@@ -42,7 +42,7 @@ def test_lab5_toy_gate_reproduces_the_table():
                   for name, (g, d, *_) in LAB5.items()]
     result = decide(LAB5_GATE, BASE, candidates)
     table = result.table.set_index("candidate")
-    # The SPEC's rise/reduction were computed before its losses were rounded to 3 decimals: allow 2e-3.
+    # The reference rise/reduction (docs/methods.md §11) were computed before its losses were rounded to 3 decimals: allow 2e-3.
     for name, (_, _, rise, reduction, gate) in LAB5.items():
         assert table.loc[name, "general_loss_rise_nats"] == pytest.approx(rise, abs=2e-3)
         assert table.loc[name, "domain_loss_reduction_nats"] == pytest.approx(reduction, abs=2e-3)

@@ -52,5 +52,5 @@ def test_too_short_split(model):
 def test_bits_per_byte():
     # One token per byte at ln 2 nats per token is exactly one bit per byte.
     assert bits_per_byte(math.log(2), 1.0) == pytest.approx(1.0)
-    # SPEC §8: 3.952 chars/token (ASCII: bytes) → a 2.8327-nat loss is 2.8327/(3.952·ln 2) bits per byte.
+    # docs/methods.md §8: 3.952 chars/token (ASCII: bytes) → a 2.8327-nat loss is 2.8327/(3.952·ln 2) bits per byte.
     assert bits_per_byte(2.8327, 1 / 3.952) == pytest.approx(1.0341, abs=1e-4)

@@ -1,4 +1,4 @@
-"""Mixture candidates, epochs (SPEC §8, §12 figures) and the selection rule."""
+"""Mixture candidates, epochs (docs/methods.md §8, §12 figures) and the selection rule."""
 
 import math
 
@@ -22,7 +22,7 @@ def _cfg(**kwargs) -> MixtureConfig:
     return MixtureConfig(candidates=candidates, **kwargs)
 
 
-# --- temperature sampling p ∝ q^α (SPEC §8) -------------------------------------------------------------------------
+# --- temperature sampling p ∝ q^α (docs/methods.md §8) -------------------------------------------------------------------------
 
 
 def test_alpha_one_is_natural_share():
@@ -48,7 +48,7 @@ def test_temperature_rejects_bad_alpha_and_sizes():
         temperature_weights({"a": 0}, 0.5)
 
 
-# --- epochs w·D/U (SPEC §8), SPEC §12 mixture example ---------------------------------------------------------------
+# --- epochs w·D/U (docs/methods.md §8), docs/methods.md §12 mixture example ---------------------------------------------------------------
 
 
 def test_spec_12_epochs_and_warning():

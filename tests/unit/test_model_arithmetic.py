@@ -1,4 +1,4 @@
-"""Parameter counts and FLOPs against the SPEC §1/§2 reference figures."""
+"""Parameter counts and FLOPs against the docs/methods.md §1/§2 reference figures."""
 
 import pytest
 
@@ -45,7 +45,7 @@ def test_case_study_flops_and_shortcut():
     assert training_flops(CASE_STUDY, 2e12) == pytest.approx(1.216e23, rel=5e-4)
     assert training_flops(CASE_STUDY, 2e9) == pytest.approx(1.216e20, rel=5e-4)
     assert flops_6nd(CASE_STUDY, 2e12) == pytest.approx(1.146e23, rel=5e-4)
-    # SPEC §1: the shortcut is 5.8 % below the architecture-aware count.
+    # docs/methods.md §1: the shortcut is 5.8 % below the architecture-aware count.
     assert flops_6nd(CASE_STUDY, 2e12) / training_flops(CASE_STUDY, 2e12) - 1 == pytest.approx(-0.058, abs=5e-4)
     # 84,465.3 GPU-hours at r = 4e14 FLOP/s.
     assert training_flops(CASE_STUDY, 2e12) / (3600 * 4e14) == pytest.approx(84_465.3, abs=0.1)

@@ -64,7 +64,7 @@ def test_init_stds():
 
 
 def test_initial_loss_is_log_vocab():
-    # SPEC §10 Lab 2: initial loss 8.3274 vs ln V 8.3178; a small-init model predicts almost uniformly.
+    # docs/methods.md §10 (TinyStories small-decoder run): initial loss 8.3274 vs ln V 8.3178; a small-init model predicts almost uniformly.
     torch.manual_seed(0)
     cfg = tiny(vocab_size=4096)
     idx = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len + 1))

@@ -1,4 +1,4 @@
-"""The planner reproduces every SPEC §1–§5 reference figure, and the main run refuses a layout that does not fit."""
+"""The planner reproduces every docs/methods.md §1–§5 reference figure, and the main run refuses a layout that does not fit."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The Lab 3 grid: every (LR, cumulative interventions) cell trained on the same batches, with its instruments."""
+"""The stability grid: every (LR, cumulative interventions) cell trained on the same batches, with its instruments."""
 
 import numpy as np
 import pytest

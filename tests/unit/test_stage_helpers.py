@@ -1,4 +1,4 @@
-"""Replay weights: the domain stream gets 1 − f, the base mixture gets f in its own proportions (SPEC §11)."""
+"""Replay weights: the domain stream gets 1 − f, the base mixture gets f in its own proportions (docs/methods.md §11)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Uncertainty helpers against SPEC §10 figures, a hand-computed exact binomial, and bootstrap invariants."""
+"""Uncertainty helpers against docs/methods.md §10 figures, a hand-computed exact binomial, and bootstrap invariants."""
 
 import numpy as np
 import pytest
@@ -8,14 +8,14 @@ from infra.errors import ConfigError, DataError
 
 
 def test_binomial_se_matches_spec_figures():
-    assert 100 * binomial_se(0.40, 500) == pytest.approx(2.19, abs=0.005)  # SPEC §10: 2.19 points
+    assert 100 * binomial_se(0.40, 500) == pytest.approx(2.19, abs=0.005)  # docs/methods.md §10: 2.19 points
     assert 100 * 1.96 * binomial_se(0.40, 500) == pytest.approx(4.3, abs=0.05)  # ±4.3 at 95%
     assert 100 * binomial_se(0.50, 24) == pytest.approx(10.2, abs=0.05)  # 24 items at 50%: 10.2 points
 
 
 def test_items_needed_inverts_the_spec_figure():
     n = items_needed(0.40, 0.043)
-    assert 490 <= n <= 510  # SPEC §10: 500 items give ±4.3 points at 95%
+    assert 490 <= n <= 510  # docs/methods.md §10: 500 items give ±4.3 points at 95%
     assert items_needed(0.40, 0.043 / 2) == pytest.approx(4 * n, rel=0.01)  # half the width, four times the items
     assert items_needed(0.40, 0.043, confidence=0.99) > n
 

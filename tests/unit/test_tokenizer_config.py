@@ -1,4 +1,4 @@
-"""TokenizerConfig: defaults are valid, bad fields are refused with the field named (SPEC §8, §10)."""
+"""TokenizerConfig: defaults are valid, bad fields are refused with the field named (docs/methods.md §8, §10)."""
 
 import pytest
 from pydantic import ValidationError

@@ -1,4 +1,4 @@
-"""Fitted byte-level BPE obeys SPEC §8: digits split, specials atomic, lossless on any Unicode, padded vocab."""
+"""Fitted byte-level BPE obeys docs/methods.md §8: digits split, specials atomic, lossless on any Unicode, padded vocab."""
 
 import random
 

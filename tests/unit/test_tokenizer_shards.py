@@ -1,4 +1,4 @@
-"""Shards: dtype by vocab size, lossless round trip, refusal of mismatched or incomplete shards (SPEC §8)."""
+"""Shards: dtype by vocab size, lossless round trip, refusal of mismatched or incomplete shards (docs/methods.md §8)."""
 
 import json
 

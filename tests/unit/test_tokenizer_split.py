@@ -1,4 +1,4 @@
-"""Held-out split: whole families on one side, deterministic, per-source minimums (SPEC §10)."""
+"""Held-out split: whole families on one side, deterministic, per-source minimums (docs/methods.md §10)."""
 
 import logging
 import os

@@ -1,4 +1,4 @@
-"""Checkpoints: SPEC §9 resume exactness, fresh-optimiser control, integrity checks, atomic layout."""
+"""Checkpoints: docs/methods.md §9 resume exactness, fresh-optimiser control, integrity checks, atomic layout."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Warmup-cosine schedule against the SPEC §6 check values, and OptimConfig validation."""
+"""Warmup-cosine schedule against the check values of docs/methods.md §6, and OptimConfig validation."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The main-run stage on a tiny synthetic token corpus: resume after an interruption, epochs per source (SPEC §8)."""
+"""The main-run stage on a tiny synthetic token corpus: resume after an interruption, epochs per source (docs/methods.md §8)."""
 
 import json
 from pathlib import Path
@@ -65,7 +65,7 @@ def test_resumed_run_reports_the_step_it_resumed_from(tmp_path, inputs, capsys):
 
 
 def test_fresh_run_reports_epochs_per_source_and_warns_above_the_limit(tmp_path, inputs, capsys):
-    """D = 6 steps · 2 rows · 8 tokens = 96; e_s = 0.5 · 96 / U_s gives a 0.12, b 1.2 (SPEC §8)."""
+    """D = 6 steps · 2 rows · 8 tokens = 96; e_s = 0.5 · 96 / U_s gives a 0.12, b 1.2 (docs/methods.md §8)."""
     summary = run(_context(tmp_path, inputs, "only"), CFG, sources=["a", "b"], max_epochs=1.0)
     assert summary["resumed_from_step"] == 0
     assert summary["epochs"] == pytest.approx({"a": 0.12, "b": 1.2})
