@@ -113,6 +113,22 @@ def _item_from_pair(record: dict) -> ClozeItem:
                      record["source"])
 
 
+def cloze_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The cloze item files ``[gate] cloze_paths`` names, as paths.
+
+    Raises:
+        ConfigError: a file does not exist (relative paths are read from the working directory).
+    """
+    from infra.errors import ConfigError
+
+    files = [Path(p) for p in paths]
+    for path in files:
+        if not path.is_file():
+            raise ConfigError(f"gate.cloze_items: {path} not found (relative paths are read from the working "
+                              "directory)")
+    return files
+
+
 def load_cloze_sets(paths: Sequence[Path]) -> list[ClozeItem]:
     """``load_cloze_items`` over several files; item ids must be unique across all of them.
 

@@ -29,8 +29,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from flows.config import ExperimentConfig, load_config
-from flows.graph import STAGES
-from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version
+from flows.keys import chain_keys
+from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version_closure
 from infra.errors import ConfigError
 from infra.runs import RunsLayout
 from infra.tracking import Tracker
@@ -39,7 +39,7 @@ from tasks.audit.config import AuditConfig
 from tasks.audit.review import review_corpus_removals
 from tasks.audit.run import load_originals, run_audit, write_audit
 
-AUDIT_MODULES = ("tasks.audit", "tasks.corpus")
+AUDIT_CODE = "tasks.audit.run"  # the audit is keyed by the import closure of its entry, as stages are
 
 
 def audit_dir(layout: RunsLayout, experiment: str, source: str) -> Path:
@@ -91,13 +91,7 @@ def find_stage_artifact(cfg: ExperimentConfig, layout: RunsLayout, store: Artifa
                         name: str) -> tuple[Artifact | None, bool]:
     """(artifact of stage ``name``, whether its key is the one the current config and code give): the current
     key's artifact when it exists, else the newest one this experiment recorded, else (None, False)."""
-    keys: dict[str, str] = {}
-    for stage in STAGES:
-        keys[stage.name] = artifact_key(stage.name, stage.key_config(cfg), {n: keys[n] for n in stage.inputs},
-                                        code_version(*stage.modules))
-        if stage.name == name:
-            break
-    current = store.get(name, keys[name])
+    current = store.get(name, chain_keys(cfg, until=name)[name].key)
     if current is not None:
         return current, True
     warehouse = Warehouse(layout.duckdb)
@@ -130,7 +124,7 @@ def publish_audit(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_
     report = json.loads((out / "report.json").read_text())
     tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, cfg.name)
     key = artifact_key("audit", {"source": cfg.sources[source].model_dump(), "corpus": cfg.corpus.model_dump(),
-                                 "audit": audit_cfg.model_dump()}, {}, code_version(*AUDIT_MODULES))
+                                 "audit": audit_cfg.model_dump()}, {}, code_version_closure(AUDIT_CODE))
     review = report.get("corpus_review", {})
     run_id = tracker.start_run(f"audit:{source}", tags={
         "kind": "filter_audit", "audit_source": source, "audit_key": key, "prefect_flow_run_id": flow_run_id,

@@ -148,7 +148,7 @@ def serve(
 
 
 def _dry_run(cfg, layout: RunsLayout) -> None:
-    from flows.graph import STAGES
+    from flows.registry import STAGES
 
     console.print_json(cfg.model_dump_json())
     for stage in STAGES:
@@ -404,7 +404,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)
-        from evals.checkpoint import evaluate_checkpoint
+        from flows.evaluate import evaluate_checkpoint
 
         result = evaluate_checkpoint(checkpoint, cfg, layout)
     except PretrainError as err:

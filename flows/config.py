@@ -22,7 +22,8 @@ from tasks.mixture.config import MixtureConfig
 from tasks.sources.config import SourceConfig
 from tasks.stability.experiment import StabilityExperimentConfig
 from tasks.sweep.config import SweepConfig
-from tasks.tokenizer.config import PackingConfig, TokenizerConfig
+from tasks.tokenizer.config import TokenizerConfig
+from tasks.train.packing import PackingConfig
 from tasks.train.sections import CptConfig, MainConfig, ProxyConfig
 
 

@@ -22,26 +22,23 @@ from prefect.context import get_run_context
 
 from flows.config import ExperimentConfig, load_config
 from flows.gates import record_gate
-from flows.graph import STAGE_NAMES, STAGES, StageDef, downstream
+from flows.keys import StageKey, chain_keys
 from flows.preflight import preflight
 from flows.progress import RichProgress
-from flows.publish import publish
-from infra.artifacts import Artifact, ArtifactStore, artifact_key, code_version, disk_full_error
+from flows.publish import PublishTarget, publish
+from flows.registry import STAGES, downstream, get_stage, stage_names
+from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
 from infra.parallel import prefect_shard_map
 from infra.runs import RunsLayout
-from infra.stage import StageContext
+from infra.stage import Stage, StageContext
 from infra.threads import ThreadPolicy, thread_policy
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 
 
 # Typed flow parameters: a deployment's UI and API refuse a stage name that does not exist.
-StageName = Literal[STAGE_NAMES]
-
-# What the ``step`` of each stage run's metrics counts (docs/methods.md §13: curves say whether steps are tokens or steps).
-STEP_UNITS = {"mixture": "candidate index", "sweep": "optimiser steps (per trial run)",
-              "main": "optimiser steps", "cpt": "optimiser steps (metrics prefixed by candidate)"}
+StageName = Literal[stage_names()]
 
 
 @dataclass
@@ -58,6 +55,10 @@ class Env:
     refresh: set[str] = field(default_factory=set)
     progress: RichProgress = field(default_factory=RichProgress)
     threads: ThreadPolicy = field(default_factory=lambda: thread_policy(None))
+
+    @property
+    def target(self) -> PublishTarget:
+        return PublishTarget(self.tracker, self.warehouse, self.cfg.name, self.parent_run_id, self.flow_run_id)
 
 
 @task(persist_result=True)
@@ -82,7 +83,7 @@ def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], m
 
 
 def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: dict[str, Any]) -> dict:
-    stage = _stage(name)
+    stage = get_stage(name)
     tmp = env.store.begin(name, key)
     ctx = StageContext(
         out=tmp, inputs=input_paths, layout=env.layout, key=key, key_config=meta["config"], experiment=env.cfg.name,
@@ -107,10 +108,6 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
     return {"key": key, "path": str(artifact.path), "computed": True}
 
 
-def _stage(name: str) -> StageDef:
-    return next(s for s in STAGES if s.name == name)
-
-
 def _log_child(env: Env, stage_run_id: str, name: str, params: dict, rows: list[dict]) -> None:
     run_id = env.tracker.start_run(name, parent_id=stage_run_id)
     env.tracker.log_params(run_id, params)
@@ -118,15 +115,12 @@ def _log_child(env: Env, stage_run_id: str, name: str, params: dict, rows: list[
     env.tracker.end_run(run_id)
 
 
-def run_stage(stage: StageDef, env: Env, upstream: dict[str, Artifact]) -> tuple[Artifact, bool]:
+def run_stage(stage: Stage, stage_key: StageKey, env: Env, upstream: dict[str, Artifact]) -> tuple[Artifact, bool]:
     """Run one stage through Prefect (cache key = artifact key) inside its nested MLflow run."""
-    input_keys = {name: upstream[name].key for name in stage.inputs}
-    config = stage.key_config(env.cfg)
-    version = code_version(*stage.modules)
-    key = artifact_key(stage.name, config, input_keys, version)
+    key, config, input_keys, version = stage_key.key, stage_key.config, stage_key.input_keys, stage_key.code_version
     run_id = env.tracker.start_run(stage.name, parent_id=env.parent_run_id, tags={
         "stage": stage.name, "artifact_key": key, "code_version": version, "prefect_flow_run_id": env.flow_run_id,
-        "metric_step_unit": STEP_UNITS.get(stage.name, "none"),
+        "metric_step_unit": stage.step_unit,
         **{f"input.{k}": v for k, v in input_keys.items()}})
     env.tracker.log_params(run_id, config)
     # Prefect's cache key is the artifact key; a missing or refreshed artifact forces a recompute
@@ -148,7 +142,7 @@ def run_stage(stage: StageDef, env: Env, upstream: dict[str, Artifact]) -> tuple
     if artifact is None:
         raise DataError(f"stage {stage.name}: artifact {key} missing after the task finished")
     cached = state.name == "Cached" or not outcome["computed"]
-    publish(stage.name, artifact, env, run_id, cached=cached)
+    publish(stage, artifact, {n: upstream[n] for n in stage.inputs}, env.cfg, env.target, run_id, cached=cached)
     env.tracker.end_run(run_id)
     return artifact, cached
 
@@ -183,11 +177,10 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
     status = "FAILED"
     try:
         record_gate(cfg, env.warehouse, env.tracker, env.parent_run_id)
+        keys = chain_keys(cfg, until)
         with env.progress:
-            for stage in STAGES:
-                upstream[stage.name], cached[stage.name] = run_stage(stage, env, upstream)
-                if stage.name == until:
-                    break
+            for stage in STAGES[:len(keys)]:
+                upstream[stage.name], cached[stage.name] = run_stage(stage, keys[stage.name], env, upstream)
         status = "FINISHED"
     finally:
         env.tracker.end_run(env.parent_run_id, status)

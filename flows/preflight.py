@@ -12,7 +12,8 @@ import glob
 from typing import Iterable
 
 from flows.config import ExperimentConfig
-from flows.graph import STAGE_NAMES, cloze_paths
+from evals.cloze import cloze_files
+from flows.registry import stage_names
 from flows.gates import check_gate
 from infra.errors import ConfigError
 from infra.warehouse import Warehouse
@@ -23,6 +24,7 @@ from tasks.sources.read import match_files
 def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: Warehouse | None = None, *,
               until: str | None = None) -> None:
     """Raise ``ConfigError``/``SourceError``/``GateError`` naming the problem; return silently when the run can start."""
+    STAGE_NAMES = stage_names()
     unknown = sorted(set(refresh) - set(STAGE_NAMES))
     if unknown:
         raise ConfigError(f"--refresh {unknown}: unknown stage; choose from {list(STAGE_NAMES)}")
@@ -31,7 +33,7 @@ def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: War
     if until is not None and set(refresh) - set(STAGE_NAMES[: STAGE_NAMES.index(until) + 1]):
         late = sorted(set(refresh) - set(STAGE_NAMES[: STAGE_NAMES.index(until) + 1]))
         raise ConfigError(f"--refresh {late} comes after --until {until}, so it would not run; drop one of them")
-    cloze_paths(cfg)
+    cloze_files(cfg.gate.cloze_paths)
     for name, source in cfg.sources.items():
         if source.kind == "local":
             match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches

@@ -3,7 +3,7 @@ checkpoint.
 
 The artifacts are the ones the config's keys name (``flows.status.stage_statuses``), so the report describes
 exactly what ``pretrain run CONFIG`` would reuse. A stage without a complete artifact is listed as missing and
-its sections are left out; the rest is reported. Figures come from ``flows.plots``; the main run's curves from
+its sections are left out; the rest is reported. Figures come from each stage's ``figures``; the main run's curves from
 the metrics its MLflow run logged. DuckDB adds what only it holds: token counts per source, gate declarations,
 and the MLflow runs that published each artifact (``stage_runs``).
 
@@ -26,7 +26,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.config import ExperimentConfig
-from flows.plots import funnel_counts, stage_plots, training_history
+from flows.publish import training_history
+from flows.registry import get_stage
+from tasks.corpus.plots import funnel_counts
 from flows.status import StageStatus, stage_statuses
 from flows.summary import _fmt, _table, decision_frame, funnel_frame, inconclusive_lines
 from infra.errors import ConfigError
@@ -117,7 +119,7 @@ def _corpus(path: Path, paths, layout, warehouse: Warehouse, plots_dir: Path) ->
     by_rule = funnel_counts(pd.read_parquet(path / "removals.parquet"), kept)
     out.append(TableBlock("Documents kept and removed by rule, per source",
                           by_rule.reset_index().rename(columns={"index": "source"})))
-    figures = {p.name: p for p in stage_plots("corpus", path, plots_dir)}
+    figures = {p.name: p for p in get_stage("corpus").figures(path, plots_dir, None)}
     out.append(Figure(figures["funnel.png"], "Corpus funnel per source: kept, and removed by each rule"))
     near = json.loads((path / "meta.json").read_text())["config"]["corpus"]["near_dedup"]
     found = manifest["near_dedup"]
@@ -175,7 +177,7 @@ def _mixture(path: Path, paths, layout, warehouse, plots_dir) -> list[Block]:
                         f"{t['d_model']['transfer']}: {t['tau']:.3f} (p = {t['p_value']:.3g}); winner "
                         f"{'flips' if t['winner_flips'] else 'stays'}; {len(t['flipped_pairs'])} pair(s) swap order."))
     out.append(TableBlock("Candidates: score under the rule, eligibility, weights", scores))
-    (figure,) = stage_plots("mixture", path, plots_dir)
+    (figure,) = get_stage("mixture").figures(path, plots_dir, None)
     out.append(Figure(figure, "Score per candidate; the chosen one in orange, ineligible ones hatched"))
     return out
 
@@ -217,7 +219,7 @@ def _main(path: Path, paths, layout: RunsLayout, warehouse, plots_dir) -> list[B
         f"{run.get('world_size', 1)} process(es) ({run.get('strategy', 'single')}).")]
     run_id = json.loads((path / "meta.json").read_text()).get("mlflow_run_id", "")
     history = _history(layout, run_id)
-    figures = stage_plots("main", path, plots_dir, history)
+    figures = get_stage("main").figures(path, plots_dir, history)
     if figures:
         out.append(Figure(figures[0], f"Training loss and learning rate per step (MLflow run {run_id})"))
     else:

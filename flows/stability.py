@@ -26,8 +26,8 @@ from infra.runs import RunsLayout
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 from tasks.stability.experiment import run_grid, sensitivity_plot
-from tasks.tokenizer.config import PackingConfig
-from tasks.tokenizer.stage import TokenizedCorpus
+from tasks.train.packing import PackingConfig
+from tasks.train.corpus import TokenizedCorpus
 from tasks.train.runner import make_sampler
 
 

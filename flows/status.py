@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flows.config import ExperimentConfig
-from flows.graph import STAGES
-from infra.artifacts import ArtifactStore, artifact_key, canonical_json, code_version
+from flows.keys import chain_keys
+from infra.artifacts import ArtifactStore, canonical_json
 from infra.runs import RunsLayout
 
 MAX_SHOWN = 12  # differing fields listed per stage; the count says how many more
@@ -94,22 +94,19 @@ def stage_statuses(cfg: ExperimentConfig, layout: RunsLayout) -> list[StageStatu
     """Every stage in order with its key and cache state; uncached stages carry the differences from the nearest
     stored artifact (or say there is none). Reads the store only; creates nothing."""
     store = ArtifactStore(layout.artifacts)
-    keys: dict[str, str] = {}
     out = []
-    for stage in STAGES:
-        raw = stage.key_config(cfg)
-        # The key hashes the config exactly as the pipeline does (integer dict keys sort as numbers there); the JSON
-        # form, as stored in meta.json, is only for listing differences.
-        wanted = {"config": json.loads(canonical_json(raw)), "input_keys": {n: keys[n] for n in stage.inputs},
-                  "code_version": code_version(*stage.modules)}
-        key = artifact_key(stage.name, raw, wanted["input_keys"], wanted["code_version"])
-        keys[stage.name] = key
-        status = StageStatus(stage.name, key, store.get(stage.name, key) is not None, str(store.path(stage.name, key)))
+    for name, stage_key in chain_keys(cfg).items():
+        # The key hashes the config as the pipeline does (integer dict keys sort as numbers there); the JSON form,
+        # as stored in meta.json, is only for listing differences.
+        wanted = {"config": json.loads(canonical_json(stage_key.config)), "input_keys": stage_key.input_keys,
+                  "code_version": stage_key.code_version}
+        key = stage_key.key
+        status = StageStatus(name, key, store.get(name, key) is not None, str(store.path(name, key)))
         if not status.cached:
             candidates = []
-            folder = layout.artifacts / stage.name
+            folder = layout.artifacts / name
             for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-                artifact = store.get(stage.name, path.name)
+                artifact = store.get(name, path.name)
                 if artifact is not None:
                     candidates.append((len(_differences(artifact.meta, wanted)), path.name, artifact.meta))
             if candidates:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.runs import RunsLayout
-from tasks.mixture.candidates import epoch_warnings
+from tasks.train.epochs import epoch_warnings
 
 
 def _fmt(value, floats: str) -> str:

@@ -18,12 +18,12 @@ import lzma
 import os
 import shutil
 import tarfile
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from infra.atomic import atomic_dir
 from infra.errors import SourceError
 from infra.runs import ensure_folder
 
@@ -184,15 +184,8 @@ def unpack_cached(source: Path, cache_dir: Path) -> Path:
     target = Path(cache_dir) / archive_digest(source)
     if target.is_dir():
         return target
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}.", dir=ensure_folder(cache_dir)))
-    try:
-        extract_archive(source, tmp / "members")
-        (tmp / "members").mkdir(exist_ok=True)  # an archive without members is an empty folder
-        try:
-            os.rename(tmp / "members", target)
-        except OSError:
-            if not target.is_dir():  # another process may have won the rename; otherwise a real failure
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    ensure_folder(cache_dir)
+    # An archive without members is an empty folder; a concurrent run's finished folder is kept (same content).
+    with atomic_dir(target) as tmp:
+        extract_archive(source, tmp)
     return target

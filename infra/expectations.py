@@ -122,7 +122,7 @@ def check_shards(headers: pd.DataFrame, vocab_size: int) -> SuiteResult:
 
     ``headers``: one row per shard with source, split, n_tokens, n_docs, n_bytes, vocab_size (from the headers) and
     tokens_in_file, offsets_in_file, max_token_id, eos_count (measured on the files; see
-    :func:`tasks.tokenizer.shards.shard_facts`).
+    :func:`tasks.train.shards.shard_facts`).
     """
     import great_expectations as gx
 

@@ -142,3 +142,37 @@ def _as_model(annotation: Any) -> type[BaseModel] | None:
         models = [a for a in typing.get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
         return models[0] if len(models) == 1 else None
     return None
+
+
+# Field metadata of a setting that does not change a stage's result (log and checkpoint intervals, the launch
+# layout, ...): ``Field(default=..., json_schema_extra=NOT_IN_KEY)``. ``key_dump`` leaves such fields out, so
+# changing them reuses the cached artifact. The mark sits on the field it describes.
+NOT_IN_KEY: dict[str, Any] = {"in_key": False}
+
+
+def in_key(field: Any) -> bool:
+    """False for a pydantic field marked ``NOT_IN_KEY``."""
+    extra = getattr(field, "json_schema_extra", None)
+    return not (isinstance(extra, dict) and extra.get("in_key") is False)
+
+
+def key_dump(section: BaseModel) -> dict[str, Any]:
+    """``section.model_dump()`` without the fields marked ``NOT_IN_KEY``, at any depth (nested sections, and
+    sections inside dicts or lists): the part of a config that a stage's artifact key hashes."""
+    return _prune(section, section.model_dump())
+
+
+def _prune(value: Any, dumped: Any) -> Any:
+    if isinstance(value, BaseModel):
+        for name, field in type(value).model_fields.items():
+            if not in_key(field):
+                dumped.pop(name, None)
+            elif name in dumped:
+                dumped[name] = _prune(getattr(value, name), dumped[name])
+    elif isinstance(value, dict) and isinstance(dumped, dict):
+        for k, v in value.items():
+            if k in dumped:
+                dumped[k] = _prune(v, dumped[k])
+    elif isinstance(value, (list, tuple)) and isinstance(dumped, (list, tuple)) and len(value) == len(dumped):
+        dumped = type(dumped)(_prune(v, d) for v, d in zip(value, dumped))
+    return dumped

@@ -37,7 +37,7 @@ class StageContext:
         inputs: upstream artifact directories by stage name.
         layout: the runs folder (source cache, Optuna storage, resumable scratch space).
         key: this stage's artifact key (names scratch checkpoints and Optuna studies).
-        key_config: the config the key was computed from (``StageDef.key_config``), with anything resolved for it
+        key_config: the config the key was computed from (``Stage.key_config``), with anything resolved for it
             (the sources' Debian releases); empty outside the pipeline.
         experiment: the experiment name.
         seed: the experiment seed.
@@ -70,3 +70,141 @@ class StageContext:
         """Per-key scratch folder that survives a crash (resumable checkpoints); removed by the caller on success.
         Raises ``RunsFolderError`` when a file is in its way."""
         return ensure_folder(self.layout.root / "scratch" / self.out.parent.name / self.key)
+
+
+# --------------------------------------------------------------------------- a stage's face
+#
+# Each stage package exports one ``Stage`` (``tasks/<stage>/definition.py``); ``flows/registry.py`` lists them in
+# order. The orchestration layer is generic: it computes keys from ``Stage.key_config``, runs ``Stage.run`` in a
+# temporary directory, checks it with ``Stage.validate``, commits it, and writes what ``Stage.publish`` returns.
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """An MLflow dataset input of the stage run: ``name`` with content ``digest``, read from ``path``."""
+
+    name: str
+    digest: str
+    path: Path
+    context: str
+    profile: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TableUpdate:
+    """``UPDATE table SET column = value ... WHERE column = value AND ...`` on rows another artifact wrote."""
+
+    table: str
+    set: Mapping[str, Any]
+    where: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A model version to register (``source``: a checkpoint folder); with ``alias`` the alias is pointed at it and
+    the stage run is tagged with the version."""
+
+    model: str
+    source: str
+    identity: Mapping[str, str]
+    tags: Mapping[str, str] = field(default_factory=dict)
+    alias: str | None = None
+
+
+@dataclass
+class Published:
+    """What a stage's artifact puts into the warehouse and the tracker; the orchestration layer writes it.
+
+    Attributes:
+        tables: DuckDB table → rows, replacing that table's rows of this artifact key.
+        updates: changes to rows of other artifacts (e.g. token counts filled into the corpus manifest).
+        metrics: MLflow metrics at step 0 (names are made MLflow-safe).
+        series: (metric, value, step) points; the stage's ``step_unit`` says what step counts.
+        params, tags: of the stage run.
+        parent_tags, parent_metrics: of the pipeline's parent run (headline figures).
+        files: artifact file names logged by the run that produced the artifact (not by cached runs).
+        datasets: MLflow dataset inputs.
+        registrations: model versions to register.
+    """
+
+    tables: dict[str, Any] = field(default_factory=dict)
+    updates: list[TableUpdate] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: list[tuple[str, float, int]] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, Any] = field(default_factory=dict)
+    parent_tags: dict[str, Any] = field(default_factory=dict)
+    parent_metrics: dict[str, float] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    datasets: list[Dataset] = field(default_factory=list)
+    registrations: list[Registration] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PublishContext:
+    """What ``Stage.publish`` reads: the artifact (``path``, ``key``, ``meta``), its input artifacts by stage, the
+    experiment config, whether this run reused it, and whether the tracker is a remote server."""
+
+    artifact: Any  # infra.artifacts.Artifact
+    inputs: Mapping[str, Any]
+    cfg: Any
+    cached: bool
+    remote_tracker: bool = False
+
+
+def _no_check(out: Path, cfg: Any) -> None:
+    return None
+
+
+def _nothing(ctx: PublishContext) -> Published:
+    return Published()
+
+
+def _no_figures(artifact: Path, out: Path, history: Any) -> list[Path]:
+    return []
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: everything the orchestration layer needs to know of it.
+
+    Attributes:
+        name: the stage name (artifact folder, MLflow run, DuckDB ``stage``).
+        inputs: the stages whose artifacts it reads.
+        code: its entry module; the code version hashes that module's import closure.
+        run: ``(ctx, experiment config) -> summary`` writing the artifact into ``ctx.out``.
+        sections: experiment config sections whose result-changing fields (``infra.section.key_dump``) the key
+            hashes.
+        seeded: the experiment seed is in the key.
+        key_extra: more key entries computed from the config (what sources resolve to, digests of files read).
+        validate: ``(out, experiment config)`` expectations on the finished outputs; raises ``DataError``.
+        publish: ``PublishContext -> Published``.
+        figures: ``(artifact folder, out folder, training history or None) -> PNG paths`` (MLflow ``plots/`` and
+            the report show the same files).
+        wants_history: ``figures`` draws the stage run's logged training curves.
+        step_unit: what the ``step`` of the stage run's metrics counts.
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    code: str
+    run: Callable[[StageContext, Any], Mapping[str, Any]]
+    sections: tuple[str, ...] = ()
+    seeded: bool = False
+    key_extra: Callable[[Any], Mapping[str, Any]] | None = None
+    validate: Callable[[Path, Any], None] = _no_check
+    publish: Callable[[PublishContext], Published] = _nothing
+    figures: Callable[[Path, Path, Any], list[Path]] = _no_figures
+    wants_history: bool = False
+    step_unit: str = "none"
+
+    def key_config(self, cfg: Any) -> dict[str, Any]:
+        """The config part of this stage's key: its sections' result-changing fields, the seed, and extras."""
+        from infra.section import key_dump
+
+        config: dict[str, Any] = {name: key_dump(getattr(cfg, name)) for name in self.sections}
+        if self.seeded:
+            config["seed"] = cfg.seed
+        if self.key_extra is not None:
+            config.update(self.key_extra(cfg))
+        return config

@@ -13,10 +13,11 @@ cloze_results, gates, gate_decisions, stage_runs, train_events, stability_runs, 
 from __future__ import annotations
 
 import random
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import duckdb
 import pandas as pd
@@ -79,6 +80,25 @@ class Warehouse:
             _ensure_table(con, table)
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
 
+    def update(self, table: str, values: Mapping[str, Any], where: Mapping[str, Any]) -> None:
+        """``UPDATE table SET values WHERE where`` (equalities joined by AND); nothing when the table is absent.
+
+        Raises:
+            ValueError: a table or column name is not a plain identifier, or ``values``/``where`` is empty.
+        """
+        _check_table(table)
+        if not values or not where:
+            raise ValueError(f"update of {table}: give at least one column to set and one to match")
+        for column in (*values, *where):
+            if not _COLUMN_NAME.fullmatch(column):
+                raise ValueError(f"update of {table}: column {column!r} is not a plain identifier")
+        if not self.has_table(table):
+            return
+        sets = ", ".join(f'"{c}" = ?' for c in values)
+        conditions = " AND ".join(f'"{c}" = ?' for c in where)
+        with self.connect() as con:
+            con.execute(f"UPDATE {table} SET {sets} WHERE {conditions}", [*values.values(), *where.values()])
+
     def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
         """Rows of ``sql`` (empty before the first write); values go in ``params`` (``?``), never into ``sql``."""
         if not self.path.exists():
@@ -109,10 +129,15 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
             delay = min(delay * 2, 2.0)
 
 
+_TABLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_COLUMN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
 def _check_table(table: str) -> None:
-    # Table names are spliced into SQL (DuckDB cannot bind identifiers), so only the known ones pass.
-    if table not in TABLES:
-        raise ValueError(f"warehouse table {table!r} is not one of {TABLES}; add it to infra.warehouse.TABLES")
+    # Table names are spliced into SQL (DuckDB cannot bind identifiers): plain lower-case identifiers only, so a
+    # stage can add its own tables while no name can carry SQL.
+    if not _TABLE_NAME.fullmatch(table):
+        raise ValueError(f"warehouse table {table!r} is not a plain lower-case identifier ([a-z][a-z0-9_]*)")
 
 
 def _ensure_table(con: duckdb.DuckDBPyConnection, table: str) -> None:

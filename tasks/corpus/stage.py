@@ -23,7 +23,7 @@ from infra.errors import DataError
 from infra.stage import StageContext
 from tasks.corpus.build import STAGES, curate, split_sources
 from tasks.corpus.config import CorpusConfig
-from tasks.corpus.decontam import EvalItem
+from evals.contamination import EvalItem
 from tasks.corpus.minhash import s_curve
 
 MANIFEST_VERSION = 2
@@ -142,14 +142,6 @@ def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, k
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {**body, "manifest_hash": digest}
 
-
-def load_kept(path: Path) -> pd.DataFrame:
-    return pd.read_parquet(path / "kept.parquet")
-
-
-def manifest_hash(path: Path) -> str:
-    """The manifest hash of a corpus artifact (travels into tokenizer shards, checkpoints and evaluations)."""
-    return json.loads((path / "manifest.json").read_text())["manifest_hash"]
 
 
 def manifest_rows(manifest: dict[str, Any]) -> pd.DataFrame:

@@ -6,7 +6,7 @@ weights) taking ``replay_fraction`` of every batch. General and domain held-out 
 ``cpt.budget.eval_every`` steps, so the forgetting curve is visible in MLflow, and the cloze set at the end.
 
 Before training: the base checkpoint's tokenizer is checked against the experiment's, and the evaluation sets
-against the CPT training stream (``tasks/cpt/decontam.py``).
+against the CPT training stream (``tasks/cpt/eval_overlap.py``).
 
 Outputs: ``candidates/<name>/`` checkpoints, ``decontamination.parquet`` (evaluation windows/items left out), ``evals/<name>.npz`` (per-window general/domain nats and
 tokens, cloze correctness — the paired units the gate compares), ``heldout.parquet``, ``cloze.parquet``,
@@ -26,14 +26,14 @@ from evals.cloze import ClozeItem, score_cloze
 from evals.heldout import bits_per_byte, heldout_windows, keep_windows
 from infra.errors import CheckpointError
 from infra.stage import StageContext
-from tasks.cpt.decontam import cloze_hits, hits_frame, training_ngrams, window_hits
-from tasks.mixture.stage import load_choice
-from tasks.tokenizer.stage import TokenizedCorpus
+from tasks.cpt.eval_overlap import cloze_hits, hits_frame, training_ngrams, window_hits
+from tasks.readers import load_choice
+from tasks.train.corpus import TokenizedCorpus
 from tasks.train.checkpoint import load_model, save_checkpoint, verify_checkpoint
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, SourceEval, evals_frame, evaluate_sources,
                                 make_sampler, run_training, seed_everything, StepProgress)
 from tasks.train.sections import CptConfig
-from tasks.tokenizer.config import PackingConfig
+from tasks.train.packing import PackingConfig
 
 
 def replay_weights(domain: list[str], general_weights: dict[str, float], replay_fraction: float) -> dict[str, float]:
@@ -190,7 +190,3 @@ class _Scorer:
         cloze.to_parquet(self.ctx.out / "cloze.parquet", index=False)
         (self.ctx.out / "candidates.json").write_text(json.dumps(self.candidates, indent=2))
         return {"candidates": self.candidates}
-
-
-def load_candidates(path: Path) -> dict[str, dict]:
-    return json.loads((path / "candidates.json").read_text())

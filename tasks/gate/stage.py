@@ -15,7 +15,7 @@ import numpy as np
 
 from evals.gate import CandidateEval, GateConfig, HeldoutArrays, decide, gate_hash
 from infra.stage import StageContext
-from tasks.cpt.stage import load_candidates
+from tasks.readers import load_candidates
 
 
 def load_eval(cpt_dir: Path, name: str, params: dict) -> CandidateEval:

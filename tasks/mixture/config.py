@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from infra.errors import ConfigError
-from infra.section import Section
+from infra.section import NOT_IN_KEY, Section
 from tasks.train.sections import ModelShape
 
 NATURAL_NAME = "natural"
@@ -112,7 +112,7 @@ class MixtureConfig(Section):
     candidates: list[MixtureCandidate]
     rule: Literal["min_mean_bpb", "min_token_weighted_bpb"] = "min_token_weighted_bpb"
     max_regression_bpb: float = 0.05
-    max_epochs: float = 4.0
+    max_epochs: float = Field(default=4.0, json_schema_extra=NOT_IN_KEY)  # shapes warnings only
     generate: MixtureGenerate | None = None
     transfer_model: ModelShape | None = None
     propose: bool = False

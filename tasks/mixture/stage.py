@@ -10,7 +10,6 @@ the main run's budget, so the main stage reports them; the mixture's key stays f
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from infra.artifacts import artifact_key, code_version  # noqa: E402
+from infra.atomic import atomic_file  # noqa: E402
 from infra.stage import StageContext  # noqa: E402
 from tasks.mixture.candidates import ResolvedCandidate, resolve_candidates  # noqa: E402
 from tasks.mixture.config import NATURAL_NAME, PROPOSED_NAME, MixtureConfig  # noqa: E402
 from tasks.mixture.design import propose_mixture, rank_agreement  # noqa: E402
 from tasks.mixture.select import select_mixture  # noqa: E402
-from tasks.tokenizer.stage import TokenizedCorpus  # noqa: E402
+from tasks.train.corpus import TokenizedCorpus  # noqa: E402
 from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_training  # noqa: E402
 from tasks.train.sections import ModelShape, ProxyConfig  # noqa: E402
-from tasks.tokenizer.config import PackingConfig  # noqa: E402
+from tasks.train.packing import PackingConfig  # noqa: E402
 
 
 PROXY_CODE = ("tasks.mixture", "tasks.train", "models", "evals.heldout")
@@ -116,9 +116,8 @@ class _ProxyTrainer:
         else:
             scored = self._train(weights, shape)
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp-{os.getpid()}")
-            scored.to_parquet(tmp, index=False)
-            os.replace(tmp, path)  # whole or absent: a crash never leaves a half-written result
+            with atomic_file(path) as f:  # whole or absent: a crash never leaves a half-written result
+                scored.to_parquet(f, index=False)
             self.trained += 1
         prefix = "" if size == "proxy" else f"{size}."
         self.ctx.log_metrics({f"{prefix}{name}.{r.source}.bits_per_byte": r.bits_per_byte
@@ -181,6 +180,3 @@ def plot_trials(trials: pd.DataFrame, path: Path) -> None:
     plt.savefig(path, dpi=100)
     plt.close("all")
 
-
-def load_choice(path: Path) -> dict[str, Any]:
-    return json.loads((path / "choice.json").read_text())

@@ -7,10 +7,10 @@ on disk (``kind="local"``). The TOML table key becomes ``name``; it prefixes eve
 import re
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from infra.errors import ConfigError
-from infra.section import Section
+from infra.section import NOT_IN_KEY, Section
 
 _NAME_RE = re.compile(r"^[a-z0-9_]+$")
 # Debian Policy §5.6.1: lower case letters, digits, + - . ; at least two characters; starts alphanumeric.
@@ -72,7 +72,7 @@ class SourceConfig(Section):
     name: str
     kind: Literal["deb", "local"]
     package: str | None = None
-    version: str | None = None
+    version: str | None = Field(default=None, json_schema_extra=NOT_IN_KEY)  # the key holds the resolved release
     include: list[str]
     format: Literal["auto", "html", "warc", "text", "fortune", "jsonl", "parquet"] = "auto"
     text_field: str = "text"
@@ -90,7 +90,7 @@ class SourceConfig(Section):
     @field_validator("language")
     @classmethod
     def _check_language(cls, v: str | None) -> str | None:
-        from tasks.corpus.config import LID176_LABELS
+        from infra.languages import LID176_LABELS
 
         if v is not None and v not in LID176_LABELS:
             raise ConfigError(f"source language={v!r} is not a lid.176 label; use codes like 'en', 'zh', or omit it")

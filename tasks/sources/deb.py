@@ -15,16 +15,15 @@ old one. The package version is the source's snapshot and its ``usr/share/doc/<p
 
 import glob
 import hashlib
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from infra.archives import extract_tar
+from infra.atomic import atomic_dir
 from infra.errors import ConfigError, SourceError
 from tasks.sources.config import check_package_name, check_version
 
@@ -260,8 +259,8 @@ def _unpack(deb_path: Path, target: Path) -> Path:
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    # Another process unpacking the same release may finish first: its folder is kept (same content).
+    with atomic_dir(target) as tmp:
         # The data tarball goes through the safe extractor: a member with an absolute path, '..', a link
         # leaving the tree or a device file refuses the package (dpkg-deb -x would write it as root would).
         proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb_path)], stdout=subprocess.PIPE,
@@ -275,13 +274,6 @@ def _unpack(deb_path: Path, target: Path) -> Path:
         if proc.returncode != 0:
             raise SourceError(f"could not unpack {deb_path}: dpkg-deb --fsys-tarfile exited {proc.returncode}: "
                               f"{stderr.strip()}")
-        os.rename(tmp, target)
-    except OSError:
-        if not target.is_dir():  # another process may have won the rename; otherwise it is a real failure
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return target
 
 

@@ -204,12 +204,18 @@ def _glob_base(pattern: str) -> Path:
     return base if base.is_dir() else base.parent
 
 
-def _local_snapshot(files: list[tuple[str, Path]]) -> str:
-    h = hashlib.sha256()
+def local_files_digest(files: list[tuple[str, Path]]) -> str:
+    """sha256[:16] over each matched file's relative path, size and SHA256 of its bytes: what a local source holds.
+    Metadata such as mtimes is left out, so a fresh checkout gives the same digest and edited bytes never do."""
+    rows = []
     for rel, path in files:
-        st = path.stat()
-        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return "local-" + h.hexdigest()[:12]
+        with open(path, "rb") as fh:
+            rows.append((rel, path.stat().st_size, hashlib.file_digest(fh, "sha256").hexdigest()))
+    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+
+
+def _local_snapshot(files: list[tuple[str, Path]]) -> str:
+    return "local-" + local_files_digest(files)[:12]
 
 
 def _format_of(cfg: SourceConfig, path: Path) -> str:

@@ -24,15 +24,15 @@ from infra.artifacts import artifact_key, code_version
 from infra.errors import DataError
 from infra.runs import ensure_folder
 from infra.stage import StageContext
-from tasks.mixture.stage import load_choice
+from tasks.readers import load_choice
 from tasks.sweep.config import SweepConfig
 from tasks.sweep.forecast import forecast
 from tasks.sweep.study import SweepResult, run_sweep
-from tasks.tokenizer.stage import TokenizedCorpus
+from tasks.train.corpus import TokenizedCorpus
 from tasks.train.loop import Callback
 from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_training, token_weighted_loss
 from tasks.train.sections import ModelShape, ProxyConfig
-from tasks.tokenizer.config import PackingConfig
+from tasks.train.packing import PackingConfig
 
 SWEEP_CODE = ("tasks.sweep", "tasks.train", "models", "evals.heldout")
 
@@ -172,7 +172,3 @@ def edge_warning(best_lr: float, cfg: SweepConfig, tolerance: float = 0.05) -> s
             return (f"best peak LR {best_lr:.2e} is at the {side} edge of the searched range "
                     f"[{cfg.lr_min:.1e}, {cfg.lr_max:.1e}]; widen the range to locate the optimum")
     return ""
-
-
-def load_best(path: Path) -> dict[str, Any]:
-    return json.loads((path / "best.json").read_text())

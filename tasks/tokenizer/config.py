@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from infra.section import Section
 
-EOS_TOKEN = "<|endoftext|>"
+from tasks.train.shards import EOS_TOKEN  # noqa: E402  (the shard format ends documents with it)
 NUM_BYTE_TOKENS = 256  # byte-level BPE starts from every byte value (docs/methods.md §8)
 
 
@@ -100,15 +100,3 @@ class TokenizerConfig(Section):
             )
         return self
 
-
-class PackingConfig(Section):
-    """How token shards become training rows (docs/methods.md §8); read by every training stage's loader.
-
-    Fields:
-        policy: ``best_fit`` (Ding et al. 2024: documents cut only when longer than a row; rows padded) or
-            ``concat`` (concatenate and split: no padding, documents cut at every window edge).
-        document_mask: block-diagonal causal attention, so no token attends across a document boundary.
-    """
-
-    policy: Literal["best_fit", "concat"] = "best_fit"
-    document_mask: bool = False

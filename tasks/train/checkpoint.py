@@ -1,4 +1,4 @@
-"""Self-describing, atomically written checkpoints (SPEC §9; STYLE §10).
+"""Self-describing, atomically written checkpoints (docs/methods.md §9; docs/methods.md §9).
 
 Layout of one checkpoint directory::
 

@@ -1,4 +1,4 @@
-"""Optimiser section of a training run: AdamW and the warmup-cosine schedule (SPEC §6)."""
+"""Optimiser section of a training run: AdamW and the warmup-cosine schedule (docs/methods.md §6)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from infra.section import Section
 
 
 class OptimConfig(Section):
-    """AdamW with decoupled weight decay on weight matrices, warmup-cosine LR, global-norm clipping (SPEC §6).
+    """AdamW with decoupled weight decay on weight matrices, warmup-cosine LR, global-norm clipping (docs/methods.md §6).
 
     Fields:
         peak_lr: LR reached at the end of warmup, > 0.
-        beta1, beta2: Adam moment decay rates, in [0, 1) (SPEC §6: 0.9, 0.95).
+        beta1, beta2: Adam moment decay rates, in [0, 1) (docs/methods.md §6: 0.9, 0.95).
         eps: Adam ε, > 0 (1e-8).
         weight_decay: λ on 2-D weights only, ≥ 0 (0.1); decay timescale 1/(η·λ) steps.
         warmup_steps: linear warmup length in optimiser steps, ≥ 0.
         min_lr_ratio: cosine floor as a fraction of peak_lr, in [0, 1] (0.1).
         grad_clip: global gradient-norm threshold, > 0 (1.0).
-        z_loss: coefficient of the z-loss term mean((log Z)²), ≥ 0 (SPEC §6 suggests 1e-4; 0 = off).
+        z_loss: coefficient of the z-loss term mean((log Z)²), ≥ 0 (docs/methods.md §6 suggests 1e-4; 0 = off).
         micro_batches: gradient-accumulation slices per optimiser step, ≥ 1; the batch must divide evenly.
 
     Raises:
@@ -57,7 +57,7 @@ class OptimConfig(Section):
         if not self.grad_clip > 0:
             raise ConfigError(f"optim.grad_clip = {self.grad_clip}: must be > 0 (clipping at 1.0 is the default)")
         if not (math.isfinite(self.z_loss) and self.z_loss >= 0):
-            raise ConfigError(f"optim.z_loss = {self.z_loss}: must be ≥ 0 (SPEC §6: 1e-4)")
+            raise ConfigError(f"optim.z_loss = {self.z_loss}: must be ≥ 0 (docs/methods.md §6: 1e-4)")
         if self.micro_batches < 1:
             raise ConfigError(f"optim.micro_batches = {self.micro_batches}: must be ≥ 1")
         return self

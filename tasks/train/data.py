@@ -1,6 +1,6 @@
-"""The training loader: packed rows from token shards, drawn by mixture weights, resumable to the exact batch (SPEC §8).
+"""The training loader: packed rows from token shards, drawn by mixture weights, resumable to the exact batch (docs/methods.md §8).
 
-Each source's shard is cut into rows of T + 1 tokens by a packing policy (:mod:`tasks.tokenizer.packing`). Rows of a
+Each source's shard is cut into rows of T + 1 tokens by a packing policy (:mod:`tasks.train.packing`). Rows of a
 source are read in a seeded random order, one permutation per epoch; when a source runs out of rows its epoch count
 goes up and a new permutation starts. How many rows of a batch each source gets is decided by deterministic
 largest-remainder apportionment with carried remainders: after n batches of B rows, source s has given ⌊w_s·n·B⌋ or
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from infra.errors import ConfigError, DataError
-from tasks.tokenizer.packing import PackPlan, plan_rows
+from tasks.train.packing import PackPlan, plan_rows
 
 WEIGHT_TOLERANCE = 1e-6
 IGNORE_INDEX = -100  # target of a padding position: no loss (torch cross_entropy's default ignore_index)
@@ -57,7 +57,7 @@ class MixtureSampler:
         seq_len: T, input tokens per row; a row holds T + 1 tokens.
         batch_size: B, rows per batch.
         seed: seeds the row order of every source and epoch.
-        packing: ``concat`` or ``best_fit`` (SPEC §8; :mod:`tasks.tokenizer.packing`).
+        packing: ``concat`` or ``best_fit`` (docs/methods.md §8; :mod:`tasks.train.packing`).
         document_mask: return ``doc_ids`` so the model masks attention across documents.
         pad_id: input id placed at padding positions (their targets are ``IGNORE_INDEX``, and padding only ever
             follows real tokens, so causal attention never lets a real token see it).

@@ -1,4 +1,4 @@
-"""Hardware reference rates for utilisation figures (SPEC §1).
+"""Hardware reference rates for utilisation figures (docs/methods.md §1).
 
 On a GPU, MFU divides model FLOP/s by the device's published dense bf16 peak (``models.planning.DEVICE_PEAK_BF16``,
 matched by device name). A CPU has no published peak, so its *utilisation proxy* divides by the FLOP/s of a large

@@ -1,8 +1,8 @@
-"""The training loop: evaluate → checkpoint → stop? → one step → log (STYLE §4).
+"""The training loop: evaluate → checkpoint → stop? → one step → log, in that fixed order.
 
 Everything optional (held-out evaluation, checkpoints, trackers, pruning) is a callback. Per step the loop
 logs loss_nats (token-summed cross-entropy / target tokens), lr, grad_norm_preclip, clipped, clip_fraction,
-tokens_seen, tokens_per_s and loss_nats/<source> (SPEC §6, §9 monitoring).
+tokens_seen, tokens_per_s and loss_nats/<source> (docs/methods.md §6, §9 monitoring).
 
 Run a tiny model on random tokens::
 
@@ -97,7 +97,7 @@ def _due(step: int, every: int, start: int, total: int) -> bool:
 
 @dataclass
 class SpikeRule:
-    """Loss-spike detector (SPEC §6, after PaLM): a step's loss is a spike when it is not finite, or when at least
+    """Loss-spike detector (docs/methods.md §6, after PaLM): a step's loss is a spike when it is not finite, or when at least
     ``min_history`` earlier losses exist and it exceeds ``factor`` × the median of the last ``window`` of them.
 
     ``policy`` says what the loop does with a spike: ``warn`` (record it and take the step; a non-finite loss is
@@ -141,7 +141,7 @@ def forward_backward(model: nn.Module, batch: tuple, *, accelerator: Accelerator
     Normalisation: every micro-batch's summed token cross-entropy is divided by the number of real target tokens
     of the whole step, counted over all micro-batches and all ranks (ignored padding targets count in neither sum),
     so the gradient equals that of the full batch in one pass whatever the split (not a mean of per-micro-batch
-    means, which overweights short micro-batches). z-loss (SPEC §6): ``z_loss`` · mean over real tokens of
+    means, which overweights short micro-batches). z-loss (docs/methods.md §6): ``z_loss`` · mean over real tokens of
     (log Z)², log Z = logsumexp of the logits, in fp32, added to the objective and reported separately.
 
     Returns global figures (summed over ranks): loss_nats, z_loss, mean_log_z, per-source loss_nats/<source>,
@@ -226,7 +226,7 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
           callbacks: Sequence[Any] = (), state: TrainState | None = None, optimizer: torch.optim.Optimizer | None = None,
           accelerator: Accelerator | None = None, seed: int = 0, checkpoint_every: int = 0,
           spike: SpikeRule | None = None, rewind: Any = None, instrument_every: int = 0) -> TrainResult:
-    """Train ``model`` on ``sampler.next_batch()`` until ``total_steps`` optimiser steps (warmup-cosine LR, SPEC §6).
+    """Train ``model`` on ``sampler.next_batch()`` until ``total_steps`` optimiser steps (warmup-cosine LR, docs/methods.md §6).
 
     A fresh run (``state`` None) seeds python/numpy/torch with ``seed``; a resumed run passes the restored
     ``state`` and ``optimizer`` (RNG and sampler already restored from the checkpoint). Without an
@@ -284,7 +284,7 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
         is_spike, median = (False, float("nan")) if spike is None else spike.check(history, metrics["loss_nats"])
         if not metrics["finite"] and spike is None:
             raise DataError(f"non-finite loss at step {state.step + 1}; rewind to the last checkpoint and skip this "
-                            "batch (SPEC §6), or set a spike policy")
+                            "batch (docs/methods.md §6), or set a spike policy")
         if is_spike:
             action = spike.policy if metrics["finite"] or spike.policy != "warn" else "skip"
             event = {"step": state.step + 1, "batches_drawn": int(getattr(sampler, "batches_drawn", -1)),

@@ -1,4 +1,4 @@
-"""AdamW with weight decay on weight matrices only (SPEC §6)."""
+"""AdamW with weight decay on weight matrices only (docs/methods.md §6)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tasks.train.config import OptimConfig
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups: 2-D weights (embeddings included) decayed by λ; norm gains and any 1-D tensor not.
 
-    For the Lab-2 shape this puts 5,791,744 parameters in the decayed group and 3,328 in the other (SPEC §2).
+    For the Lab-2 shape this puts 5,791,744 parameters in the decayed group and 3,328 in the other (docs/methods.md §2).
     """
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]

@@ -16,8 +16,8 @@ import torch
 from evals.heldout import HeldoutLoss, bits_per_byte, heldout_loss
 from models.config import ModelConfig
 from models.decoder import Decoder
-from tasks.tokenizer.config import PackingConfig
-from tasks.tokenizer.stage import TokenizedCorpus
+from tasks.train.packing import PackingConfig
+from tasks.train.corpus import TokenizedCorpus
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
 from tasks.train.loop import Callback, SpikeRule, TrainResult, TrainState, train
@@ -142,7 +142,7 @@ def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: fl
                  seed: int, callbacks: Sequence[Callback] = (), min_lr_ratio: float = 0.1,
                  state: TrainState | None = None, optimizer=None, checkpoint_every: int = 0,
                  stability: StabilityConfig | None = None, rewind=None, accelerator=None) -> TrainResult:
-    """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (SPEC §6 settings); with ``stability``,
+    """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (docs/methods.md §6 settings); with ``stability``,
     its z-loss, accumulation, instruments and spike policy (``rewind`` reloads the last checkpoint)."""
     st = stability or StabilityConfig(spike_policy="warn", instrument_every=0)
     optim = OptimConfig(peak_lr=peak_lr, warmup_steps=budget.warmup_steps, min_lr_ratio=min_lr_ratio,

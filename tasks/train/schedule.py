@@ -1,4 +1,4 @@
-"""Warmup-cosine learning-rate schedule (SPEC §6).
+"""Warmup-cosine learning-rate schedule (docs/methods.md §6).
 
 Steps are counted from 1: the k-th optimiser update uses ``lr_at(k)``, so step ``warmup_steps`` is the
 first at peak and step ``total_steps`` lands on the floor ``min_lr_ratio · peak_lr``.
@@ -12,7 +12,7 @@ from infra.errors import ConfigError
 
 
 def lr_at(step: int, *, peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> float:
-    """Learning rate at optimiser step ``step`` (SPEC §6 warmup-cosine).
+    """Learning rate at optimiser step ``step`` (docs/methods.md §6 warmup-cosine).
 
     Linear warmup peak·step/warmup for step ≤ warmup, then
     floor + (peak − floor)·½(1 + cos(π·(step − warmup)/(total − warmup))), floor = min_lr_ratio·peak;

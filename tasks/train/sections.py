@@ -1,7 +1,7 @@
 """Config sections of the training stages: the proxy runs (mixture and LR sweep), the main run and CPT.
 
 The model's vocabulary size is not configured here: it comes from the fitted tokenizer (padded to a
-multiple of 64/128, SPEC §8), so ``ModelShape.build(vocab_size)`` makes the full ``ModelConfig``.
+multiple of 64/128, docs/methods.md §8), so ``ModelShape.build(vocab_size)`` makes the full ``ModelConfig``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from infra.section import Section
+from infra.section import NOT_IN_KEY, Section
 from models.config import ModelConfig
 
 
 class ModelShape(Section):
-    """Decoder shape without the vocabulary (SPEC §2).
+    """Decoder shape without the vocabulary (docs/methods.md §2).
 
     Checked when the config is loaded, so a shape no stage could build fails before anything runs.
 
@@ -82,7 +82,7 @@ class RunBudget(Section):
 
 
 class ProxyConfig(Section):
-    """Small proxy models used by the mixture ablation and the LR sweep (SPEC §8)."""
+    """Small proxy models used by the mixture ablation and the LR sweep (docs/methods.md §8)."""
 
     model: ModelShape
     budget: RunBudget
@@ -90,13 +90,13 @@ class ProxyConfig(Section):
 
 
 class StabilityConfig(Section):
-    """Loss terms, gradient accumulation, instruments and the loss-spike policy of the main run (SPEC §6).
+    """Loss terms, gradient accumulation, instruments and the loss-spike policy of the main run (docs/methods.md §6).
 
     Fields:
-        z_loss: coefficient of mean((log Z)²) added to the loss (SPEC §6: 1e-4; 0 = off).
+        z_loss: coefficient of mean((log Z)²) added to the loss (docs/methods.md §6: 1e-4; 0 = off).
         micro_batches: gradient-accumulation slices per step; batch_size must divide evenly.
         spike_window, spike_factor, spike_min_history: a loss above factor × the median of the previous window
-            losses (once min_history exist) is a spike (SPEC §6: 2.0 × median of 50); a non-finite loss always is.
+            losses (once min_history exist) is a spike (docs/methods.md §6: 2.0 × median of 50); a non-finite loss always is.
         spike_policy: warn (record, apply), skip (drop the update) or rewind (reload the last checkpoint, skip the
             data in between, scale the LR by rewind_lr_factor).
         max_consecutive_spikes: that many events in a row stop the run.
@@ -111,7 +111,7 @@ class StabilityConfig(Section):
     spike_policy: Literal["warn", "skip", "rewind"] = "rewind"
     rewind_lr_factor: float = Field(default=1.0, gt=0, le=1)
     max_consecutive_spikes: int = Field(default=5, gt=0)
-    instrument_every: int = Field(default=10, ge=0)
+    instrument_every: int = Field(default=10, ge=0, json_schema_extra=NOT_IN_KEY)
 
     @model_validator(mode="after")
     def _history_fits_window(self) -> "StabilityConfig":
@@ -134,7 +134,7 @@ class DistributedConfig(Section):
             then from the installed project (infra/accelerate/).
         strategy: ``fsdp`` (FSDP2 full shard, ZeRO-3), ``hybrid`` (shard within ``shard_size`` ranks, replicate
             across) or ``ddp`` (replicated).
-        activation_checkpointing: recompute each block's activations in backward (SPEC §3).
+        activation_checkpointing: recompute each block's activations in backward (docs/methods.md §3).
 
     Not in the stage key: a layout changes results only by float reduction order (tests/unit/test_train_distributed).
     """
@@ -155,17 +155,21 @@ class DistributedConfig(Section):
 
 
 class MainConfig(Section):
-    """The main pretraining run (SPEC §2, §6). ``peak_lr`` comes from the sweep unless set here."""
+    """The main pretraining run (docs/methods.md §2, §6). ``peak_lr`` comes from the sweep unless set here."""
 
     model: ModelShape
     budget: RunBudget
     peak_lr: float | None = Field(default=None, gt=0, description="override the swept LR (not recommended)")
-    log_every: int = Field(default=10, gt=0)
-    checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints; 0 = end only")
-    keep_checkpoints: int = Field(default=3, gt=0, description="newest complete scratch checkpoints kept")
-    async_checkpoints: bool = Field(default=False, description="snapshot to CPU and write in a background thread")
+    log_every: int = Field(default=10, gt=0, json_schema_extra=NOT_IN_KEY)
+    checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints; 0 = end only",
+                                  json_schema_extra=NOT_IN_KEY)
+    keep_checkpoints: int = Field(default=3, gt=0, description="newest complete scratch checkpoints kept",
+                                  json_schema_extra=NOT_IN_KEY)
+    async_checkpoints: bool = Field(default=False, description="snapshot to CPU and write in a background thread",
+                                    json_schema_extra=NOT_IN_KEY)
     stability: StabilityConfig = StabilityConfig()
-    distributed: DistributedConfig = DistributedConfig()
+    # The launch layout changes results only by the order of float sums.
+    distributed: DistributedConfig = Field(default=DistributedConfig(), json_schema_extra=NOT_IN_KEY)
 
     @model_validator(mode="after")
     def _micro_batches_divide(self) -> "MainConfig":
@@ -181,7 +185,7 @@ class MainConfig(Section):
 
 
 class CptConfig(Section):
-    """Continued pretraining on the domain source(s) with replay of the base mixture (SPEC §11).
+    """Continued pretraining on the domain source(s) with replay of the base mixture (docs/methods.md §11).
 
     Fields:
         replay_fractions × peak_lrs × seeds: the candidate grid (seeds are offsets to the experiment seed).

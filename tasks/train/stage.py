@@ -5,7 +5,7 @@ resumes from the newest complete one (a corrupt one is skipped with a warning); 
 
 Outputs: ``checkpoint/`` (model.safetensors, optimizer.pt, state.json, checksums.json), ``heldout.parquet``
 (held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing,
-the step it resumed from, and the epochs of each mixture source e_s = w_s · D / U_s, SPEC §8).
+the step it resumed from, and the epochs of each mixture source e_s = w_s · D / U_s, docs/methods.md §8).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from accelerate import Accelerator
 
 from infra.errors import CheckpointError, ConfigError
 from infra.stage import Progress, StageContext
-from tasks.mixture.candidates import epoch_warnings, epochs
-from tasks.mixture.stage import load_choice
-from tasks.sweep.stage import load_best
-from tasks.tokenizer.stage import TokenizedCorpus
+from tasks.train.epochs import epoch_warnings, epochs
+from tasks.readers import load_choice
+from tasks.readers import load_best
+from tasks.train.corpus import TokenizedCorpus
 from tasks.train.checkpoint import (CheckpointCallback, latest_checkpoint, load_checkpoint, load_model,
                                    load_sharded_checkpoint, save_checkpoint, save_consolidated_checkpoint)
 from tasks.train.parallel import check_layout, parallelize
@@ -38,8 +38,8 @@ from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_
 from models.planning import require_fit
 from tasks.train.sections import MainConfig
 from infra.threads import ThreadPolicy, apply_wait_policy
-from tasks.tokenizer.config import PackingConfig
-from tasks.tokenizer.stage import packing_report
+from tasks.train.packing import PackingConfig
+from tasks.train.corpus import packing_report
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,9 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     In process (``[main.distributed] launch = "inprocess"``) or through ``accelerate launch`` of
     ``tasks.train.launch`` on ``processes`` workers, whose rank 0 streams metrics back to this stage's MLflow run.
 
-    Before training, refuses a layout whose memory (SPEC §3) exceeds 90% of the detected device's (ConfigError
+    Before training, refuses a layout whose memory (docs/methods.md §3) exceeds 90% of the detected device's (ConfigError
     naming the numbers), and prints a warning for each mixture source the planned run repeats more than ``max_epochs``
-    times (w·D/U, SPEC §8); the threshold only shapes that message, so it is not part of the stage key.
+    times (w·D/U, docs/methods.md §8); the threshold only shapes that message, so it is not part of the stage key.
     """
     job = MainJob(out=str(ctx.out), scratch=str(ctx.scratch), inputs={k: str(v) for k, v in ctx.inputs.items()},
                   seed=ctx.seed, torch_threads=ctx.torch_threads, cfg=cfg.model_dump(), sources=list(sources),
@@ -107,7 +107,7 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
     peak_lr, lr_source = main_peak_lr(cfg, load_best(Path(job.inputs["sweep"])) if "sweep" in job.inputs else None)
     check_layout(cfg.budget.batch_size, cfg.stability.micro_batches, processes)
     sharded = accelerator is not None and processes > 1 and dist.strategy != "ddp"
-    # Refuse before allocating anything (SPEC §3 arithmetic), for one rank's share of the work.
+    # Refuse before allocating anything (docs/methods.md §3 arithmetic), for one rank's share of the work.
     require_fit(model_cfg, cfg.budget.batch_size // (processes * cfg.stability.micro_batches),
                 zero_stage=3 if sharded else 0, ranks=processes, checkpointing=dist.activation_checkpointing,
                 local_processes=processes)
@@ -214,7 +214,7 @@ def main_peak_lr(cfg: MainConfig, best: dict | None) -> tuple[float, dict]:
 
 
 def planned_epochs(cfg: MainConfig, weights: dict[str, float], corpus: TokenizedCorpus) -> dict[str, float]:
-    """Epochs of each mixture source over the planned run, e_s = w_s · D / U_s (SPEC §8).
+    """Epochs of each mixture source over the planned run, e_s = w_s · D / U_s (docs/methods.md §8).
 
     D = steps · batch_size · seq_len tokens (the ``[main]`` budget); U_s = the source's training-split tokens.
     """

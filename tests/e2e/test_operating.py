@@ -22,7 +22,9 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import ROOT, pretrain, stage_status
-from flows.graph import STAGE_NAMES
+from flows.registry import stage_names
+
+STAGE_NAMES = stage_names()
 
 pytestmark = pytest.mark.e2e
 

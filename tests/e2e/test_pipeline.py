@@ -16,7 +16,9 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import pretrain as _pretrain, stage_status as _stage_status
-from flows.graph import STAGE_NAMES
+from flows.registry import stage_names
+
+STAGE_NAMES = stage_names()
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import load_config
-from flows.graph import STAGES, downstream
+from flows.registry import STAGES, downstream
 from infra.artifacts import ArtifactStore, artifact_key, code_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def test_failed_commit_leaves_no_marker(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("infra.artifacts._fsync_write", disk_full)
+    monkeypatch.setattr("infra.atomic.fsync_tree", disk_full)  # where a full disk surfaces on commit
     with pytest.raises(OSError, match="stage corpus ran out of space"):  # DiskFullError, an OSError too
         store.commit("corpus", "k2", tmp, {})
     assert store.get("corpus", "k2") is None

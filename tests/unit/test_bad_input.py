@@ -27,8 +27,8 @@ from tasks.sources.config import SourceConfig
 from tasks.sources.read import SourceDocs, read_source
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer
-from tasks.tokenizer.packing import POLICIES, plan_rows
-from tasks.tokenizer.shards import encode_documents
+from tasks.train.packing import POLICIES, plan_rows
+from tasks.train.shards import encode_documents
 
 FIX = Path(__file__).parents[1] / "fixtures" / "bad_input"
 GARDEN = (

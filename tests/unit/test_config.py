@@ -258,7 +258,7 @@ def test_section_built_directly_still_raises_its_config_error():
 
 
 def test_language_labels_are_the_models_own():
-    from tasks.corpus.config import LID176_LABELS
+    from infra.languages import LID176_LABELS
     from tasks.corpus.langid import model_labels
 
     assert model_labels() == LID176_LABELS

@@ -11,7 +11,7 @@ from infra.errors import DataError
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.build import build_corpus, curate, filter_shard, split_sources
 from tasks.corpus.config import CorpusConfig
-from tasks.corpus.decontam import EvalIndex, EvalItem, window_hashes
+from evals.contamination import EvalIndex, EvalItem, window_hashes
 from tasks.corpus.stage import reconcile
 
 WORDS = ("river stone garden window paper letter morning evening bridge market village harbour forest meadow "
@@ -115,8 +115,10 @@ def test_crash_resume_skips_finished_shards(tmp_path):
     # A first run died after two filtered shards, one of them half-written.
     for shard in sorted((work / "in").glob("*.parquet"))[:2]:
         assert filter_shard(str(shard), str(work / "filtered" / shard.stem), cfg.model_dump_json())
-    (work / "filtered" / "00002.tmp").mkdir()
-    (work / "filtered" / "00002.tmp" / "survivors.parquet").write_text("truncated")
+    torn = work / "filtered" / ".00002.tmp-1-0badf00d"  # the killed attempt's temporary (infra.atomic)
+    torn.mkdir()
+    (torn / "survivors.parquet").write_text("truncated")
+    (torn / "units.parquet").write_text("truncated")  # would break the */units.parquet glob if left
     stamp = (work / "filtered" / "00000" / "survivors.parquet").stat().st_mtime_ns
     calls = []
 
@@ -126,6 +128,7 @@ def test_crash_resume_skips_finished_shards(tmp_path):
 
     resumed = curate(work, out, cfg, shard_map=spy)
     assert calls[0] == ("corpus-filter", [False, False, True, True, True])
+    assert not torn.exists()
     assert (work / "filtered" / "00000" / "survivors.parquet").stat().st_mtime_ns == stamp
     fresh = build_corpus(docs, cfg, out=tmp_path / "fresh")
     pd.testing.assert_frame_equal(resumed.kept, fresh.kept)
@@ -246,7 +249,7 @@ def test_identical_pages_are_deduplicated_not_erased_as_boilerplate(tmp_path):
 def test_jsonl_eval_files_split_at_newline_only(tmp_path):
     import json
 
-    from tasks.corpus.decontam import load_eval_files
+    from evals.contamination import load_eval_files
 
     path = tmp_path / "eval.jsonl"
     rows = [{"id": "a", "text": "one\u2028two"}, {"id": "b", "text": "three\u2029four"}]

@@ -6,7 +6,7 @@ import pytest
 from evals.cloze import ClozeItem
 from evals.heldout import HeldoutLoss, keep_windows
 from infra.errors import ConfigError, DataError
-from tasks.cpt.decontam import cloze_hits, ngram_hashes, training_ngrams, window_hits
+from tasks.cpt.eval_overlap import cloze_hits, ngram_hashes, training_ngrams, window_hits
 from tasks.train.data import MixtureSampler
 
 

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from infra.errors import ConfigError, DataError
-from tasks.mixture.candidates import epoch_warnings, epochs, resolve_candidates, temperature_weights
+from tasks.mixture.candidates import resolve_candidates, temperature_weights
+from tasks.train.epochs import epoch_warnings, epochs
 from tasks.mixture.config import MixtureCandidate, MixtureConfig
 from tasks.mixture.select import select_mixture
 

@@ -7,7 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.plots import funnel_counts, plot_mixture, plot_training_curves, s_curve, stage_plots
+from flows.registry import get_stage
+from tasks.corpus.plots import funnel_counts, s_curve_grid as s_curve
+from tasks.main.plots import plot_training_curves
+from tasks.mixture.plots import plot_mixture
 
 
 def _at(bands: int, rows: int, s: float) -> float:
@@ -71,7 +74,7 @@ def test_stage_plots_read_the_corpus_artifact_files(tmp_path):
     (artifact / "meta.json").write_text(json.dumps({"config": {"corpus": {"near_dedup": {
         "bands": 14, "rows": 8, "jaccard_threshold": 0.8}}}}))
     pd.DataFrame({"source": ["a"], "rule": ["dedup.exact"]}).to_parquet(artifact / "removals.parquet")
-    made = stage_plots("corpus", artifact, tmp_path / "plots")
+    made = get_stage("corpus").figures(artifact, tmp_path / "plots", None)
     assert [p.name for p in made] == ["funnel.png", "s_curve.png"]
     assert all(_is_png(p) for p in made)
-    assert stage_plots("main", artifact, tmp_path / "plots", history=pd.DataFrame()) == []
+    assert get_stage("main").figures(artifact, tmp_path / "plots", pd.DataFrame()) == []

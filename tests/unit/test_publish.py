@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from flows.config import load_config
-from flows.publish import publish
+from flows.publish import PublishTarget, publish
+from flows.registry import get_stage
 from infra.artifacts import ArtifactStore
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
@@ -37,7 +38,9 @@ def _gate_artifact(env, key: str, kept: str):
 
 def _publish(env, artifact, cached: bool) -> str:
     run_id = env.tracker.start_run("gate", parent_id=env.parent_run_id)
-    publish("gate", artifact, env, run_id, cached=cached)
+    target = PublishTarget(env.tracker, env.warehouse, env.cfg.name, env.parent_run_id, env.flow_run_id)
+    inputs = {name: env.store.get(name, key) for name, key in artifact.meta.get("input_keys", {}).items()}
+    publish(get_stage("gate"), artifact, inputs, env.cfg, target, run_id, cached=cached)
     return run_id
 
 
@@ -68,7 +71,7 @@ def test_republishing_the_same_gate_adds_no_version(env):
 
 
 def test_parent_run_gets_the_kept_models_heldout_figures_from_the_cpt_input(env):
-    """The headline is read from the gate's input CPT artifact (by key in the store), not from a recorded path."""
+    """The headline is read from the gate's input CPT artifact, not from a recorded path."""
     cpt_tmp = env.store.begin("cpt", "cpt-key")
     pd.DataFrame([
         {"checkpoint": "base", "source": "handbook_en", "loss_nats": 6.0, "bits_per_byte": 3.0},

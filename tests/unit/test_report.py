@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from flows.config import load_config
-from flows.plots import plot_s_curve
+from tasks.corpus.plots import plot_s_curve
 from flows.report import (Figure, Heading, Report, TableBlock, Text, build_report, print_report, resolve_formats,
                           to_markdown, write_report)
 from infra.errors import ConfigError

@@ -37,14 +37,26 @@ def test_a_column_name_with_a_quote_is_an_identifier_not_sql(tmp_path):
     assert rows["stage"].tolist() == ["corpus", "tokenizer"]
 
 
-@pytest.mark.parametrize("table", ["gates; DROP TABLE manifest", "no_such_table"])
-def test_unknown_table_names_are_refused_before_any_sql(tmp_path, table):
+@pytest.mark.parametrize("table", ["gates; DROP TABLE manifest", "Gates", "a-b", "", "x" * 64])
+def test_table_names_that_are_not_plain_identifiers_are_refused_before_any_sql(tmp_path, table):
     warehouse = Warehouse(tmp_path / "results.duckdb")
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="not a plain lower-case identifier"):
         warehouse.append(table, pd.DataFrame([{"a": 1}]))
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="not a plain lower-case identifier"):
         warehouse.replace(table, pd.DataFrame([{"a": 1}]), artifact_key="k")
+    with pytest.raises(ValueError, match="not a plain lower-case identifier"):
+        warehouse.update(table, {"a": 2}, {"a": 1})
     assert not warehouse.path.exists()
+
+
+def test_update_binds_values_and_refuses_column_names_that_carry_sql(tmp_path):
+    warehouse = Warehouse(tmp_path / "results.duckdb")
+    warehouse.replace("manifest", pd.DataFrame([{"source": "a", "tokens": 0}, {"source": "b'; --", "tokens": 0}]), "k")
+    warehouse.update("manifest", {"tokens": 7}, {"artifact_key": "k", "source": "b'; --"})
+    rows = warehouse.query("SELECT source, tokens FROM manifest ORDER BY source")
+    assert rows.to_dict("records") == [{"source": "a", "tokens": 0}, {"source": "b'; --", "tokens": 7}]
+    with pytest.raises(ValueError, match="not a plain identifier"):
+        warehouse.update("manifest", {'tokens" = 1; --': 1}, {"source": "a"})
 
 
 def test_prefect_api_binds_to_loopback_unless_the_user_chooses_otherwise(tmp_path, monkeypatch):

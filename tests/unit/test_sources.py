@@ -302,7 +302,7 @@ def test_a_refused_or_damaged_archive_is_a_source_error_naming_the_source(tmp_pa
 def test_the_sources_key_changes_with_archive_content_and_covers_folders(tmp_path):
     import zipfile
 
-    from flows.graph import _sources
+    from tasks.sources.definition import key_sources
 
     (tmp_path / "in").mkdir()
     archive = tmp_path / "in" / "a.zip"
@@ -312,6 +312,17 @@ def test_the_sources_key_changes_with_archive_content_and_covers_folders(tmp_pat
             z.writestr("x.txt", content)
         os.utime(archive, ns=(1_000_000_000, 1_000_000_000))  # same mtime and size each time
         cfg = type("Cfg", (), {"sources": {"src": local(tmp_path, ["in"])}})
-        return _sources(cfg)["src"]["files"]
+        return key_sources(cfg)["sources"]["src"]["files"]
 
     assert key("aaaa") != key("bbbb")
+
+
+def test_a_local_snapshot_names_the_bytes_not_the_mtimes(tmp_path):
+    """Same key, same content: the snapshot column of a local source must not change with a fresh checkout."""
+    (tmp_path / "a.txt").write_text("one document\n", encoding="utf-8")
+    first = read_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot
+    os.utime(tmp_path / "a.txt", (1_000_000, 1_000_000))
+    assert read_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot == first
+    (tmp_path / "a.txt").write_text("one documenT\n", encoding="utf-8")
+    os.utime(tmp_path / "a.txt", (1_000_000, 1_000_000))
+    assert read_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot != first

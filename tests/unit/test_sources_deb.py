@@ -143,15 +143,16 @@ def test_a_moved_archive_is_a_new_sources_key_that_status_names(tmp_path, monkey
     cfg, layout = parse_config(raw), RunsLayout(tmp_path / "runs")
     monkeypatch.setattr(deb, "resolve_debs", _resolver("3.11.2-6+deb12u8"))
     before = stage_statuses(cfg, layout)
-    from flows.graph import STAGES
+    from flows.registry import get_stage
+    from infra.artifacts import code_version_closure
 
-    sources = STAGES[0]
+    sources = get_stage("sources")
     config = sources.key_config(cfg)
     assert config["sources"][domain]["resolved"]["version"] == "3.11.2-6+deb12u8"
     store = ArtifactStore(layout.artifacts)
     store.commit("sources", before[0].key, store.begin("sources", before[0].key),
                  {"config": json.loads(canonical_json(config)), "input_keys": {},
-                  "code_version": code_version(*sources.modules)})
+                  "code_version": code_version_closure(sources.code)})
 
     monkeypatch.setattr(deb, "resolve_debs", _resolver("3.11.2-6+deb12u9"))
     after = stage_statuses(cfg, layout)
@@ -198,7 +199,7 @@ def test_a_pinned_version_is_what_apt_get_downloads_and_a_cached_deb_is_reused(f
 
 @needs_dpkg
 def test_the_sources_stage_fetches_the_release_its_key_names(fake_apt, tmp_path):
-    from flows.graph import _run_sources
+    from tasks.sources.definition import run_sources as _run_sources
 
     src = SourceConfig(name="doc", kind="deb", package=PACKAGE, include=["usr/share/doc/demo-doc/*.html"])
     out = tmp_path / "out"
@@ -216,19 +217,19 @@ def test_the_sources_stage_fetches_the_release_its_key_names(fake_apt, tmp_path)
 
 
 def test_local_sources_are_keyed_by_their_bytes_not_their_mtime(tmp_path):
-    from flows.graph import _sources
+    from tasks.sources.definition import key_sources
 
     page = tmp_path / "a.txt"
     page.write_text("first text")
     cfg = SimpleNamespace(sources={"loc": SourceConfig(name="loc", kind="local", include=[str(tmp_path / "*.txt")])})
-    first = _sources(cfg)
+    first = key_sources(cfg)["sources"]
     stat = page.stat()
     page.write_text("other text")  # same size, and the mtime put back as cp -p or rsync -a would
     os.utime(page, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert _sources(cfg) != first
+    assert key_sources(cfg)["sources"] != first
     page.write_text("first text")
     os.utime(page, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same bytes, new mtime: same key
-    assert _sources(cfg) == first
+    assert key_sources(cfg)["sources"] == first
 
 
 @pytest.mark.skipif(shutil.which("apt-cache") is None or not any(deb.APT_LISTS.glob("*_Packages*")),

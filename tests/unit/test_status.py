@@ -27,21 +27,21 @@ def test_status_reads_without_creating_and_explains_the_differences(tmp_path, mo
 
     # A stored sources artifact with exactly the wanted key and meta is a cache hit.
     sources = first[0]
-    from flows.graph import STAGES
+    from flows.registry import get_stage
     import json
-    from infra.artifacts import canonical_json, code_version
+    from infra.artifacts import canonical_json, code_version_closure
 
-    stage = STAGES[0]
+    stage = get_stage("sources")
     meta = {"config": json.loads(canonical_json(stage.key_config(cfg))), "input_keys": {},
-            "code_version": code_version(*stage.modules)}
+            "code_version": code_version_closure(stage.code)}
     _store_like(layout, "sources", sources.key, meta)
     # A corpus artifact made under another threshold and an older sources key is the nearest, with its reasons.
-    corpus = STAGES[1]
+    corpus = get_stage("corpus")
     old = json.loads(canonical_json(corpus.key_config(cfg)))
     old["corpus"]["gopher"]["min_words"] = 1
     _store_like(layout, "corpus", "0123456789abcdef",
                 {"config": old, "input_keys": {"sources": "feedfacefeedface"},
-                 "code_version": code_version(*corpus.modules)})
+                 "code_version": code_version_closure(corpus.code)})
     second = {s.stage: s for s in stage_statuses(cfg, layout)}
     assert second["sources"].cached and not second["corpus"].cached
     assert second["corpus"].nearest == "0123456789abcdef"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from infra.errors import ConfigError, DataError
-from tasks.tokenizer.packing import plan_rows
+from tasks.train.packing import plan_rows
 
 
 def offsets_of(lengths):

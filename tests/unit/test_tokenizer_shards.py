@@ -8,7 +8,7 @@ import pytest
 from infra.errors import ConfigError, DataError
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer, tokenizer_hash
-from tasks.tokenizer.shards import encode_documents, read_shard, shard_dtype, text_bytes, write_shard
+from tasks.train.shards import encode_documents, read_shard, shard_dtype, text_bytes, write_shard
 
 DOCS = ["Hello world 2024.", "你好，世界！", "", "quoting <|endoftext|> inside a page", "emoji 🎉 end"]
 
@@ -117,7 +117,7 @@ def test_write_leaves_only_the_three_files(tmp_path):
 
 
 def _suite_frame(path):
-    from tasks.tokenizer.shards import shard_facts
+    from tasks.train.shards import shard_facts
 
     import pandas as pd
     return pd.DataFrame([{"source": "web", "split": "train", **shard_facts(path)}])

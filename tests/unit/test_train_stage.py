@@ -11,7 +11,7 @@ import torch
 from infra.errors import TrainingError
 from infra.runs import RunsLayout
 from infra.stage import StageContext
-from tasks.tokenizer.shards import write_shard
+from tasks.train.shards import write_shard
 from tasks.train.checkpoint import load_model
 from tasks.train.sections import DistributedConfig, MainConfig, ModelShape, RunBudget
 from tasks.train.stage import run
@@ -113,7 +113,7 @@ def test_launched_run_matches_in_process_and_resumes_after_sigkill(tmp_path, inp
 def test_cpt_refuses_a_base_trained_with_another_tokenizer(tmp_path, inputs):
     from infra.errors import CheckpointError
     from tasks.cpt.stage import base_checkpoint
-    from tasks.tokenizer.stage import TokenizedCorpus
+    from tasks.train.corpus import TokenizedCorpus
     from tasks.train.sections import CptConfig
 
     summary = run(_context(tmp_path, inputs, "main"), CFG, sources=["a", "b"])

@@ -47,8 +47,8 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[
         CheckpointError: missing/corrupt checkpoint, or no tokenizer artifact matching its recorded hash.
         DataError: unreadable cloze sets.
     """
-    from flows.graph import cloze_paths
-    from tasks.tokenizer.stage import TokenizedCorpus
+    from evals.cloze import cloze_files
+    from tasks.train.corpus import TokenizedCorpus
     from tasks.train.checkpoint import load_model, verify_checkpoint
     from tasks.train.runner import evaluate_sources, evals_frame
 
@@ -69,7 +69,7 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[
     evals = evaluate_sources(model, corpus, sources, seq_len=model.cfg.seq_len, eval_tokens=cfg.cpt.budget.eval_tokens)
     heldout = evals_frame(evals)[["source", "tokens", "loss_nats", "bits_per_byte"]]
     tokenizer = corpus.tokenizer
-    scored = score_cloze(model, lambda text: tokenizer.encode(text).ids, load_cloze_sets(cloze_paths(cfg)),
+    scored = score_cloze(model, lambda text: tokenizer.encode(text).ids, load_cloze_sets(cloze_files(cfg.gate.cloze_paths)),
                          max_len=model.cfg.seq_len)
     rows = []
     for (group, kind), part in scored.groupby(["group", "kind"], sort=True):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tasks.corpus.decontam import EvalIndex, EvalItem
+from evals.contamination import EvalIndex, EvalItem
 
 REMOVAL_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
 

@@ -8,19 +8,18 @@ Each is written under a temporary name and renamed; the header goes last, so a s
 """
 
 import json
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from infra.atomic import atomic_file, atomic_write_bytes
 from infra.errors import ConfigError, DataError
-from tasks.tokenizer.fit import eos_id as find_eos_id
 
+EOS_TOKEN = "<|endoftext|>"  # ends every document in a shard
 UINT16_VOCAB_MAX = 65_536  # ids 0..65,535 fit in uint16 (docs/methods.md §8)
 UINT32_VOCAB_MAX = 2**32
 HEADER_KEYS = ("dtype", "vocab_size", "eos_id", "tokenizer_hash", "n_tokens", "n_docs", "n_bytes", "extra")
@@ -70,7 +69,9 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 
     Raises:
         DataError: the tokenizer has no EOS.
     """
-    eos = find_eos_id(tok)
+    eos = tok.token_to_id(EOS_TOKEN)
+    if eos is None:
+        raise DataError(f"tokenizer has no {EOS_TOKEN!r}: refit it with that token first in special_tokens")
     dtype = shard_dtype(tok.get_vocab_size())
     plain = Tokenizer.from_str(tok.to_str())  # copy: leave the caller's tokenizer settings alone
     plain.encode_special_tokens = True
@@ -108,9 +109,12 @@ def write_shard(path: Path, tokens: np.ndarray, *, vocab_size: int, eos_id: int,
     header = dict(dtype=dtype.name, vocab_size=int(vocab_size), eos_id=int(eos_id), tokenizer_hash=tokenizer_hash,
                   n_tokens=int(len(tokens)), n_docs=int(len(doc_offsets)), n_bytes=int(n_bytes), extra=extra or {})
     bin_path, idx_path, header_path = _paths(path)
-    _write_atomic(bin_path, tokens.astype(dtype, copy=False).tofile)
-    _write_atomic(idx_path, lambda f: np.save(f, doc_offsets.astype(np.int64), allow_pickle=False))
-    _write_atomic(header_path, lambda f: f.write(json.dumps(header, indent=2, sort_keys=True).encode("utf-8")))
+    bin_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(bin_path) as f:
+        tokens.astype(dtype, copy=False).tofile(f)
+    with atomic_file(idx_path) as f:
+        np.save(f, doc_offsets.astype(np.int64), allow_pickle=False)
+    atomic_write_bytes(header_path, json.dumps(header, indent=2, sort_keys=True).encode("utf-8"))
     return bin_path
 
 
@@ -159,17 +163,6 @@ def _check_offsets(doc_offsets: np.ndarray, n_tokens: int) -> None:
         raise DataError(f"doc_offsets must be a 1-D integer array, got {doc_offsets.dtype} {doc_offsets.shape}")
     if len(doc_offsets) and (doc_offsets[0] < 0 or doc_offsets[-1] >= n_tokens or np.any(np.diff(doc_offsets) <= 0)):
         raise DataError(f"doc_offsets must increase strictly within 0..{n_tokens - 1}")
-
-
-def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write to a sibling temp file, fsync, then rename: readers never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _read_header(header_path: Path) -> dict:

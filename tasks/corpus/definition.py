@@ -1,0 +1,74 @@
+"""The corpus stage's face: key (settings plus a digest of the evaluation texts), run, expectations, publish."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.stage import PublishContext, Published, Stage, StageContext
+
+
+def eval_items(cfg: Any) -> list:
+    """Every evaluation text the platform reports on, for decontamination: the gate's cloze items (context plus
+    correct option) and the files in ``corpus.decontamination.eval_files``."""
+    from evals.cloze import cloze_files, load_cloze_items
+    from evals.contamination import EvalItem, load_eval_files
+
+    cloze = [EvalItem(f"cloze:{path.name}", item.item_id, item.context + item.options[item.answer])
+             for path in cloze_files(cfg.gate.cloze_paths) for item in load_cloze_items(path)]
+    return cloze + load_eval_files(cfg.corpus.decontamination.eval_files)
+
+
+def _checked_items(cfg: Any) -> list:
+    return eval_items(cfg) if cfg.corpus.decontamination.enabled else []
+
+
+def key_eval_items(cfg: Any) -> dict[str, str]:
+    """A digest of every evaluation text the corpus is checked against."""
+    items = _checked_items(cfg)
+    digest = hashlib.sha256(json.dumps([[i.set_name, i.item_id, i.text] for i in items]).encode()).hexdigest()[:16]
+    return {"eval_items": digest}
+
+
+def run_corpus(ctx: StageContext, cfg: Any) -> dict[str, Any]:
+    from tasks.corpus.stage import run
+
+    return run(ctx, cfg.corpus, eval_items=_checked_items(cfg))
+
+
+def check_corpus(out: Path, cfg: Any) -> None:
+    """Great Expectations on the kept table (sources, languages) and the ledger (in = kept + removed)."""
+    import pandas as pd
+
+    from infra.expectations import check_kept_corpus, check_ledger
+    from tasks.corpus.stage import manifest_rows
+
+    languages = cfg.corpus.languages + (["unknown"] if cfg.corpus.unknown_language == "keep" else [])
+    kept = pd.read_parquet(out / "kept.parquet", columns=["doc_id", "source", "language", "n_chars"])
+    removals = pd.read_parquet(out / "removals.parquet", columns=["doc_id", "source", "stage", "rule"])
+    counts = removals.groupby(["source", "rule"]).size()
+    why = {str(src): "removed by " + ", ".join(f"{rule} ×{n}" for rule, n in rows.droplevel(0).nlargest(4).items())
+           for src, rows in counts.groupby(level=0)}
+    check_kept_corpus(kept, list(cfg.sources), languages, why)
+    rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
+    removed = removals["source"].value_counts()
+    check_ledger(rows.assign(removed=[int(removed.get(s, 0)) for s in rows["source"]]), removals)
+
+
+def publish(ctx: PublishContext) -> Published:
+    from tasks.corpus.publish import publish
+
+    return publish(ctx)
+
+
+def figures(artifact: Path, out: Path, history: Any = None) -> list[Path]:
+    from tasks.corpus.plots import corpus_figures
+
+    return corpus_figures(artifact, out)
+
+
+STAGE = Stage(name="corpus", inputs=("sources",), code="tasks.corpus.definition", run=run_corpus,
+              sections=("corpus",), key_extra=key_eval_items, validate=check_corpus, publish=publish,
+              figures=figures)

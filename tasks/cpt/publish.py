@@ -1,0 +1,16 @@
+"""What a CPT artifact puts into DuckDB: held-out loss and cloze results of every candidate and the base."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from infra.stage import PublishContext, Published
+
+
+def publish(ctx: PublishContext) -> Published:
+    path, produced_by = ctx.artifact.path, ctx.artifact.meta.get("mlflow_run_id", "")
+    cloze = pd.read_parquet(path / "cloze.parquet").drop(columns=["n_option_tokens"], errors="ignore")
+    return Published(tables={"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by,
+                                                                                            stage="cpt"),
+                             "cloze_results": cloze.assign(run_id=produced_by)},
+                     files=["candidates.json", "cloze.parquet"])

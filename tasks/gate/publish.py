@@ -1,0 +1,62 @@
+"""What a gate artifact puts into DuckDB and MLflow: the decision table, each candidate's verdict, the parent
+run's headline (the kept model's held-out figures), and the model registry: the kept checkpoint behind the alias
+``kept`` of ``<experiment>-base``, the other candidates as versions of ``<experiment>-cpt-candidates``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from infra.stage import PublishContext, Published, Registration
+
+
+def publish(ctx: PublishContext) -> Published:
+    path, key, experiment = ctx.artifact.path, ctx.artifact.key, ctx.cfg.name
+    decision = json.loads((path / "decision.json").read_text())
+    table = pd.read_parquet(path / "decisions.parquet").assign(experiment=experiment, gate_hash=decision["gate_hash"])
+    out = Published(tables={"gate_decisions": table}, files=["decisions.parquet", "decision.json", "gate_scatter.png"],
+                    parent_tags={"gate_kept": decision["kept"], "gate_hash": decision["gate_hash"]})
+    _headline(out, decision, table, ctx.inputs.get("cpt"))
+    rows = table.to_dict("records")
+    failing = {row["candidate"]: [c.removeprefix("status_") for c in table.columns
+                                  if c.startswith("status_") and row[c] != "pass"] for row in rows}
+    out.tags = {f"verdict.{row['candidate']}": row["decision"] + (
+        f" ({', '.join(failing[row['candidate']])})" if failing[row["candidate"]] else "") for row in rows}
+    cpt_dir = Path(decision["candidates_dir"]) if decision.get("candidates_dir") else None
+    if cpt_dir is not None and ctx.remote_tracker:
+        # A server registers uploaded copies only; the rejected candidates' verdicts stay as tags of this run
+        # and their checkpoints in the artifact store, rather than uploading every candidate of the grid.
+        out.tags["candidates_registry"] = f"not registered on a tracking server; checkpoints in {cpt_dir}"
+    elif cpt_dir is not None:
+        for row in rows:
+            if row["candidate"] == decision["kept"]:
+                continue
+            verdict = "rejected" if row["decision"] == "fail" else row["decision"]
+            out.registrations.append(Registration(
+                f"{experiment}-cpt-candidates", str(cpt_dir / row["candidate"]),
+                identity={"gate_artifact_key": key, "candidate": row["candidate"]},
+                tags={"verdict": verdict, "failing_criteria": ", ".join(failing[row["candidate"]]),
+                      "gate_hash": decision["gate_hash"]}))
+    # Cached or not: a cached gate may repeat an older decision after a different one moved the alias. The
+    # version is found by the gate artifact key and the checkpoint path; it is created the first time only.
+    out.registrations.append(Registration(
+        f"{experiment}-base", decision["kept_checkpoint"], identity={"gate_artifact_key": key},
+        tags={"candidate": decision["kept"], "gate_hash": decision["gate_hash"]}, alias="kept"))
+    return out
+
+
+def _headline(out: Published, decision: dict, table: pd.DataFrame, cpt) -> None:
+    """The parent run's headline: the kept model's held-out loss and bits per byte per source (from the gate's
+    input CPT artifact), and the verdict, so the MLflow experiment table compares runs without opening them."""
+    kept = decision["kept"]
+    passed = int((table["decision"] == "pass").sum())
+    out.parent_tags["gate_verdict"] = f"kept {kept}" if kept != "base" else "no candidate passed; the base is kept"
+    out.parent_metrics = {"gate.candidates": float(len(table)), "gate.candidates_passed": float(passed),
+                          "gate.kept_is_base": float(kept == "base")}
+    if cpt is not None and (cpt.path / "heldout.parquet").exists():
+        heldout = pd.read_parquet(cpt.path / "heldout.parquet")
+        for row in heldout[heldout["checkpoint"] == kept].drop_duplicates("source", keep="last").to_dict("records"):
+            out.parent_metrics[f"kept.heldout_loss_nats.{row['source']}"] = row["loss_nats"]
+            out.parent_metrics[f"kept.heldout_bits_per_byte.{row['source']}"] = row["bits_per_byte"]

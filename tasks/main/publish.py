@@ -1,0 +1,51 @@
+"""What a main-run artifact puts into DuckDB and MLflow: held-out loss per source, training events, the packing
+report, the epochs per source, the lineage of the two proxy decisions it consumed, and its training mixture."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from infra.stage import Dataset, PublishContext, Published
+from tasks.train.epochs import epoch_warnings
+
+
+def publish(ctx: PublishContext) -> Published:
+    path, produced_by = ctx.artifact.path, ctx.artifact.meta.get("mlflow_run_id", "")
+    out = Published(tables={"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by,
+                                                                                           stage="main")},
+                    tags={"checkpoint_path": str(path / "checkpoint")})
+    mixture, sweep, tokenizer = (ctx.inputs.get(name) for name in ("mixture", "sweep", "tokenizer"))
+    choice = json.loads((mixture.path / "choice.json").read_text()) if mixture else None
+    if sweep is not None:  # lineage of the two proxy decisions the run consumed
+        best = json.loads((sweep.path / "best.json").read_text())
+        out.tags |= {"sweep_artifact_key": sweep.key, "sweep_study": best["study_name"]}
+    if choice is not None:
+        out.tags |= {"mixture_artifact_key": mixture.key, "mixture_choice": choice["name"]}
+    if tokenizer is not None and choice is not None and (tokenizer.path / "shards.parquet").exists():
+        # What this run trained on (logged by cached runs too: each run's record shows what its model saw).
+        weights = choice["weights"]
+        headers = pd.read_parquet(tokenizer.path / "shards.parquet")
+        profile = {f"{r.source}/train": int(r.n_tokens) for r in headers.itertuples()
+                   if r.split == "train" and weights.get(r.source, 0) > 0}
+        profile |= {f"weight/{k}": float(v) for k, v in weights.items()}
+        out.datasets.append(Dataset("main_training_mixture", f"{tokenizer.key}-{mixture.key}",
+                                    tokenizer.path / "shards", "training", profile))
+    main_epochs = json.loads((path / "run.json").read_text()).get("epochs", {})
+    out.metrics = {f"epochs.{source}": e for source, e in main_epochs.items()}
+    # The threshold is read from the current config, so a cached run is judged by today's limit.
+    warnings = epoch_warnings(main_epochs, ctx.cfg.mixture.max_epochs)
+    if warnings:
+        out.tags["epoch_warnings"] = " | ".join(warnings)
+    if (path / "events.parquet").exists():
+        out.tables["train_events"] = pd.read_parquet(path / "events.parquet").assign(run_id=produced_by)
+    if (path / "packing.parquet").exists():
+        packing = pd.read_parquet(path / "packing.parquet")
+        out.tables["packing_report"] = packing
+        totals = packing.groupby(["policy", "seq_len"])[["docs_cut", "n_docs"]].sum()
+        out.metrics |= {f"docs_cut_share.{policy}.T{seq_len}": r.docs_cut / max(r.n_docs, 1)
+                        for (policy, seq_len), r in totals.iterrows()}
+    out.files = ["run.json", "heldout.parquet",
+                 *[name for name in ("packing.parquet", "events.parquet") if (path / name).exists()]]
+    return out

@@ -1,0 +1,42 @@
+"""What one stage's artifact hands to the stages after it: the file names, and readers of the files another
+stage reads. Stage packages import each other never; they meet here and in the training library."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+KEPT = "kept.parquet"            # corpus: the kept documents
+MANIFEST = "manifest.json"       # corpus: per-source counts, rules applied, the manifest hash
+CHOICE = "choice.json"           # mixture: the chosen mixture and why
+BEST = "best.json"               # sweep: the best peak LR (per width) and the evidence
+CANDIDATES = "candidates.json"   # cpt: every candidate's settings and checkpoint
+
+
+def load_kept(path: Path) -> pd.DataFrame:
+    """The kept documents of the corpus artifact at ``path``."""
+    return pd.read_parquet(Path(path) / KEPT)
+
+
+def manifest_hash(path: Path) -> str:
+    """The manifest hash of the corpus artifact at ``path`` (travels into tokenizer shards, checkpoints and
+    evaluations)."""
+    return json.loads((Path(path) / MANIFEST).read_text())["manifest_hash"]
+
+
+def load_choice(path: Path) -> dict[str, Any]:
+    """The mixture decision of the mixture artifact at ``path``: ``name``, ``weights`` (source → weight), ..."""
+    return json.loads((Path(path) / CHOICE).read_text())
+
+
+def load_best(path: Path) -> dict[str, Any]:
+    """The sweep result of the sweep artifact at ``path``: ``best_lr``, ``best_value`` (nats/token), ..."""
+    return json.loads((Path(path) / BEST).read_text())
+
+
+def load_candidates(path: Path) -> dict[str, dict]:
+    """The CPT candidates of the CPT artifact at ``path``, by name."""
+    return json.loads((Path(path) / CANDIDATES).read_text())

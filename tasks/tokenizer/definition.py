@@ -1,0 +1,38 @@
+"""The tokenizer stage's face: key, run, expectations on the shards, publish."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.stage import PublishContext, Published, Stage, StageContext
+
+
+def run_tokenizer(ctx: StageContext, cfg: Any) -> dict[str, Any]:
+    from tasks.tokenizer.stage import run
+
+    return run(ctx, cfg.tokenizer)
+
+
+def check_shards(out: Path, cfg: Any) -> None:
+    """Great Expectations on the token shards themselves: ids below the vocabulary, counts as the headers say."""
+    import pandas as pd
+
+    from infra.expectations import check_shards as expect
+    from tasks.train.shards import shard_facts
+
+    meta = json.loads((out / "tokenizer.meta.json").read_text())
+    headers = pd.read_parquet(out / "shards.parquet")
+    facts = pd.DataFrame([shard_facts(out / "shards" / r.source / r.split) for r in headers.itertuples()])
+    expect(pd.concat([headers[["source", "split"]], facts], axis=1), meta["padded_vocab_size"])
+
+
+def publish(ctx: PublishContext) -> Published:
+    from tasks.tokenizer.publish import publish
+
+    return publish(ctx)
+
+
+STAGE = Stage(name="tokenizer", inputs=("corpus",), code="tasks.tokenizer.definition", run=run_tokenizer,
+              sections=("tokenizer",), validate=check_shards, publish=publish)

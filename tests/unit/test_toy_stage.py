@@ -1,0 +1,60 @@
+"""A stage defined in one folder and registered with one line runs through the real flow: Prefect task, artifact
+with its marker, nested MLflow run, DuckDB rows, and a cached rerun."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RUN = """
+import json, sys
+from flows.registry import register
+from tests.unit.toy_stage.definition import STAGE
+register(STAGE, after="sources")
+from infra.runs import RunsLayout
+RunsLayout.resolve(sys.argv[1]).prepare_environment()
+from flows.pipeline import pipeline
+result = pipeline("configs/smoke.toml", sys.argv[1], until="wordcount")
+print("RESULT", json.dumps({"cached": result["cached"], "keys": result["keys"]}))
+"""
+
+
+def _run(runs: Path) -> dict:
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    proc = subprocess.run([sys.executable, "-c", RUN, str(runs)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def test_a_registered_toy_stage_runs_through_the_real_flow(tmp_path):
+    runs = tmp_path / "runs"
+    first = _run(runs)
+    assert first["cached"] == {"sources": False, "wordcount": False}
+    key = first["keys"]["wordcount"]
+    artifact = runs / "artifacts" / "wordcount" / key
+    assert (artifact / "_COMPLETE").is_file() and (artifact / "word_counts.parquet").is_file()
+
+    with duckdb.connect(str(runs / "results.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT source, n_words FROM toy_word_counts WHERE artifact_key = ?", [key]).fetchall()
+        stages = con.execute("SELECT stage FROM stage_runs ORDER BY recorded_at").fetchall()
+    assert len(rows) == 5 and all(n > 0 for _, n in rows)
+    assert [s for (s,) in stages] == ["sources", "wordcount"]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("smoke").experiment_id],
+                                filter_string="tags.stage = 'wordcount'")
+    assert run.data.tags["artifact_key"] == key and run.data.params["toy.sources"] == "5"
+    assert {f"words.{source}" for source, _ in rows} <= set(run.data.metrics)
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["word_counts.parquet"]
+
+    again = _run(runs)
+    assert again["cached"] == {"sources": True, "wordcount": True} and again["keys"] == first["keys"]
