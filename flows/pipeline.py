@@ -29,7 +29,7 @@ from flows.publish import PublishTarget, publish
 from flows.registry import STAGES, downstream, get_stage, stage_names
 from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
-from infra.parallel import prefect_shard_map
+from infra.shard_map import prefect_shard_map
 from infra.runs import RunsLayout
 from infra.stage import Stage, StageContext
 from infra.threads import ThreadPolicy, thread_policy

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from infra.parallel import ShardMap, sequential_map
+from infra.shard_map import ShardMap, sequential_map
 from infra.runs import RunsLayout, ensure_folder
 from infra.threads import ThreadPolicy
 

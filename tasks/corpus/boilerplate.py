@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import xxhash
 
-from tasks.corpus.dedup import normal_form
+from tasks.corpus.normalise import normal_form
 
 COUNT_COLUMNS = ["unit_hash", "n_docs", "example"]
 OCCURRENCE_COLUMNS = ["unit_hash", "doc_hash"]

@@ -37,19 +37,19 @@ import xxhash
 from infra.atomic import atomic_dir
 from infra.errors import DataError
 from infra.memory import release_memory
-from infra.parallel import ShardMap, sequential_map
+from infra.shard_map import ShardMap, sequential_map
 from tasks.corpus import minhash
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
 from evals.contamination import EvalIndex, EvalItem
-from tasks.corpus.dedup import normal_form
-from tasks.corpus.filters import (DOC_STAGES, FUNNEL_COLUMNS, INPUT_COLUMNS, REMOVAL_COLUMNS, Ledger,
+from tasks.corpus.normalise import normal_form
+from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, REMOVAL_COLUMNS, Ledger,
                                   filter_documents, sanitise)
 from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count
 
-__all__ = ["build_corpus", "curate", "CorpusResult", "STAGES", "KEPT_COLUMNS"]
+__all__ = ["build_corpus", "curate", "CorpusResult", "CURATION_STEPS", "KEPT_COLUMNS"]
 
-STAGES = DOC_STAGES + ["boilerplate", "dedup_exact", "dedup_near", "decontam"]
+CURATION_STEPS = DOC_STEPS + ["boilerplate", "dedup_exact", "dedup_near", "decontam"]
 KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars", "n_bytes", "n_words",
                 "family_id", "pii_replacements", "lines_dropped", "fixes"]
 HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
@@ -497,7 +497,7 @@ def _write_outputs(work: Path, shards: list[Path], keyed: list[Path], decisions:
             {"value": "float64", "threshold": "float64"}))
     funnel = pd.concat([*funnels, pd.DataFrame(decisions.funnel, columns=FUNNEL_COLUMNS)], ignore_index=True)
     funnel = funnel.groupby(["source", "stage"], sort=False, as_index=False).sum()
-    order = {stage: i for i, stage in enumerate(STAGES)}
+    order = {stage: i for i, stage in enumerate(CURATION_STEPS)}
     funnel = funnel.sort_values(["source", "stage"], key=lambda s: s.map(order) if s.name == "stage" else s)
     funnel.reset_index(drop=True).to_parquet(out / "funnel.parquet", index=False)
     # Typed even when empty, so the DuckDB table gets real column types rather than NULL.

@@ -21,7 +21,7 @@ from tasks.corpus.langid import identify
 from tasks.corpus.pii import redact
 from tasks.corpus.quality import Reason, c4_lines, quality
 
-DOC_STAGES = ["sanitise", "extract", "repair", "empty", "langid", "quality", "pii"]
+DOC_STEPS = ["sanitise", "extract", "repair", "empty", "langid", "quality", "pii"]
 INPUT_COLUMNS = ["doc_id", "source", "language_hint", "content", "content_type"]
 SURVIVOR_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "fixes", "pii_replacements",
                     "lines_dropped"]

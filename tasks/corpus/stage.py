@@ -21,7 +21,7 @@ import pandas as pd
 
 from infra.errors import DataError
 from infra.stage import StageContext
-from tasks.corpus.build import STAGES, curate, split_sources
+from tasks.corpus.build import CURATION_STEPS, curate, split_sources
 from tasks.corpus.config import CorpusConfig
 from evals.contamination import EvalItem
 from tasks.corpus.minhash import s_curve
@@ -131,7 +131,7 @@ def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, k
         if (docs["source"] == name).sum() and not len(mine):
             sources[name]["warnings"].append(f"source {name} has no kept document")
     body = {
-        "version": MANIFEST_VERSION, "stages": STAGES, "sources": sources,
+        "version": MANIFEST_VERSION, "stages": CURATION_STEPS, "sources": sources,
         "boilerplate_units": int(len(result.boilerplate)),
         "near_dedup": {**result.near.get("_all", {}),
                        **cfg.near_dedup.lsh_figures(), "warnings": cfg.near_dedup.lsh_warnings(),

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from infra.errors import ConfigError, DataError
-from tasks.corpus.build import STAGES, build_corpus
+from tasks.corpus.build import CURATION_STEPS, build_corpus
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.minhash import jaccard, shingles
 
@@ -65,7 +65,7 @@ def test_every_input_is_kept_or_removed_once(result):
 def test_funnel_reconciles(result):
     docs, res = result
     for source, f in res.funnel.groupby("source"):
-        assert f.stage.tolist() == STAGES
+        assert f.stage.tolist() == CURATION_STEPS
         assert f.docs_in.iloc[0] == (docs.source == source).sum()
         assert f.docs_out.iloc[-1] == (res.kept.source == source).sum()
         assert (f.docs_in.iloc[1:].to_numpy() == f.docs_out.iloc[:-1].to_numpy()).all()

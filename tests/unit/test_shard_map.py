@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infra.errors import ConfigError
-from infra.parallel import prefect_shard_map, sequential_map
+from infra.shard_map import prefect_shard_map, sequential_map
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,8 +39,8 @@ def main():
     RunsLayout.resolve(sys.argv[1]).prepare_environment()
     from prefect import flow
 
-    from infra.parallel import prefect_shard_map
-    from tests.unit.test_parallel import square
+    from infra.shard_map import prefect_shard_map
+    from tests.unit.test_shard_map import square
 
     @flow
     def shards():
@@ -74,7 +74,7 @@ def test_threads_and_processes_run_as_prefect_tasks(tmp_path):
 
 
 def test_local_process_map_keeps_order():
-    from infra.parallel import process_map
+    from infra.shard_map import process_map
 
     calls = [{"x": i} for i in range(12)]
     assert process_map(2)(square, calls, "sq") == [i * i for i in range(len(calls))]
