@@ -1,6 +1,6 @@
 # pretrain — the two commands a new user needs:
 #   make demo   # venv + install + fetch the Debian demo corpus + the whole chain on CPU
-#   make test   # venv + install + the test suite (what CI runs)
+#   make test   # venv + install + the layering check + the test suite (what CI runs)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -26,6 +26,7 @@ smoke: install
 	$(PRETRAIN) run configs/smoke.toml
 
 test: install
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 bench: install

@@ -86,7 +86,7 @@ class ExperimentConfig(Section):
                              "directory)")
         dist = self.main.distributed
         if dist.launch == "accelerate":
-            from tasks.train.launch import resolve_launch_config
+            from tasks.main.launch import resolve_launch_config
 
             try:
                 resolve_launch_config(dist.accelerate_config)

@@ -7,10 +7,10 @@ from typing import Callable, Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.stage import Progress as ProgressBase
+from infra.stage import ProgressReporter
 
 
-class RichProgress(ProgressBase):
+class RichProgress(ProgressReporter):
     """A ``rich`` display usable as a context manager around the whole pipeline."""
 
     def __init__(self, disable: bool = False):

@@ -20,7 +20,7 @@ MetricsFn = Callable[[Mapping[str, float], int], None]
 ChildFn = Callable[[str, Mapping[str, Any], list[Mapping[str, float]]], None]
 
 
-class Progress:
+class ProgressReporter:
     """Progress reporting interface; the default does nothing (tests, library use)."""
 
     @contextmanager
@@ -62,7 +62,7 @@ class StageContext:
     threads: ThreadPolicy | None = None
     log_metrics: MetricsFn = field(default=lambda metrics, step: None)
     log_child: ChildFn = field(default=lambda name, params, rows: None)
-    progress: Progress = field(default_factory=Progress)
+    progress: ProgressReporter = field(default_factory=ProgressReporter)
     shard_map_for: Callable[[str, int], ShardMap] = field(default=lambda kind, workers: sequential_map)
 
     @property

@@ -42,7 +42,7 @@ from tasks.corpus.quality import CHARACTER_LANGUAGES
 from tasks.sources.config import SourceConfig
 from tasks.sources.read import read_source
 
-Progress = Callable[[str, int, int], None]
+ShardProgress = Callable[[str, int, int], None]
 PR_DEFINITION = (
     "pairs: every (near copy, its original) pair plus every LSH candidate pair of documents with different "
     "originals, among originals and near copies. predicted duplicate: LSH candidate (configured bands x rows) and "
@@ -98,7 +98,7 @@ def load_originals(source: SourceConfig, cache_dir: Path, n: int) -> tuple[pd.Da
 
 
 def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfig, cfg: AuditConfig,
-              progress: Progress | None = None) -> AuditResult:
+              progress: ShardProgress | None = None) -> AuditResult:
     """Inject labelled junk into ``originals`` (doc_id, text), run ``build_corpus`` with ``corpus``, measure.
 
     The source's language hint picks the junk language and the shingle unit (characters for languages written

@@ -55,7 +55,7 @@ KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars",
 HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
 _HIT_TYPES = {"doc_id": "string", "source": "string", "ngram": "string", "eval_set": "string", "item_id": "string",
               "common": "bool"}
-Progress = Callable[[str, int, int], None]
+ShardProgress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -90,7 +90,7 @@ class CorpusResult:
 
 
 def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
-                 out: Path | None = None, progress: Progress | None = None) -> CorpusResult:
+                 out: Path | None = None, progress: ShardProgress | None = None) -> CorpusResult:
     """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``): the sharded build run sequentially.
 
     Outputs go to ``out`` (a new temporary directory when None). Document order decides which duplicate is kept.
@@ -155,7 +155,7 @@ def _check_input(docs: pd.DataFrame, seen: set[str]) -> None:
 
 
 def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
-           shard_map: ShardMap = sequential_map, progress: Progress | None = None) -> CorpusResult:
+           shard_map: ShardMap = sequential_map, progress: ShardProgress | None = None) -> CorpusResult:
     """Passes 2–6 over the input shards in ``work/in``; writes kept/removals/funnel/boilerplate/decontamination
     Parquet files into ``out``. Finished shards of an earlier, interrupted call are reused."""
     shards = sorted((work / "in").glob("*.parquet"))

@@ -29,7 +29,7 @@ from infra.stage import StageContext
 from tasks.cpt.eval_overlap import cloze_hits, hits_frame, training_ngrams, window_hits
 from tasks.readers import load_choice
 from tasks.train.corpus import TokenizedCorpus
-from tasks.train.checkpoint import load_model, save_checkpoint, verify_checkpoint
+from tasks.train.checkpoint import Checkpointer, load_model, verify_checkpoint
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, SourceEval, evals_frame, evaluate_sources,
                                 make_sampler, run_training, seed_everything, StepProgress)
 from tasks.train.sections import CptConfig
@@ -91,10 +91,11 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
                          StepProgress(advance)]
             result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=seed,
                                   callbacks=callbacks, min_lr_ratio=cfg.min_lr_ratio)
-            save_checkpoint(ctx.out / "candidates" / name, model=model, optimizer=result.optimizer,
-                            state=result.state, sampler_state=sampler.state_dict(),
-                            extra={"tokenizer_hash": corpus.meta["tokenizer_hash"], "replay_weights": weights,
-                                   "manifest_hash": corpus.meta.get("manifest_hash", ""), "base": str(checkpoint)})
+            extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "replay_weights": weights,
+                     "manifest_hash": corpus.meta.get("manifest_hash", ""), "base": str(checkpoint)}
+            Checkpointer(ctx.out / "candidates", extra=extra).save(
+                ctx.out / "candidates" / name, model=model, optimizer=result.optimizer, state=result.state,
+                sampler_state=sampler.state_dict())
             realised = sampler.realised_fractions()
             replay_sources = [s for s in weights if s not in cfg.domain_sources]
             params = {"replay_fraction": fraction, "peak_lr": peak_lr, "seed": seed,

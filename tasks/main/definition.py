@@ -10,7 +10,7 @@ from infra.stage import PublishContext, Published, Stage, StageContext
 
 
 def run_main(ctx: StageContext, cfg: Any) -> dict[str, Any]:
-    from tasks.train.stage import run
+    from tasks.main.stage import run
 
     return run(ctx, cfg.main, sources=cfg.general_sources + cfg.domain_sources, max_epochs=cfg.mixture.max_epochs,
                packing=cfg.packing)

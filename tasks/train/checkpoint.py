@@ -8,10 +8,11 @@ Layout of one checkpoint directory::
                         sampler position, model config, extra (tokenizer hash, manifest hash, ...)
     checksums.json      sha256 of the three files above, written last: the completion record
 
-Files are written into a hidden sibling temp directory, fsynced, then renamed into place, so a crash leaves
-either no checkpoint or a complete one; ``latest_checkpoint`` ignores directories without checksums.json.
+Files are written into a hidden sibling temp directory (``.step_N.tmp-<pid>``), fsynced, then renamed into place
+(``infra.atomic.publish_dir``), so a crash leaves either no checkpoint or a complete one; ``latest_checkpoint``
+ignores directories without checksums.json.
 
-Sharded layout (runs of several processes, ``save_sharded_checkpoint``)::
+Sharded layout (runs of several processes)::
 
     shards/             torch.distributed.checkpoint: one ``__<rank>_0.distcp`` per rank plus ``.metadata``
     state.json          as above, plus "format": "sharded" and the world size that wrote it
@@ -20,6 +21,9 @@ Sharded layout (runs of several processes, ``save_sharded_checkpoint``)::
 A sharded checkpoint loads on any world size (the tensors are stored by name and placement, and resharded on
 load). Its ``.metadata`` is a pickle written by this run into its own scratch folder; artifacts that leave the run
 (the stage's final checkpoint) are always consolidated into the single-file layout.
+
+``Checkpointer`` is the writer and resumer of a run (one object for both layouts, picked by world size);
+``verify_checkpoint``, ``load_model`` and ``latest_checkpoint`` are for readers of finished checkpoints.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import base64
 import copy
 import hashlib
 import json
+import logging
 import pickle
 import os
 import random
@@ -42,6 +47,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from infra.atomic import publish_dir
 from infra.errors import CheckpointError
 from models.config import ModelConfig
 from models.decoder import Decoder
@@ -51,6 +57,8 @@ FILES = ("model.safetensors", "optimizer.pt", "state.json")
 SHARDED_FILES = ("shards/.metadata", "state.json")
 COMPLETION = "checksums.json"
 
+log = logging.getLogger(__name__)
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -58,14 +66,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_states() -> dict:
@@ -93,51 +93,66 @@ def restore_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all([as_tensor(s) for s in states["cuda"]])
 
 
-def save_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-                    sampler_state: dict, extra: dict, rng: dict | None = None) -> Path:
-    """Write a complete checkpoint at ``directory`` atomically and return its path.
+def _record(model: nn.Module, state: TrainState, sampler_state: dict, extra: dict, rng: dict | None,
+            **layout: Any) -> str:
+    """state.json text; raises CheckpointError for a model without ModelConfig or state that is not JSON."""
+    from tasks.train.parallel import unwrap
 
-    ``model`` must carry its ``ModelConfig`` as ``model.cfg`` (``Decoder`` does). ``rng``: generator states to
-    record (default: taken now; an asynchronous save passes the states of the moment it snapshotted). ``extra`` must be JSON
-    serialisable (e.g. ``{"tokenizer_sha256": ..., "manifest_sha256": ...}``). An existing checkpoint at
-    ``directory`` is replaced.
-
-    Raises:
-        CheckpointError: the model has no ``cfg`` or ``extra``/``sampler_state`` is not JSON serialisable.
-    """
-    directory = Path(directory)
-    cfg = getattr(model, "cfg", None)
+    cfg = getattr(unwrap(model), "cfg", None)
     if not isinstance(cfg, ModelConfig):
         raise CheckpointError(f"model {type(model).__name__} has no ModelConfig at .cfg; a checkpoint must record it")
+    record = {**layout, "step": state.step, "tokens_seen": state.tokens_seen, "clipped_steps": state.clipped_steps,
+              "rng": rng_states() if rng is None else rng, "sampler": sampler_state, "model_config": cfg.model_dump(),
+              "extra": extra}
+    try:
+        return json.dumps(record, indent=1)
+    except TypeError as err:
+        raise CheckpointError(f"checkpoint state is not JSON serialisable ({err}); pass plain values in extra") from err
+
+
+def _seal(tmp: Path, directory: Path, files: list[str]) -> None:
+    """Write the completion record (sha256 of ``files``) last, then publish ``tmp`` as ``directory`` (fsynced)."""
+    (tmp / COMPLETION).write_text(json.dumps({name: _sha256(tmp / name) for name in files}, indent=1))
+    publish_dir(tmp, directory, replace=True)
+
+
+def _save_single(directory: Path, *, model: nn.Module, optimizer: Any, state: TrainState, sampler_state: dict,
+                 extra: dict, rng: dict | None = None) -> Path:
+    """The single-file layout at ``directory`` (replaced atomically); ``rng`` None records the states of now."""
+    directory = Path(directory)
+    text = _record(model, state, sampler_state, extra, rng)
     tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    record = {"step": state.step, "tokens_seen": state.tokens_seen, "clipped_steps": state.clipped_steps,
-              "rng": rng_states() if rng is None else rng, "sampler": sampler_state, "model_config": cfg.model_dump(), "extra": extra}
-    try:
-        text = json.dumps(record, indent=1)
-    except TypeError as err:
-        shutil.rmtree(tmp)
-        raise CheckpointError(f"checkpoint state is not JSON serialisable ({err}); pass plain values in extra") from err
     safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(text)
-    for name in FILES:
-        _fsync(tmp / name)
-    (tmp / COMPLETION).write_text(json.dumps({name: _sha256(tmp / name) for name in FILES}, indent=1))
-    _fsync(tmp / COMPLETION)
-    _replace_dir(tmp, directory)
+    _seal(tmp, directory, list(FILES))
     return directory
 
 
-def _replace_dir(tmp: Path, directory: Path) -> None:
-    """Rename ``tmp`` onto ``directory``; an old checkpoint there is moved aside first and then deleted."""
-    old = directory.parent / f".{directory.name}.old-{os.getpid()}"
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    _fsync(directory.parent)
-    shutil.rmtree(old, ignore_errors=True)
+def _save_sharded(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+                  sampler_state: dict, extra: dict, accelerator: Any) -> Path:
+    """Collective sharded save: every rank writes its shard (torch.distributed.checkpoint); rank 0 writes
+    state.json and the checksums and publishes the directory once all shards are down."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    directory = Path(directory)
+    text = _record(model, state, sampler_state, extra, None, format="sharded", world_size=accelerator.num_processes)
+    tmp = directory.parent / f".{directory.name}.tmp"  # one name for every rank
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(accelerator)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "shards"))
+    _barrier(accelerator)
+    if accelerator.is_main_process:
+        (tmp / "state.json").write_text(text)
+        _seal(tmp, directory, sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()))
+    _barrier(accelerator)
+    return directory
 
 
 def verify_checkpoint(directory: Path) -> dict:
@@ -159,21 +174,21 @@ def verify_checkpoint(directory: Path) -> dict:
     return json.loads((directory / "state.json").read_text())
 
 
-def load_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    restore_rng: bool = True) -> dict[str, Any]:
-    """Verify and load a checkpoint into ``model`` (and ``optimizer``); restore global RNG states by default.
+def _loaded(record: dict, saved_cfg: ModelConfig, restore_rng: bool) -> dict[str, Any]:
+    if restore_rng:
+        restore_rng_states(record["rng"])
+    state = TrainState(step=record["step"], tokens_seen=record["tokens_seen"], clipped_steps=record["clipped_steps"])
+    return {"state": state, "sampler_state": record["sampler"], "extra": record["extra"],
+            "model_config": saved_cfg, "rng": record["rng"]}
 
-    Returns:
-        {"state": TrainState, "sampler_state": dict, "extra": dict, "model_config": ModelConfig, "rng": dict}.
 
-    Raises:
-        CheckpointError: missing/corrupt files, the saved model config differs from ``model.cfg``, or
-            ``optimizer.pt`` holds anything but tensors and plain data (never unpickled).
-    """
-    record = verify_checkpoint(directory)
+def _load_single(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 restore_rng: bool = True, record: dict | None = None) -> dict[str, Any]:
+    """Load the single-file layout into an unwrapped ``model`` (and ``optimizer``); see ``Checkpointer.load``."""
+    record = verify_checkpoint(directory) if record is None else record
     if record.get("format") == "sharded":
         raise CheckpointError(f"{directory} is a sharded checkpoint written by {record.get('world_size')} processes; "
-                              "load it with load_sharded_checkpoint (run main with [main.distributed] launch = "
+                              "load it with a Checkpointer (run main with [main.distributed] launch = "
                               "\"accelerate\")")
     saved_cfg = ModelConfig(**record["model_config"])
     if getattr(model, "cfg", saved_cfg) != saved_cfg:
@@ -193,90 +208,13 @@ def load_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim
                               f"loaded (it could run code); use a checkpoint this platform wrote: {err}") from err
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"checkpoint {directory} does not fit the model/optimizer given: {err}") from err
-    if restore_rng:
-        restore_rng_states(record["rng"])
-    state = TrainState(step=record["step"], tokens_seen=record["tokens_seen"], clipped_steps=record["clipped_steps"])
-    return {"state": state, "sampler_state": record["sampler"], "extra": record["extra"],
-            "model_config": saved_cfg, "rng": record["rng"]}
+    return _loaded(record, saved_cfg, restore_rng)
 
 
-def _device(model: nn.Module) -> str:
-    return str(next(model.parameters()).device)
-
-
-def load_model(directory: Path) -> Decoder:
-    """Build a ``Decoder`` from the checkpoint's saved config and load its verified weights (RNG untouched)."""
-    record = verify_checkpoint(directory)
-    model = Decoder(ModelConfig(**record["model_config"]))
-    load_checkpoint(directory, model=model, restore_rng=False)
-    return model
-
-
-def _barrier(accelerator: Any) -> None:
-    if accelerator.num_processes > 1:
-        accelerator.wait_for_everyone()
-
-
-def save_sharded_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                            state: TrainState, sampler_state: dict, extra: dict, accelerator: Any) -> Path:
-    """Collective: every rank writes its own shard of weights and optimiser moments (torch.distributed.checkpoint);
-    rank 0 writes state.json and the checksums, and renames the directory into place once all shards are down.
-
-    ``model`` may be DDP-wrapped or FSDP2-sharded (state is taken by parameter name, so the checkpoint loads on
-    any world size). The loader state is global (``parallel``), so rank 0's copy is the run's. Call it after the
-    first optimiser step: taking the state of an optimiser that never stepped initialises its moments with a step.
-
-    Raises:
-        CheckpointError: the model carries no ModelConfig, or ``extra``/``sampler_state`` is not JSON serialisable.
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    from tasks.train.parallel import unwrap
-
-    directory = Path(directory)
-    cfg = getattr(unwrap(model), "cfg", None)
-    if not isinstance(cfg, ModelConfig):
-        raise CheckpointError(f"model {type(model).__name__} has no ModelConfig at .cfg; a checkpoint must record it")
-    record = {"format": "sharded", "world_size": accelerator.num_processes, "step": state.step,
-              "tokens_seen": state.tokens_seen, "clipped_steps": state.clipped_steps, "rng": rng_states(),
-              "sampler": sampler_state, "model_config": cfg.model_dump(), "extra": extra}
-    try:
-        text = json.dumps(record, indent=1)
-    except TypeError as err:
-        raise CheckpointError(f"checkpoint state is not JSON serialisable ({err}); pass plain values in extra") from err
-    tmp = directory.parent / f".{directory.name}.tmp"  # one name for every rank
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier(accelerator)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "shards"))
-    _barrier(accelerator)
-    if accelerator.is_main_process:
-        (tmp / "state.json").write_text(text)
-        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        for name in files:
-            _fsync(tmp / name)
-        _fsync(tmp / "shards")
-        (tmp / COMPLETION).write_text(json.dumps({name: _sha256(tmp / name) for name in files}, indent=1))
-        _fsync(tmp / COMPLETION)
-        _replace_dir(tmp, directory)
-    _barrier(accelerator)
-    return directory
-
-
-def load_sharded_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                            accelerator: Any, restore_rng: bool = True) -> dict[str, Any]:
-    """Collective inverse of ``save_sharded_checkpoint`` onto a model already wrapped for this world size.
-
-    Rank 0 verifies the checksums and tells the others (every rank gets the same verdict, so none is left waiting).
-    Returns the same dict as ``load_checkpoint`` plus "world_size" (of the run that wrote it).
-
-    Raises:
-        CheckpointError: missing/corrupt files, a single-file checkpoint (written in-process), or a model config
-            different from the one saved.
-    """
+def _load_sharded(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, accelerator: Any,
+                  restore_rng: bool = True) -> dict[str, Any]:
+    """Collective sharded load onto a model already wrapped for this world size (any world size). Rank 0
+    verifies the checksums and tells the others, so every rank gets the same verdict and none is left waiting."""
     import torch.distributed.checkpoint as dcp
     from accelerate.utils import broadcast_object_list
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -306,32 +244,29 @@ def load_sharded_checkpoint(directory: Path, *, model: nn.Module, optimizer: tor
     except Exception as err:  # DCP raises CheckpointException and others for a layout that does not fit
         raise CheckpointError(f"checkpoint {directory} does not fit the model/optimizer given: {err}") from err
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    if restore_rng:
-        restore_rng_states(record["rng"])
-    state = TrainState(step=record["step"], tokens_seen=record["tokens_seen"], clipped_steps=record["clipped_steps"])
-    return {"state": state, "sampler_state": record["sampler"], "extra": record["extra"],
-            "model_config": saved_cfg, "rng": record["rng"], "world_size": record["world_size"]}
+    return {**_loaded(record, saved_cfg, restore_rng), "world_size": record["world_size"]}
 
 
-def save_consolidated_checkpoint(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                                 state: TrainState, sampler_state: dict, extra: dict, accelerator: Any) -> Path | None:
-    """Collective: gather full weights and optimiser state to rank 0 (on CPU) and write the single-file layout
-    there (optimiser state keyed by parameter name; ``load_checkpoint`` accepts both). Returns the path on rank
-    0, None elsewhere."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+def _device(model: nn.Module) -> str:
+    return str(next(model.parameters()).device)
 
-    from tasks.train.parallel import unwrap
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
-    path = None
-    if accelerator.is_main_process:
-        plain = Decoder(unwrap(model).cfg)
-        plain.load_state_dict(model_sd)
-        path = save_checkpoint(directory, model=plain, optimizer=_FrozenOptimizer(optim_sd), state=state,
-                               sampler_state=sampler_state, extra={**extra, "world_size": accelerator.num_processes})
-    _barrier(accelerator)
-    return path
+def load_model(directory: Path) -> Decoder:
+    """Build a ``Decoder`` from a single-file checkpoint's saved config and load its verified weights (RNG
+    untouched).
+
+    Raises:
+        CheckpointError: missing/corrupt files, or a sharded checkpoint (readers take consolidated ones).
+    """
+    record = verify_checkpoint(directory)
+    model = Decoder(ModelConfig(**record["model_config"]))
+    _load_single(directory, model=model, restore_rng=False, record=record)
+    return model
+
+
+def _barrier(accelerator: Any) -> None:
+    if accelerator.num_processes > 1:
+        accelerator.wait_for_everyone()
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -383,20 +318,33 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-class CheckpointCallback:
-    """Loop callback: save to ``root/step_{step:08d}`` on every ``on_checkpoint`` (see ``train(checkpoint_every=)``).
+class Checkpointer:
+    """The checkpoints of one run under ``root``: save, load, latest, resume; also the loop's checkpoint callback.
 
+    Layout by world size: one process writes the single-file layout, several processes the sharded one (every rank
+    calls every method: they are collective then). ``load`` reads either layout on any world size where it can: a
+    sharded checkpoint loads on one process or many; a single-file one only on one process.
+
+    Saves from the loop (``on_checkpoint``, see ``train(checkpoint_every=)``) go to ``root/step_{step:08d}``.
     Retention: after each save, complete checkpoints beyond the newest ``keep_last`` are deleted, except milestones
     (steps divisible by ``milestone_every``; 0 = none). ``keep_last`` None keeps everything. Only complete
-    checkpoints count, so a torn newer one never causes the last good one to be deleted.
+    checkpoints count, so a torn newer one never causes the last good one to be deleted. ``asynchronous``: the
+    loop's saves are snapshotted to CPU memory and written by a background thread (one process only).
+
+    ``extra`` (JSON values, e.g. tokenizer and manifest hashes) is recorded in every state.json.
+
+    Raises:
+        CheckpointError: ``asynchronous`` on several processes.
     """
 
-    def __init__(self, root: Path, *, extra: dict | None = None, keep_last: int | None = 3, milestone_every: int = 0,
-                 asynchronous: bool = False, accelerator: Any = None):
-        if asynchronous and accelerator is not None:
+    def __init__(self, root: Path, *, accelerator: Any = None, extra: dict | None = None, keep_last: int | None = 3,
+                 milestone_every: int = 0, asynchronous: bool = False):
+        self.accelerator = accelerator
+        self.sharded = accelerator is not None and accelerator.num_processes > 1
+        if asynchronous and self.sharded:
             raise CheckpointError("asynchronous checkpoints are written by one process; a sharded (launched) run "
                                   "saves synchronously: set async_checkpoints = false")
-        self.accelerator = accelerator  # given: sharded, collective saves (every rank calls on_checkpoint)
+        self.main_process = accelerator is None or accelerator.is_main_process
         self.root, self.extra = Path(root), dict(extra or {})
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.asynchronous = asynchronous
@@ -404,17 +352,104 @@ class CheckpointCallback:
         self._pending: Future | None = None
         self.stall_seconds: list[float] = []  # time the training thread spent in each on_checkpoint
 
+    def save(self, directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+             sampler_state: dict, rng: dict | None = None) -> Path:
+        """Write a complete checkpoint at ``directory`` atomically (an existing one is replaced) and return its
+        path. ``model`` (or the module it wraps) must carry its ``ModelConfig`` as ``.cfg``. ``rng``: generator
+        states to record (default: taken now). Sharded: call it after the first optimiser step (taking the state
+        of an optimiser that never stepped initialises its moments with a step).
+
+        Raises:
+            CheckpointError: the model has no ``cfg`` or ``extra``/``sampler_state`` is not JSON serialisable.
+        """
+        if self.sharded:
+            return _save_sharded(directory, model=model, optimizer=optimizer, state=state,
+                                 sampler_state=sampler_state, extra=self.extra, accelerator=self.accelerator)
+        return _save_single(directory, model=model, optimizer=optimizer, state=state, sampler_state=sampler_state,
+                            extra=self.extra, rng=rng)
+
+    def save_final(self, directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+                   sampler_state: dict) -> Path | None:
+        """The single-file layout at ``directory`` whatever the world size, for artifacts that leave the run.
+
+        Several processes: collective; full weights and optimiser state are gathered to rank 0 on CPU and written
+        there (optimiser state keyed by parameter name, ``extra`` gains ``world_size``). Returns the path on the
+        main process, None elsewhere.
+        """
+        if not self.sharded:
+            return _save_single(directory, model=model, optimizer=optimizer, state=state,
+                                sampler_state=sampler_state, extra=self.extra)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        from tasks.train.parallel import unwrap
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+        path = None
+        if self.main_process:
+            plain = Decoder(unwrap(model).cfg)
+            plain.load_state_dict(model_sd)
+            path = _save_single(directory, model=plain, optimizer=_FrozenOptimizer(optim_sd), state=state,
+                                sampler_state=sampler_state,
+                                extra={**self.extra, "world_size": self.accelerator.num_processes})
+        _barrier(self.accelerator)
+        return path
+
+    def load(self, directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+             restore_rng: bool = True) -> dict[str, Any]:
+        """Verify and load the checkpoint at ``directory`` into ``model`` (and ``optimizer``; required for a sharded
+        one), wrapped for this world size; restores the global RNG states by default.
+
+        Returns:
+            {"state": TrainState, "sampler_state": dict, "extra": dict, "model_config": ModelConfig, "rng": dict},
+            plus "world_size" (of the run that wrote it) for a sharded checkpoint.
+
+        Raises:
+            CheckpointError: missing/corrupt files, a saved model config different from the model's, a single-file
+                checkpoint on several processes, or an ``optimizer.pt`` holding anything but tensors and plain data
+                (never unpickled).
+        """
+        if self.sharded or _format(directory) == "sharded":
+            return _load_sharded(directory, model=model, optimizer=optimizer, accelerator=self.accelerator or _one(),
+                                 restore_rng=restore_rng)
+        return _load_single(directory, model=model, optimizer=optimizer, restore_rng=restore_rng)
+
+    def latest(self) -> Path | None:
+        """The complete checkpoint under ``root`` with the highest step, or None."""
+        return latest_checkpoint(self.root)
+
+    def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any) -> dict[str, Any] | None:
+        """Load the newest usable ``root/step_*`` checkpoint into ``model``, ``optimizer`` and ``sampler`` (RNG
+        restored); a torn or corrupt one is skipped with a logged warning in favour of the one before. Returns
+        ``load``'s dict plus "directory", or None when there is none."""
+        for candidate in sorted(self.root.glob("step_*"), reverse=True):
+            try:
+                saved = self.load(candidate, model=model, optimizer=optimizer)
+            except CheckpointError as err:
+                if self.main_process:  # logged, not printed: the pipeline logs prints at INFO, below what it shows
+                    log.warning("skipping unusable checkpoint %s: %s", candidate.name, err)
+                continue
+            sampler.load_state_dict(saved["sampler_state"])
+            return {**saved, "directory": candidate}
+        return None
+
+    def rewind(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> TrainState | None:
+        """Reload the newest complete checkpoint's weights, optimiser and RNG; returns its TrainState (None when
+        there is none). The loader is left where it is, so the data since that checkpoint is skipped."""
+        self.wait()
+        latest = self.latest()
+        return None if latest is None else self.load(latest, model=model, optimizer=optimizer)["state"]
+
     def on_checkpoint(self, state: TrainState, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: Any) -> None:
         started = time.perf_counter()
         directory = self.root / f"step_{state.step:08d}"
-        if self.accelerator is not None:
+        if self.sharded:
             if state.step == 0:
                 # Nothing a fresh start lacks; and taking the sharded state of an untouched optimiser would
                 # initialise it with a zero step, shifting Adam's bias correction by one.
                 return
-            save_sharded_checkpoint(directory, model=model, optimizer=optimizer, state=state,
-                                    sampler_state=sampler.state_dict(), extra=self.extra, accelerator=self.accelerator)
-            if self.keep_last is not None and self.accelerator.is_main_process:
+            self.save(directory, model=model, optimizer=optimizer, state=state, sampler_state=sampler.state_dict())
+            if self.keep_last is not None and self.main_process:
                 self._prune()
             _barrier(self.accelerator)
         elif not self.asynchronous:
@@ -450,8 +485,8 @@ class CheckpointCallback:
 
     def _write(self, directory: Path, model: nn.Module, optimizer: Any, state: TrainState, sampler_state: dict,
                rng: dict | None) -> None:
-        save_checkpoint(directory, model=model, optimizer=optimizer, state=state, sampler_state=sampler_state,
-                        extra=self.extra, rng=rng)
+        _save_single(directory, model=model, optimizer=optimizer, state=state, sampler_state=sampler_state,
+                     extra=self.extra, rng=rng)
         if self.keep_last is not None:
             self._prune()
 
@@ -463,3 +498,18 @@ class CheckpointCallback:
             if self.milestone_every and step % self.milestone_every == 0:
                 continue
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _format(directory: Path) -> str:
+    """"sharded" or "single" from state.json; "single" when it cannot be read (the loader then names the fault)."""
+    try:
+        return json.loads((Path(directory) / "state.json").read_text()).get("format", "single")
+    except (OSError, ValueError):
+        return "single"
+
+
+def _one() -> Any:
+    """A stand-in for a one-process accelerator (rank 0 of 1) when a Checkpointer was made without one."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(is_main_process=True, num_processes=1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -74,11 +74,23 @@ class TrainResult:
     events: list[dict] = field(default_factory=list)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (CPU and CUDA) generators."""
+def seed_everything(seed: int, threads: int | None = None) -> None:
+    """Seed python, numpy and torch (CPU and CUDA) generators; ``threads``: also set torch's intra-op CPU threads."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def local_accelerator() -> Accelerator:
+    """A one-process ``Accelerator``: the GPU with bf16 autocast when one is visible, else the CPU in fp32.
+
+    On the CPU accelerate changes no numerics: mixed precision "no" makes ``autocast()`` a no-op, there is no grad
+    scaler, and ``backward`` is ``loss.backward()`` on loss / 1 (one accumulation step).
+    """
+    cuda = torch.cuda.is_available()
+    return Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
 
 
 def _fire(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
@@ -131,6 +143,84 @@ class SpikeRule:
         if not np.isfinite(loss):
             return True, median
         return len(recent) >= self.min_history and loss > self.factor * median, median
+
+
+@dataclass
+class Decision:
+    """What the loop does with one step's gradients: ``apply`` them, ``skip`` the update, or ``rewind`` (weights,
+    optimiser and loop ``state`` already reloaded from the last good checkpoint). ``event``: the record of a spike or
+    skipped batch (None for an ordinary step). ``error``: raised by the loop once the event is reported."""
+
+    action: str
+    event: dict | None = None
+    state: TrainState | None = None
+    error: DataError | None = None
+
+
+class SpikePolicy:
+    """The loop's spike policy for one run: asked once per step, answers ``apply | skip | rewind``.
+
+    Rule (``SpikeRule``): a step is a spike when its loss is not finite, or exceeds ``factor`` × the median of the
+    previous ``window`` losses (after ``min_history`` of them); on a spike the run skips the batch or rewinds to
+    the last checkpoint and moves past the offending data (PaLM, Chowdhery et al. 2022, §5.1; docs/methods.md §6).
+
+    State: the window of applied losses (oldest first), the LR scale (× ``lr_factor`` per rewind), the rewinds
+    taken and the count of events in a row. ``rule`` None: no detection, but a non-finite loss raises.
+    ``rewind()`` reloads the last good checkpoint into the model/optimiser and returns its TrainState (None when
+    there is none: the rewind degrades to a skip).
+    """
+
+    def __init__(self, rule: SpikeRule | None, rewind: Callable[[], TrainState | None] | None = None):
+        self.rule, self._rewind = rule, rewind
+        # Only the last ``window`` losses matter; a bounded deque keeps each check O(window) for any run length.
+        self.history: deque[float] = deque(maxlen=rule.window if rule is not None else 1)
+        self.lr_scale, self.rewinds, self.consecutive = 1.0, 0, 0
+
+    def decide(self, step: int, metrics: dict, batches_drawn: int = -1) -> Decision:
+        """The decision for optimiser step ``step`` (1-based) from ``forward_backward``'s ``metrics`` (loss_nats in
+        nats/target token, finite, n_targets); ``batches_drawn``: the loader position, for the event record.
+
+        Raises:
+            DataError: the loss is not finite and there is no rule (the message names the step).
+        """
+        loss = metrics["loss_nats"]
+        event = {"step": step, "batches_drawn": batches_drawn, "loss_nats": loss, "median": float("nan")}
+        if metrics["n_targets"] == 0:  # all padding: nothing to learn from, and a 0.0 loss would poison the median
+            return Decision("skip", {**event, "loss_nats": float("nan"), "action": "skip (no real targets)"})
+        rule = self.rule
+        if rule is None:
+            if not metrics["finite"]:
+                raise DataError(f"non-finite loss at step {step}; rewind to the last checkpoint and skip this "
+                                "batch (docs/methods.md §6), or set a spike policy")
+            self.history.append(loss)
+            return Decision("apply")
+        is_spike, median = rule.check(self.history, loss)
+        if not is_spike:
+            self.consecutive = 0
+            self.history.append(loss)
+            return Decision("apply")
+        action = rule.policy if metrics["finite"] or rule.policy != "warn" else "skip"
+        event.update(median=median, action=action)
+        restored = None
+        if action == "rewind":
+            restored = self._rewind() if self._rewind is not None else None
+            if restored is None:
+                action, event["action"] = "skip", "skip (no checkpoint to rewind to)"
+            else:
+                event["rewound_to"] = restored.step
+                self.lr_scale *= rule.lr_factor
+                self.rewinds += 1
+                self.history.clear()
+        self.consecutive += 1  # a run of warned spikes counts towards the stop too
+        error = None
+        if self.consecutive >= rule.max_consecutive:
+            error = DataError(f"{self.consecutive} loss spikes or non-finite losses in a row up to step {step} "
+                              f"(last loss {loss}, median {median:.4g}): the weights or the data are broken beyond "
+                              "what skipping or rewinding fixes")
+        if action == "warn":
+            self.history.append(loss)
+            action = "apply"
+        return Decision(action, event, restored, error)
 
 
 def forward_backward(model: nn.Module, batch: tuple, *, accelerator: Accelerator, micro_batches: int = 1,
@@ -230,13 +320,13 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
 
     A fresh run (``state`` None) seeds python/numpy/torch with ``seed``; a resumed run passes the restored
     ``state`` and ``optimizer`` (RNG and sampler already restored from the checkpoint). Without an
-    ``accelerator`` one is made: CPU when no GPU is visible, else bf16 autocast on the GPU.
+    ``accelerator``, ``local_accelerator()`` is used.
 
-    ``spike``: detect loss spikes and non-finite losses and apply its policy; every event goes to callbacks'
-    ``on_event(state, event)`` and ``TrainResult.events``. ``rewind()``: reloads the last good checkpoint into
-    ``model``/``optimizer`` and returns its TrainState (None when there is none). ``instrument_every``: every N
-    steps also measure the update/weight norm ratio and the max |attention logit| (a probe; the output is
-    unchanged).
+    ``spike``: detect loss spikes and non-finite losses and apply its policy (``SpikePolicy``); every event goes
+    to callbacks' ``on_event(state, event)`` and ``TrainResult.events``. ``rewind()``: reloads the last good
+    checkpoint into ``model``/``optimizer`` and returns its TrainState (None when there is none).
+    ``instrument_every``: every N steps also measure the update/weight norm ratio and the max |attention logit|
+    (a probe; the output is unchanged).
 
     Raises:
         DataError: the loss is not finite and no spike rule is given (the message names the step).
@@ -245,21 +335,13 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
     if state is None:
         state = TrainState()
         seed_everything(seed)
-    if accelerator is None:
-        cuda = torch.cuda.is_available()
-        accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no")
+    accelerator = local_accelerator() if accelerator is None else accelerator
     if accelerator.num_processes == 1:
         model.to(accelerator.device)
     model.train()
     optimizer = build_optimizer(model, optim_cfg) if optimizer is None else optimizer
-    result, start = TrainResult(state=state, optimizer=optimizer), state.step
-    # Only the last ``window`` losses matter; a bounded deque keeps the per-step check O(window) for any run length.
-    history: deque[float] = deque(maxlen=spike.window if spike is not None else 1)
-    lr_scale, consecutive = 1.0, 0
-    # Utilisation reference, once per run: the device's bf16 peak (MFU) or a measured matmul rate (CPU proxy).
-    reference = device_peak_flops(accelerator.device) if instrument_every > 0 else None
-    core = unwrap(model)
-    flops_per_tok = flops_per_token(core.cfg) if hasattr(core, "cfg") else None
+    result, start, spikes = TrainResult(state=state, optimizer=optimizer), state.step, SpikePolicy(spike, rewind)
+    utilisation = _Utilisation(model, accelerator) if instrument_every > 0 else None
     while True:
         if _due(state.step, eval_every, start, total_steps):
             _fire(callbacks, "on_eval", state, model)
@@ -267,65 +349,59 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
             _fire(callbacks, "on_checkpoint", state, model, optimizer, sampler)
         if state.step >= total_steps:
             return result
-        lr = lr_scale * lr_at(state.step + 1, peak_lr=optim_cfg.peak_lr, warmup_steps=optim_cfg.warmup_steps,
-                              total_steps=total_steps, min_lr_ratio=optim_cfg.min_lr_ratio)
+        lr = spikes.lr_scale * lr_at(state.step + 1, peak_lr=optim_cfg.peak_lr, warmup_steps=optim_cfg.warmup_steps,
+                                     total_steps=total_steps, min_lr_ratio=optim_cfg.min_lr_ratio)
         instrument = instrument_every > 0 and (state.step + 1) % instrument_every == 0
         t0, batch = time.perf_counter(), sampler.next_batch()
         with attention_probe(model, instrument) as probe:
             metrics = forward_backward(model, batch, accelerator=accelerator, micro_batches=optim_cfg.micro_batches,
                                        z_loss=optim_cfg.z_loss)
-        if metrics["n_targets"] == 0:  # all padding: nothing to learn from, and a 0.0 loss would poison the median
+        decision = spikes.decide(state.step + 1, metrics, int(getattr(sampler, "batches_drawn", -1)))
+        if decision.state is not None:
+            result.state = state = decision.state
+        if decision.event is not None:
+            result.events.append(decision.event)
+            _fire(callbacks, "on_event", state, decision.event)
+        if decision.error is not None:
+            raise decision.error
+        if decision.action != "apply":
             optimizer.zero_grad(set_to_none=True)
-            event = {"step": state.step + 1, "batches_drawn": int(getattr(sampler, "batches_drawn", -1)),
-                     "loss_nats": float("nan"), "median": float("nan"), "action": "skip (no real targets)"}
-            result.events.append(event)
-            _fire(callbacks, "on_event", state, event)
             continue
-        is_spike, median = (False, float("nan")) if spike is None else spike.check(history, metrics["loss_nats"])
-        if not metrics["finite"] and spike is None:
-            raise DataError(f"non-finite loss at step {state.step + 1}; rewind to the last checkpoint and skip this "
-                            "batch (docs/methods.md §6), or set a spike policy")
-        if is_spike:
-            action = spike.policy if metrics["finite"] or spike.policy != "warn" else "skip"
-            event = {"step": state.step + 1, "batches_drawn": int(getattr(sampler, "batches_drawn", -1)),
-                     "loss_nats": metrics["loss_nats"], "median": median, "action": action}
-            if action == "rewind":
-                restored = rewind() if rewind is not None else None
-                if restored is None:
-                    event["action"] = "skip (no checkpoint to rewind to)"
-                else:
-                    event["rewound_to"] = restored.step
-                    result.state = state = restored
-                    lr_scale *= spike.lr_factor
-                    history.clear()
-            result.events.append(event)
-            _fire(callbacks, "on_event", state, event)
-            consecutive += 1
-            if consecutive >= spike.max_consecutive:
-                raise DataError(f"{consecutive} loss spikes or non-finite losses in a row up to step {event['step']} "
-                                f"(last loss {event['loss_nats']}, median {median:.4g}): the weights or the data are "
-                                "broken beyond what skipping or rewinding fixes")
-            if event["action"] != "warn":
-                optimizer.zero_grad(set_to_none=True)
-                continue
-        consecutive = consecutive if is_spike else 0  # a run of warned spikes still counts towards the stop
         update = apply_update(model, optimizer, lr=lr, grad_clip=optim_cfg.grad_clip, accelerator=accelerator,
                               measure_update=instrument)
-        history.append(metrics["loss_nats"])
-        n_tokens = metrics.pop("n_targets")
-        metrics.pop("finite")
-        state.step, state.tokens_seen = state.step + 1, state.tokens_seen + n_tokens
-        state.clipped_steps += update["clipped"]
-        metrics.update(update, step=state.step, lr=lr, clip_fraction=state.clip_fraction,
-                       tokens_seen=state.tokens_seen, tokens_per_s=n_tokens / (time.perf_counter() - t0))
+        _advance(state, metrics, update, lr=lr, seconds=time.perf_counter() - t0)
         if probe.max_logit is not None:
-            metrics["max_attention_logit"] = probe.max_logit
-            metrics["peak_memory_mb"] = peak_memory_mb(accelerator.device)
-            if reference is not None and flops_per_tok is not None:
-                peak, kind = reference
-                metrics[kind] = flops_per_tok * metrics["tokens_per_s"] / peak
+            metrics.update(max_attention_logit=probe.max_logit, **utilisation.measure(metrics["tokens_per_s"]))
         result.metrics.append(metrics)
         _fire(callbacks, "on_step_end", state, metrics)
+
+
+def _advance(state: TrainState, metrics: dict, update: dict, *, lr: float, seconds: float) -> None:
+    """Count the applied step into ``state`` and turn ``metrics`` into the step's log record (in place)."""
+    n_tokens = metrics.pop("n_targets")
+    metrics.pop("finite")
+    state.step, state.tokens_seen = state.step + 1, state.tokens_seen + n_tokens
+    state.clipped_steps += update["clipped"]
+    metrics.update(update, step=state.step, lr=lr, clip_fraction=state.clip_fraction,
+                   tokens_seen=state.tokens_seen, tokens_per_s=n_tokens / seconds)
+
+
+class _Utilisation:
+    """Peak memory and model-FLOPs utilisation of a step, against the device's bf16 peak (MFU) or a measured
+    matmul rate (CPU proxy), measured once per run."""
+
+    def __init__(self, model: nn.Module, accelerator: Accelerator):
+        self.device = accelerator.device
+        self.reference = device_peak_flops(self.device)
+        core = unwrap(model)
+        self.flops_per_token = flops_per_token(core.cfg) if hasattr(core, "cfg") else None
+
+    def measure(self, tokens_per_s: float) -> dict:
+        out = {"peak_memory_mb": peak_memory_mb(self.device)}
+        if self.reference is not None and self.flops_per_token is not None:
+            peak, kind = self.reference
+            out[kind] = self.flops_per_token * tokens_per_s / peak
+        return out
 
 
 class _Probe:

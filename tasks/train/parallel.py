@@ -1,5 +1,5 @@
-"""Data and model parallelism of the training loop: which rows a rank trains on, how the model is wrapped, and the
-collectives the loop needs to report global figures.
+"""Data and model parallelism of the training loop: which rows a rank trains on, how the model is wrapped, the
+collectives the loop needs to report global figures, and how a launched worker process ends (``run_worker``).
 
 Every rank draws the same *global* batch from the (identically seeded) loader and trains on its own contiguous
 slice of rows, so the loader position is global: a checkpoint resumes on any world size whose product with
@@ -12,9 +12,9 @@ Strategies (``[main.distributed] strategy``):
   accelerate).
 * ``fsdp``: FSDP2 full shard (``torch.distributed.fsdp.fully_shard``), one unit per transformer ``Block`` plus the
   root (embeddings, final norm); parameters, gradients and optimiser moments live as DTensor shards
-  (ZeRO-3, SPEC §3). bf16 compute with fp32 master weights and fp32 gradient reduction on CUDA.
+  (ZeRO-3, docs/methods.md §3). bf16 compute with fp32 master weights and fp32 gradient reduction on CUDA.
 * ``hybrid``: FSDP2 over a 2-D mesh (replicate × shard): sharded within ``shard_size`` ranks (a node), replicated
-  across groups (hybrid shard, SPEC §4: the all-gathers stay on NVLink).
+  across groups (hybrid shard, docs/methods.md §4: the all-gathers stay on NVLink).
 
 The engine applies FSDP itself rather than through accelerate's FSDP plugin: that plugin falls back to plain DDP
 when no GPU is visible, so the sharded path could never be exercised off a GPU. Applied here, the same code shards
@@ -23,9 +23,12 @@ a model on two CPU processes (gloo) in the tests and on eight H100s (NCCL).
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import traceback
 from contextlib import contextmanager, nullcontext
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, NoReturn, Sequence
 
 import torch
 from accelerate import Accelerator
@@ -194,3 +197,55 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def exit_worker(code: int = 0) -> NoReturn:
+    """End this launched worker process now with exit status ``code``, without interpreter finalisation.
+
+    On ``code`` 0 the process groups are destroyed first (a failed rank leaves them: a peer may be stuck in a
+    collective); if that fails, the status is 1. Logging handlers, stdout and stderr are flushed; atexit handlers
+    do not run and Python threads still running are stopped with the process, so finish them first
+    (``Checkpointer.wait``).
+
+    Why not a plain return: gloo runs each collective on C++ worker threads that live as long as their process
+    group, and torch keeps the groups referenced until the process ends (``destroy_process_group`` joins none of
+    those threads). After the caller of a collective is woken, its worker thread still drops the collective's
+    tensors, and that takes the GIL; if the main thread has begun interpreter finalisation meanwhile, CPython ends
+    that thread inside a destructor and the process aborts (``terminate called without an active exception``,
+    SIGABRT), failing a run that had finished. ``os._exit`` ends those threads with the process instead, as
+    ``multiprocessing`` ends its child processes.
+    """
+    if code == 0 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        try:
+            torch.distributed.destroy_process_group()
+        except BaseException:  # the process ends either way; the status says it did not end cleanly
+            traceback.print_exc()
+            code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed or replaced stream: nothing left to flush
+            pass
+    os._exit(code)
+
+
+def run_worker(entry: Callable[[], object]) -> NoReturn:
+    """Run ``entry()`` as the whole life of a launched worker process, then leave through ``exit_worker``.
+
+    Exit status: 0 when ``entry`` returns; a ``SystemExit``'s code (its message printed, status 1, when it is not
+    an int); 1 after printing the traceback of any other exception.
+    """
+    try:
+        entry()
+        code = 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # a worker's traceback is its only report to the launcher
+        traceback.print_exc()
+        code = 1
+    exit_worker(code)

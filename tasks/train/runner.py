@@ -20,18 +20,10 @@ from tasks.train.packing import PackingConfig
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
-from tasks.train.loop import Callback, SpikeRule, TrainResult, TrainState, train
-from tasks.train.loop import seed_everything as seed_generators
+from tasks.train.loop import Callback, SpikeRule, TrainResult, TrainState, seed_everything, train
 from tasks.train.sections import RunBudget, StabilityConfig
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
-
-
-def seed_everything(seed: int, threads: int | None = None) -> None:
-    """Seed python, numpy and torch (the loop's seeding) and optionally set torch's CPU thread count."""
-    seed_generators(seed)
-    if threads:
-        torch.set_num_threads(threads)
 
 
 def build_model(cfg: ModelConfig, seed: int) -> Decoder:

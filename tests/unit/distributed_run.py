@@ -19,12 +19,12 @@ from accelerate import Accelerator
 
 from models.config import ModelConfig
 from models.decoder import Decoder
-from tasks.train.checkpoint import CheckpointCallback, latest_checkpoint, load_sharded_checkpoint
+from tasks.train.checkpoint import Checkpointer, latest_checkpoint
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
 from tasks.train.loop import seed_everything, train
 from tasks.train.optim import build_optimizer
-from tasks.train.parallel import parallelize
+from tasks.train.parallel import parallelize, run_worker
 
 CFG = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64, seq_len=16)
 
@@ -55,14 +55,14 @@ def run(strategy: str, steps: int, *, checkpoint_every: int = 0, ckpt: Path | No
     sampler = MixtureSampler(tokens(), {"a": 0.5, "b": 0.5}, seq_len=16, batch_size=8, seed=0)
     state = None
     if resume:
-        saved = load_sharded_checkpoint(latest_checkpoint(ckpt), model=model, optimizer=optimizer,
-                                        accelerator=accelerator)
+        saved = Checkpointer(ckpt, accelerator=accelerator).load(latest_checkpoint(ckpt), model=model,
+                                                                 optimizer=optimizer)
         sampler.load_state_dict(saved["sampler_state"])
         state = saved["state"]
     recorder = Recorder()
     callbacks = [recorder]
     if ckpt is not None and checkpoint_every:
-        callbacks.append(CheckpointCallback(ckpt, keep_last=None, accelerator=accelerator))
+        callbacks.append(Checkpointer(ckpt, keep_last=None, accelerator=accelerator))
     resumed_from = state.step if state else 0
     train(model, sampler, optim, total_steps=steps, callbacks=callbacks, state=state, optimizer=optimizer,
           accelerator=accelerator, seed=0, checkpoint_every=checkpoint_every, instrument_every=2)
@@ -75,7 +75,7 @@ def run(strategy: str, steps: int, *, checkpoint_every: int = 0, ckpt: Path | No
             "is_main": accelerator.is_main_process}
 
 
-if __name__ == "__main__":
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="ddp")
     parser.add_argument("--steps", type=int, default=8)
@@ -92,3 +92,7 @@ if __name__ == "__main__":
                  activation_checkpointing=args.activation_checkpointing)
     if result.pop("is_main"):
         args.out.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    run_worker(main)  # leaves like a launched training worker (no interpreter finalisation)

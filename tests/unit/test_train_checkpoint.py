@@ -9,7 +9,7 @@ import torch
 from infra.errors import CheckpointError
 from models.config import ModelConfig
 from models.decoder import Decoder
-from tasks.train.checkpoint import CheckpointCallback, latest_checkpoint, load_checkpoint, load_model, save_checkpoint
+from tasks.train.checkpoint import Checkpointer, latest_checkpoint, load_model
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
 from tasks.train.loop import TrainState, train
@@ -32,14 +32,14 @@ def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     torch.manual_seed(0)
     result = train(Decoder(CFG), sampler(), OPTIM, total_steps=TOTAL, checkpoint_every=SAVED_AT,
-                   callbacks=[CheckpointCallback(root, extra={"tokenizer_sha256": "abc"})])
+                   callbacks=[Checkpointer(root, extra={"tokenizer_sha256": "abc"})])
     return root, [m["loss_nats"] for m in result.metrics]
 
 
 def resume(directory, *, fresh_optimizer=False):
     model = Decoder(CFG)
     optimizer = build_optimizer(model, OPTIM)
-    loaded = load_checkpoint(directory, model=model, optimizer=None if fresh_optimizer else optimizer)
+    loaded = Checkpointer(directory.parent).load(directory, model=model, optimizer=None if fresh_optimizer else optimizer)
     data = sampler(seed=123)
     data.load_state_dict(loaded["sampler_state"])
     result = train(model, data, OPTIM, total_steps=TOTAL, state=loaded["state"], optimizer=optimizer)
@@ -84,8 +84,8 @@ def test_load_model_roundtrip(uninterrupted):
 def small_checkpoint(path):
     torch.manual_seed(0)
     model = Decoder(CFG)
-    return save_checkpoint(path, model=model, optimizer=build_optimizer(model, OPTIM), state=TrainState(step=1),
-                           sampler_state={}, extra={})
+    return Checkpointer(path.parent).save(path, model=model, optimizer=build_optimizer(model, OPTIM),
+                                          state=TrainState(step=1), sampler_state={})
 
 
 def test_corrupt_byte_rejected(tmp_path):
@@ -112,13 +112,13 @@ def test_config_mismatch_rejected(tmp_path):
     directory = small_checkpoint(tmp_path / "c")
     other = Decoder(CFG.model_copy(update={"tied_embeddings": True}))
     with pytest.raises(CheckpointError, match="saved for"):
-        load_checkpoint(directory, model=other)
+        Checkpointer(tmp_path).load(directory, model=other)
 
 
 def test_retention_keeps_the_last_k_and_milestones(tmp_path):
     torch.manual_seed(0)
     model = Decoder(CFG)
-    callback = CheckpointCallback(tmp_path, keep_last=2, milestone_every=4)
+    callback = Checkpointer(tmp_path, keep_last=2, milestone_every=4)
     train(model, sampler(0), OPTIM, total_steps=10, checkpoint_every=1, callbacks=[callback])
     kept = sorted(int(d.name.split("_")[1]) for d in tmp_path.glob("step_*"))
     assert kept == [0, 4, 8, 9, 10]  # step 0 is divisible by 4: a milestone too
@@ -130,7 +130,7 @@ def test_asynchronous_save_writes_the_same_checkpoint_as_a_synchronous_one(tmp_p
     for mode in ("sync", "async"):
         torch.manual_seed(0)
         model = Decoder(CFG)
-        callback = CheckpointCallback(tmp_path / mode, keep_last=None, asynchronous=mode == "async")
+        callback = Checkpointer(tmp_path / mode, keep_last=None, asynchronous=mode == "async")
         train(model, sampler(0), OPTIM, total_steps=6, checkpoint_every=3, callbacks=[callback], seed=0)
         callback.wait()
         results[mode] = callback
@@ -169,5 +169,5 @@ def test_a_checkpoint_whose_optimizer_pickle_runs_code_is_refused_without_runnin
     (directory / "checksums.json").write_text(json.dumps(sums))
     model = Decoder(CFG)
     with pytest.raises(CheckpointError, match="not loaded"):
-        load_checkpoint(directory, model=model, optimizer=build_optimizer(model, OPTIM))
+        Checkpointer(tmp_path).load(directory, model=model, optimizer=build_optimizer(model, OPTIM))
     assert not marker.exists()

@@ -100,7 +100,7 @@ def test_non_finite_loss_names_step():
 
 from accelerate import Accelerator  # noqa: E402
 
-from tasks.train.checkpoint import CheckpointCallback, latest_checkpoint, load_checkpoint  # noqa: E402
+from tasks.train.checkpoint import Checkpointer  # noqa: E402
 from tasks.train.data import IGNORE_INDEX, Batch  # noqa: E402
 from tasks.train.loop import SpikeRule, forward_backward  # noqa: E402
 
@@ -188,10 +188,10 @@ def test_spike_rewinds_to_the_last_checkpoint_and_skips_the_data(tmp_path):
     corrupt = CorruptAt(sampler, bad={25})
     optimizer = None
     holder = {}
+    checkpointer = Checkpointer(tmp_path)
 
     def rewind():
-        saved = load_checkpoint(latest_checkpoint(tmp_path), model=model, optimizer=holder["optimizer"])
-        return saved["state"]
+        return checkpointer.rewind(model, holder["optimizer"])
 
     class Keep:
         def on_checkpoint(self, state, model_, optimizer_, sampler_):
@@ -204,7 +204,7 @@ def test_spike_rewinds_to_the_last_checkpoint_and_skips_the_data(tmp_path):
             events.append(event)
 
     result = train(model, corrupt, optim, total_steps=30, checkpoint_every=10, optimizer=optimizer,
-                   callbacks=[Keep(), CheckpointCallback(tmp_path), Events()],
+                   callbacks=[Keep(), checkpointer, Events()],
                    spike=SpikeRule(window=10, factor=2.0, min_history=5, policy="rewind", lr_factor=0.5),
                    rewind=rewind)
     assert len(events) == 1 and events[0]["step"] == 25 and events[0]["action"] == "rewind"
@@ -294,3 +294,24 @@ def test_a_batch_without_real_targets_is_skipped_not_scored_as_zero():
     result = train(model, Padded(), OPTIM, total_steps=4, spike=SpikeRule(policy="warn"))
     assert [e["action"] for e in result.events] == ["skip (no real targets)"]
     assert result.state.step == 4 and all(m["loss_nats"] > 0 for m in result.metrics)
+
+
+def test_spike_policy_answers_apply_skip_or_rewind():
+    from tasks.train.loop import SpikePolicy, TrainState
+
+    def step(loss, finite=True):
+        return {"loss_nats": loss, "finite": finite, "n_targets": 10}
+
+    rewound = []
+    policy = SpikePolicy(SpikeRule(window=4, factor=2.0, min_history=2, policy="rewind", lr_factor=0.5),
+                         rewind=lambda: rewound.append(1) or TrainState(step=2))
+    assert [policy.decide(i, step(1.0)).action for i in (1, 2, 3)] == ["apply"] * 3
+    decision = policy.decide(4, step(5.0))  # 5 > 2 × median(1, 1, 1)
+    assert decision.action == "rewind" and decision.state.step == 2 and decision.event["rewound_to"] == 2
+    assert policy.lr_scale == 0.5 and policy.rewinds == 1 and not policy.history and rewound == [1]
+    assert policy.decide(3, step(float("nan"), finite=False)).action == "rewind"
+    skip = SpikePolicy(SpikeRule(window=4, min_history=2, policy="skip"))
+    assert skip.decide(1, {**step(0.0), "n_targets": 0}).event["action"] == "skip (no real targets)"
+    assert skip.decide(2, step(float("nan"), finite=False)).action == "skip"
+    with pytest.raises(DataError, match="non-finite loss at step 7"):
+        SpikePolicy(None).decide(7, step(float("nan"), finite=False))

@@ -14,7 +14,7 @@ from infra.stage import StageContext
 from tasks.train.shards import write_shard
 from tasks.train.checkpoint import load_model
 from tasks.train.sections import DistributedConfig, MainConfig, ModelShape, RunBudget
-from tasks.train.stage import run
+from tasks.main.stage import run
 
 VOCAB, TOKENIZER_HASH = 64, "synthetic"
 TRAIN_TOKENS = {"a": 400, "b": 40}  # unique training tokens U_s
@@ -135,7 +135,7 @@ def test_cpt_refuses_a_base_trained_with_another_tokenizer(tmp_path, inputs):
 
 def test_main_lr_comes_from_the_swept_width_nearest_the_main_model():
     from infra.errors import ConfigError
-    from tasks.train.stage import main_peak_lr
+    from tasks.main.stage import main_peak_lr
 
     best = {"best_lr": 3e-2, "study_name": "s64",
             "widths": [{"d_model": 64, "best_lr": 3e-2, "study_name": "s64"},
@@ -167,7 +167,7 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_logged_warning(tmp_path, in
     raw[-8] ^= 0xFF
     weights.write_bytes(bytes(raw))
 
-    with caplog.at_level("WARNING", logger="tasks.train.stage"):
+    with caplog.at_level("WARNING", logger="tasks.main.stage"):
         summary = run(_context(tmp_path, inputs, "second"), CFG, sources=["a", "b"])
     assert summary["resumed_from_step"] == 2
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

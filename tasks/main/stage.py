@@ -11,7 +11,6 @@ the step it resumed from, and the epochs of each mixture source e_s = w_s · D /
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shutil
 import time
@@ -22,14 +21,14 @@ from typing import Any
 import pandas as pd
 from accelerate import Accelerator
 
-from infra.errors import CheckpointError, ConfigError
-from infra.stage import Progress, StageContext
+from infra.errors import ConfigError
+from infra.stage import ProgressReporter, StageContext
 from tasks.train.epochs import epoch_warnings, epochs
 from tasks.readers import load_choice
 from tasks.readers import load_best
 from tasks.train.corpus import TokenizedCorpus
-from tasks.train.checkpoint import (CheckpointCallback, latest_checkpoint, load_checkpoint, load_model,
-                                   load_sharded_checkpoint, save_checkpoint, save_consolidated_checkpoint)
+from tasks.train.checkpoint import Checkpointer, load_model
+from tasks.train.loop import local_accelerator
 from tasks.train.parallel import check_layout, parallelize
 from tasks.train.optim import build_optimizer
 from tasks.train.config import OptimConfig
@@ -40,8 +39,6 @@ from tasks.train.sections import MainConfig
 from infra.threads import ThreadPolicy, apply_wait_policy
 from tasks.train.packing import PackingConfig
 from tasks.train.corpus import packing_report
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,7 +69,7 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     """Train the main model and score it on every source's held-out split.
 
     In process (``[main.distributed] launch = "inprocess"``) or through ``accelerate launch`` of
-    ``tasks.train.launch`` on ``processes`` workers, whose rank 0 streams metrics back to this stage's MLflow run.
+    ``tasks.main.worker`` on ``processes`` workers, whose rank 0 streams metrics back to this stage's MLflow run.
 
     Before training, refuses a layout whose memory (docs/methods.md §3) exceeds 90% of the detected device's (ConfigError
     naming the numbers), and prints a warning for each mixture source the planned run repeats more than ``max_epochs``
@@ -82,23 +79,25 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
                   seed=ctx.seed, torch_threads=ctx.torch_threads, cfg=cfg.model_dump(), sources=list(sources),
                   max_epochs=max_epochs, packing=packing.model_dump())
     if cfg.distributed.launch == "accelerate":
-        from tasks.train.launch import launch
+        from tasks.main.launch import launch
 
         threads = ctx.threads or ThreadPolicy(ctx.torch_threads, "config", *apply_wait_policy())
         worker = threads.split(cfg.distributed.processes)  # the run's threads, shared among its workers
         job.torch_threads = worker.torch_threads
         return launch(job, cfg.distributed, log_metrics=ctx.log_metrics, progress=ctx.progress, threads=worker)
-    return train_main(job, log_metrics=ctx.log_metrics, progress=ctx.progress)
+    summary = train_main(job, log_metrics=ctx.log_metrics, progress=ctx.progress, accelerator=local_accelerator())
+    shutil.rmtree(ctx.scratch, ignore_errors=True)  # a launched run's scratch is the launcher's to remove
+    return summary
 
 
-def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Accelerator | None = None) -> dict:
-    """The main run on this process: alone (``accelerator`` None) or as one rank of a launched run (every rank
-    calls this; rank 0 alone logs, reports progress and writes the artifact files)."""
+def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, accelerator: Accelerator) -> dict:
+    """The main run on this process as one rank of ``accelerator``'s world: in process (one rank,
+    ``loop.local_accelerator()``) or launched (every rank calls this; rank 0 alone logs, reports progress and
+    writes the artifact files). Returns the run summary on rank 0, {} elsewhere."""
     cfg = MainConfig(**job.cfg)
     packing = PackingConfig(**job.packing)
     out, scratch = Path(job.out), Path(job.scratch)
-    main_rank = accelerator is None or accelerator.is_main_process
-    processes = 1 if accelerator is None else accelerator.num_processes
+    main_rank, processes = accelerator.is_main_process, accelerator.num_processes
     dist = cfg.distributed
     seed_everything(job.seed, job.torch_threads)  # per process: a launcher has split the run's threads
     corpus = TokenizedCorpus(Path(job.inputs["tokenizer"]))
@@ -106,17 +105,13 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
     model_cfg = cfg.model.build(corpus.vocab_size)
     peak_lr, lr_source = main_peak_lr(cfg, load_best(Path(job.inputs["sweep"])) if "sweep" in job.inputs else None)
     check_layout(cfg.budget.batch_size, cfg.stability.micro_batches, processes)
-    sharded = accelerator is not None and processes > 1 and dist.strategy != "ddp"
+    sharded = processes > 1 and dist.strategy != "ddp"
     # Refuse before allocating anything (docs/methods.md §3 arithmetic), for one rank's share of the work.
     require_fit(model_cfg, cfg.budget.batch_size // (processes * cfg.stability.micro_batches),
                 zero_stage=3 if sharded else 0, ranks=processes, checkpointing=dist.activation_checkpointing,
                 local_processes=processes)
-    model = build_model(model_cfg, job.seed)
-    if accelerator is not None:
-        model = parallelize(model, accelerator, dist.strategy, shard_size=dist.shard_size,
-                            activation_checkpointing=dist.activation_checkpointing)
-    else:
-        model.activation_checkpointing = dist.activation_checkpointing
+    model = parallelize(build_model(model_cfg, job.seed), accelerator, dist.strategy, shard_size=dist.shard_size,
+                        activation_checkpointing=dist.activation_checkpointing)
     optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
     sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,
                            batch_size=cfg.budget.batch_size, seed=job.seed, packing=packing)
@@ -126,17 +121,17 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
     if main_rank:
         for warning in epoch_warnings(main_epochs, job.max_epochs):
             print(f"warning: main run: {warning}")
-    state = _resume(scratch, model, optimizer, sampler, accelerator)
+    checkpointer = Checkpointer(scratch, accelerator=accelerator, extra=extra, keep_last=cfg.keep_checkpoints,
+                                asynchronous=cfg.async_checkpoints)
+    state = _resume(checkpointer, model, optimizer, sampler)
     # Training advances ``state`` in place: read the resume point before it moves.
     resumed_from_step = state.step if state else 0
     if not main_rank:
-        log_metrics, progress = (lambda metrics, step: None), Progress()
+        log_metrics, progress = (lambda metrics, step: None), ProgressReporter()
 
     def report(step: int, tokens_seen: int, evals) -> None:
         log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
 
-    checkpointer = CheckpointCallback(scratch, extra=extra, keep_last=cfg.keep_checkpoints,
-                                      asynchronous=cfg.async_checkpoints, accelerator=accelerator)
     callbacks = [
         MetricsToTracker(log_metrics, cfg.log_every),
         PeriodicEval(corpus, job.sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens,
@@ -144,35 +139,22 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
         checkpointer,
     ]
     events = EventLog(log_metrics)
-
-    def rewind():
-        """Reload the newest complete checkpoint's weights, optimiser and loop state; the loader moves on."""
-        checkpointer.wait()
-        latest = latest_checkpoint(scratch)
-        if latest is None:
-            return None
-        if accelerator is not None:
-            return load_sharded_checkpoint(latest, model=model, optimizer=optimizer, accelerator=accelerator)["state"]
-        return load_checkpoint(latest, model=model, optimizer=optimizer)["state"]
-
     started = time.perf_counter()
     with progress.task("main: training steps", cfg.budget.steps) as advance:
         advance(state.step if state else 0)
         result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=job.seed,
                               callbacks=[*callbacks, events, StepProgress(advance)], state=state, optimizer=optimizer,
-                              checkpoint_every=cfg.checkpoint_every, stability=cfg.stability, rewind=rewind,
+                              checkpoint_every=cfg.checkpoint_every, stability=cfg.stability,
+                              rewind=lambda: checkpointer.rewind(model, optimizer),
                               accelerator=accelerator)
     checkpointer.wait()
     wall_s = time.perf_counter() - started
-    if accelerator is not None:
-        save_consolidated_checkpoint(out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
-                                     sampler_state=sampler.state_dict(), extra=extra, accelerator=accelerator)
-        if not main_rank:
-            return {}
+    checkpointer.save_final(out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
+                            sampler_state=sampler.state_dict())
+    if not main_rank:
+        return {}
+    if processes > 1:
         model = load_model(out / "checkpoint")  # rank 0 scores the consolidated weights alone
-    else:
-        save_checkpoint(out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
-                        sampler_state=sampler.state_dict(), extra=extra)
     events.frame().to_parquet(out / "events.parquet", index=False)
     evals = evaluate_sources(model, corpus, job.sources, seq_len=model_cfg.seq_len,
                              eval_tokens=cfg.budget.eval_tokens)
@@ -187,8 +169,6 @@ def train_main(job: MainJob, *, log_metrics, progress: Progress, accelerator: Ac
                "world_size": processes, "strategy": dist.strategy if processes > 1 else "single",
                "activation_checkpointing": dist.activation_checkpointing}
     (out / "run.json").write_text(json.dumps(summary, indent=2))
-    if accelerator is None:  # a launched run's scratch also holds the launch folder: the launcher removes it
-        shutil.rmtree(scratch, ignore_errors=True)
     return summary
 
 
@@ -222,27 +202,18 @@ def planned_epochs(cfg: MainConfig, weights: dict[str, float], corpus: Tokenized
     return epochs(weights, tokens, corpus.train_sizes(list(weights)))
 
 
-def _resume(folder: Path, model, optimizer, sampler, accelerator: Accelerator | None = None):
-    """Load the newest complete scratch checkpoint, if any; returns its TrainState or None. Launched runs read
-    sharded checkpoints (on any world size); every rank reaches the same verdict for each candidate."""
-    main_rank = accelerator is None or accelerator.is_main_process
-    for candidate in sorted(folder.glob("step_*"), reverse=True):
-        try:
-            if accelerator is None:
-                saved = load_checkpoint(candidate, model=model, optimizer=optimizer)
-            else:
-                saved = load_sharded_checkpoint(candidate, model=model, optimizer=optimizer, accelerator=accelerator)
-        except CheckpointError as err:  # a torn or corrupt checkpoint: fall back to the previous one
-            if main_rank:  # logged, not printed: the pipeline logs prints at INFO, below the level it shows
-                log.warning("skipping unusable checkpoint %s: %s", candidate.name, err)
-            continue
-        sampler.load_state_dict(saved["sampler_state"])
-        if main_rank:
-            written = saved.get("world_size")
-            note = f", written by {written} processes" if written and accelerator and written != accelerator.num_processes else ""
-            print(f"{folder.parent.name}: resuming from step {saved['state'].step:,} ({candidate}{note})")
-        return saved["state"]
-    return None
+def _resume(checkpointer: Checkpointer, model, optimizer, sampler):
+    """Load the newest complete scratch checkpoint, if any (a corrupt one is skipped with a warning); returns its
+    TrainState or None. Sharded checkpoints load on any world size; every rank reaches the same verdict."""
+    saved = checkpointer.resume(model, optimizer, sampler)
+    if saved is None:
+        return None
+    if checkpointer.main_process:
+        written, processes = saved.get("world_size"), checkpointer.accelerator.num_processes
+        note = f", written by {written} processes" if written and written != processes else ""
+        print(f"{checkpointer.root.parent.name}: resuming from step {saved['state'].step:,} "
+              f"({saved['directory']}{note})")
+    return saved["state"]
 
 
 def load_heldout(path: Path) -> pd.DataFrame:

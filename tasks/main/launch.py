@@ -1,11 +1,11 @@
-"""The main run across processes: the stage starts ``accelerate launch -m tasks.train.launch JOB`` and follows it.
+"""The main run across processes: the stage starts ``accelerate launch -m tasks.main.worker JOB`` and follows it.
 
-Every worker process runs ``stage.train_main`` as one rank. Rank 0 appends its metrics and progress to
+Every worker process (``tasks.main.worker``) runs ``stage.train_main`` as one rank. Rank 0 appends its metrics and progress to
 ``<scratch>/launch/metrics.jsonl``, which the stage (in the pipeline's process, inside its MLflow run) tails and
 forwards, so a launched run's MLflow record looks like an in-process one. Worker output goes to
 ``<scratch>/launch/workers.log``; a failed launch raises with its tail.
 
-The same module is what a Prefect worker on a GPU node runs (``infra/accelerate/h100x8.yaml``); the command is an
+The worker module is what a Prefect worker on a GPU node runs (``infra/accelerate/h100x8.yaml``); the command is an
 argument list (no shell), and killing the stage kills the whole worker process group.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, Callable
 import yaml
 
 from infra.errors import ConfigError, TrainingError
-from infra.stage import Progress
+from infra.stage import ProgressReporter
 from infra.threads import ThreadPolicy, apply_wait_policy, worker_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -66,10 +66,10 @@ def launch_command(job_path: Path, config_path: Path, processes: int) -> list[st
            "--num_processes", str(processes)]
     if int(layout.get("num_machines", 1)) == 1:
         cmd += ["--num_machines", "1", "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port())]
-    return [*cmd, "-m", "tasks.train.launch", str(job_path)]
+    return [*cmd, "-m", "tasks.main.worker", str(job_path)]
 
 
-def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], progress: Progress,
+def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], progress: ProgressReporter,
            threads: ThreadPolicy | None = None) -> dict:
     """Run ``job`` (a ``stage.MainJob``) on ``dist.processes`` workers and return rank 0's run summary.
 
@@ -138,42 +138,3 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-class _FileReporter(Progress):
-    """Rank 0's metrics and progress, one JSON line each, for the launching stage to forward."""
-
-    def __init__(self, path: Path):
-        self.file = open(path, "a", buffering=1)
-
-    def log_metrics(self, metrics: dict, step: int) -> None:
-        clean = {k: float(v) for k, v in metrics.items()}
-        self.file.write(json.dumps({"step": int(step), "metrics": clean}) + "\n")
-
-    def task(self, description: str, total: int | None):
-        from contextlib import contextmanager
-
-        @contextmanager
-        def bar():
-            yield lambda n=1: self.file.write(json.dumps({"advance": int(n)}) + "\n")
-        return bar()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Worker entry point: ``python -m tasks.train.launch JOB.json`` under ``accelerate launch``."""
-    import torch
-    from accelerate import Accelerator
-
-    from tasks.train.stage import MainJob, train_main
-
-    args = sys.argv[1:] if argv is None else argv
-    job = MainJob.read(Path(args[0]))
-    cuda = torch.cuda.is_available()
-    accelerator = Accelerator(cpu=not cuda)
-    reporter = _FileReporter(Path(os.environ.get("PRETRAIN_METRICS_FILE", Path(job.scratch) / "launch" / "metrics.jsonl")))
-    train_main(job, log_metrics=reporter.log_metrics, progress=reporter, accelerator=accelerator)
-    accelerator.end_training()
-
-
-if __name__ == "__main__":
-    main()
