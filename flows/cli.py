@@ -109,7 +109,7 @@ def run(
         console.print("[bold yellow]interrupted:[/] completed stages are kept and an unfinished one resumes from its "
                       "last checkpoint; run the same command again to continue")
         raise typer.Exit(code=130) from None
-    print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs)
+    print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs, cfg=cfg)
 
 
 @app.command()
@@ -346,7 +346,7 @@ def gate_show(config: Path, runs_dir: Optional[Path] = RunsDir,
                          indent=2, default=str))
         return
     from evals.gate import gate_hash
-    from flows.summary import gate_tables
+    from tasks.gate.views import gate_tables
 
     console.print(f"runs folder: {layout.root}", soft_wrap=True)
     if len(gates) and gates["gate_hash"].iloc[0] != gate_hash(cfg.gate):
@@ -413,11 +413,11 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
         print(json.dumps({"heldout": result["heldout"].to_dict("records"), "cloze": result["cloze"].to_dict("records"),
                           "tokenizer": str(result["tokenizer"])}, indent=2, default=str))
         return
-    from flows.summary import _table
+    from infra.report_blocks import rich_table
 
     console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})", soft_wrap=True)
-    console.print(_table("Held-out loss per source", result["heldout"]))
-    console.print(_table("Cloze accuracy (binomial SE in points, docs/methods.md §10)", result["cloze"]))
+    console.print(rich_table("Held-out loss per source", result["heldout"]))
+    console.print(rich_table("Cloze accuracy (binomial SE in points, docs/methods.md §10)", result["cloze"]))
 
 
 if __name__ == "__main__":

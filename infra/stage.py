@@ -10,11 +10,17 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from infra.shard_map import ShardMap, sequential_map
 from infra.runs import RunsLayout, ensure_folder
 from infra.threads import ThreadPolicy
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from infra.report_blocks import Block
+    from infra.warehouse import Warehouse
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
 ChildFn = Callable[[str, Mapping[str, Any], list[Mapping[str, float]]], None]
@@ -152,6 +158,49 @@ class PublishContext:
     remote_tracker: bool = False
 
 
+@dataclass(frozen=True)
+class SummaryContext:
+    """What ``Stage.summary`` reads for the end-of-run console summary.
+
+    Attributes:
+        path: this stage's artifact folder.
+        paths: the artifact folder of every stage the run produced or reused, by stage name.
+        layout: the runs folder.
+        max_epochs: the config's ``mixture.max_epochs``; sources repeated more often than this get a warning.
+        cfg: the experiment config; None when the caller has only the run's result.
+    """
+
+    path: Path
+    paths: Mapping[str, Path]
+    layout: RunsLayout
+    max_epochs: float = 4.0
+    cfg: Any = None
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What ``Stage.report`` reads for ``pretrain report``.
+
+    Attributes:
+        path: this stage's artifact folder.
+        paths: the complete artifact folder of every stage the config's keys name, by stage name.
+        layout: the runs folder (artifact store, MLflow store).
+        warehouse: the DuckDB warehouse (``infra.warehouse.Warehouse``), read only.
+        plots_dir: folder the section writes its figures into (it exists).
+        cfg: the experiment config.
+        history: the training curves the stage run logged (``step`` plus one column per metric; empty when none
+            were found) when the stage ``wants_history``; None otherwise.
+    """
+
+    path: Path
+    paths: Mapping[str, Path]
+    layout: RunsLayout
+    warehouse: Warehouse
+    plots_dir: Path
+    cfg: Any = None
+    history: pd.DataFrame | None = None
+
+
 def _no_check(out: Path, cfg: Any) -> None:
     return None
 
@@ -183,6 +232,10 @@ class Stage:
             the report show the same files).
         wants_history: ``figures`` draws the stage run's logged training curves.
         step_unit: what the ``step`` of the stage run's metrics counts.
+        summary: ``SummaryContext -> rich renderables`` (strings with rich markup, ``infra.report_blocks.rich_table``
+            tables) printed in order after ``pretrain run``; None: the stage has no summary section.
+        report: ``ReportContext -> blocks`` (``infra.report_blocks``) of the stage's section in ``pretrain report``;
+            None: the stage has no report section.
     """
 
     name: str
@@ -197,6 +250,8 @@ class Stage:
     figures: Callable[[Path, Path, Any], list[Path]] = _no_figures
     wants_history: bool = False
     step_unit: str = "none"
+    summary: Callable[[SummaryContext], list[Any]] | None = None
+    report: Callable[[ReportContext], list[Block]] | None = None
 
     def key_config(self, cfg: Any) -> dict[str, Any]:
         """The config part of this stage's key: its sections' result-changing fields, the seed, and extras."""

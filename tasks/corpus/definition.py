@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infra.stage import PublishContext, Published, Stage, StageContext
+from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
 
 
 def eval_items(cfg: Any) -> list:
@@ -69,6 +69,19 @@ def figures(artifact: Path, out: Path, history: Any = None) -> list[Path]:
     return corpus_figures(artifact, out)
 
 
+def summary(ctx: SummaryContext) -> list[Any]:
+    from tasks.corpus.views import summary as lines
+
+    return lines(ctx)
+
+
+def report(ctx: ReportContext) -> list[Any]:
+    from tasks.corpus.views import report as blocks
+
+    return blocks(ctx)
+
+
 STAGE = Stage(name="corpus", inputs=("sources",), code="tasks.corpus.definition", run=run_corpus,
               sections=("corpus",), key_extra=key_eval_items, validate=check_corpus, publish=publish,
-              figures=figures)
+              figures=figures,
+              summary=summary, report=report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from infra.stage import PublishContext, Published, Stage, StageContext
+from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
 
 
 def key_cloze_files(cfg: Any) -> dict[str, list[str]]:
@@ -28,6 +28,19 @@ def publish(ctx: PublishContext) -> Published:
     return publish(ctx)
 
 
+def summary(ctx: SummaryContext) -> list[Any]:
+    from tasks.cpt.views import summary as lines
+
+    return lines(ctx)
+
+
+def report(ctx: ReportContext) -> list[Any]:
+    from tasks.cpt.views import report as blocks
+
+    return blocks(ctx)
+
+
 STAGE = Stage(name="cpt", inputs=("tokenizer", "mixture", "main"), code="tasks.cpt.definition", run=run_cpt,
               sections=("cpt", "packing"), seeded=True, key_extra=key_cloze_files, publish=publish,
-              step_unit="optimiser steps (metrics prefixed by candidate)")
+              step_unit="optimiser steps (metrics prefixed by candidate)",
+              summary=summary, report=report)

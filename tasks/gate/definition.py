@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.stage import PublishContext, Published, Stage, StageContext
+from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
 
 
 def run_gate(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -19,5 +19,18 @@ def publish(ctx: PublishContext) -> Published:
     return publish(ctx)
 
 
+def summary(ctx: SummaryContext) -> list[Any]:
+    from tasks.gate.views import summary as lines
+
+    return lines(ctx)
+
+
+def report(ctx: ReportContext) -> list[Any]:
+    from tasks.gate.views import report as blocks
+
+    return blocks(ctx)
+
+
 STAGE = Stage(name="gate", inputs=("main", "cpt"), code="tasks.gate.definition", run=run_gate, sections=("gate",),
-              seeded=True, publish=publish)
+              seeded=True, publish=publish,
+              summary=summary, report=report)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infra.stage import PublishContext, Published, Stage, StageContext
+from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
 
 
 def run_main(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -36,6 +36,19 @@ def figures(artifact: Path, out: Path, history: Any = None) -> list[Path]:
     return main_figures(artifact, out, history)
 
 
+def summary(ctx: SummaryContext) -> list[Any]:
+    from tasks.main.views import summary as lines
+
+    return lines(ctx)
+
+
+def report(ctx: ReportContext) -> list[Any]:
+    from tasks.main.views import report as blocks
+
+    return blocks(ctx)
+
+
 STAGE = Stage(name="main", inputs=("tokenizer", "mixture", "sweep"), code="tasks.main.definition", run=run_main,
               sections=("main", "packing"), seeded=True, validate=check_heldout, publish=publish, figures=figures,
-              wants_history=True, step_unit="optimiser steps")
+              wants_history=True, step_unit="optimiser steps",
+              summary=summary, report=report)

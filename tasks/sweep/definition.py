@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.stage import PublishContext, Published, Stage, StageContext
+from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
 
 
 def run_sweep(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -19,6 +19,19 @@ def publish(ctx: PublishContext) -> Published:
     return publish(ctx)
 
 
+def summary(ctx: SummaryContext) -> list[Any]:
+    from tasks.sweep.views import summary as lines
+
+    return lines(ctx)
+
+
+def report(ctx: ReportContext) -> list[Any]:
+    from tasks.sweep.views import report as blocks
+
+    return blocks(ctx)
+
+
 STAGE = Stage(name="sweep", inputs=("tokenizer", "mixture"), code="tasks.sweep.definition", run=run_sweep,
               sections=("sweep", "proxy", "packing"), seeded=True, publish=publish,
-              step_unit="optimiser steps (per trial run)")
+              step_unit="optimiser steps (per trial run)",
+              summary=summary, report=report)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infra.stage import PublishContext, Published, Stage, StageContext
+from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
 
 
 def run_tokenizer(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -34,5 +34,18 @@ def publish(ctx: PublishContext) -> Published:
     return publish(ctx)
 
 
+def summary(ctx: SummaryContext) -> list[Any]:
+    from tasks.tokenizer.views import summary as lines
+
+    return lines(ctx)
+
+
+def report(ctx: ReportContext) -> list[Any]:
+    from tasks.tokenizer.views import report as blocks
+
+    return blocks(ctx)
+
+
 STAGE = Stage(name="tokenizer", inputs=("corpus",), code="tasks.tokenizer.definition", run=run_tokenizer,
-              sections=("tokenizer",), validate=check_shards, publish=publish)
+              sections=("tokenizer",), validate=check_shards, publish=publish,
+              summary=summary, report=report)

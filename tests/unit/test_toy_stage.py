@@ -1,5 +1,6 @@
 """A stage defined in one folder and registered with one line runs through the real flow: Prefect task, artifact
-with its marker, nested MLflow run, DuckDB rows, and a cached rerun."""
+with its marker, nested MLflow run, DuckDB rows, a cached rerun, and its own sections of the console summary and
+the report."""
 
 import os
 import subprocess
@@ -20,7 +21,16 @@ from infra.runs import RunsLayout
 RunsLayout.resolve(sys.argv[1]).prepare_environment()
 from flows.pipeline import pipeline
 result = pipeline("configs/smoke.toml", sys.argv[1], until="wordcount")
-print("RESULT", json.dumps({"cached": result["cached"], "keys": result["keys"]}))
+from rich.console import Console
+from flows.summary import print_summary
+console = Console(record=True, width=200)
+print_summary(result, RunsLayout.resolve(sys.argv[1]), console)
+from pathlib import Path
+from flows.config import load_config
+from flows.report import build_report, to_markdown
+report = build_report(load_config("configs/smoke.toml"), RunsLayout.resolve(sys.argv[1]), Path(sys.argv[1]) / "plots")
+print("RESULT", json.dumps({"cached": result["cached"], "keys": result["keys"], "summary": console.export_text(),
+                            "report": to_markdown(report, lambda p: p.name)}))
 """
 
 
@@ -55,6 +65,13 @@ def test_a_registered_toy_stage_runs_through_the_real_flow(tmp_path):
     assert run.data.tags["artifact_key"] == key and run.data.params["toy.sources"] == "5"
     assert {f"words.{source}" for source, _ in rows} <= set(run.data.metrics)
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["word_counts.parquet"]
+
+    total = sum(n for _, n in rows)
+    assert f"Word counts: {total:,} words in 5 sources" in first["summary"]
+    # a run stopped after the toy stage lists the built-in sections it did not reach
+    assert "not run this time: corpus, tokenizer, mixture, sweep, main, cpt, gate" in first["summary"]
+    assert "## Word counts" in first["report"] and "**Words per source**" in first["report"]
+    assert "| source | n_docs | n_words |" in first["report"]
 
     again = _run(runs)
     assert again["cached"] == {"sources": True, "wordcount": True} and again["keys"] == first["keys"]

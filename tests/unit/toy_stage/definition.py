@@ -9,7 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from infra.stage import PublishContext, Published, Stage, StageContext
+from infra.report_blocks import Block, Heading, TableBlock
+from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
 
 
 def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -36,5 +37,15 @@ def publish(ctx: PublishContext) -> Published:
                      params={"toy.sources": len(counts)}, files=["word_counts.parquet"])
 
 
+def summary(ctx: SummaryContext) -> list[Any]:
+    counts = pd.read_parquet(ctx.path / "word_counts.parquet")
+    return [f"[bold]Word counts:[/] {int(counts['n_words'].sum()):,} words in {len(counts)} sources"]
+
+
+def report(ctx: ReportContext) -> list[Block]:
+    return [Heading("Word counts"), TableBlock("Words per source", pd.read_parquet(ctx.path / "word_counts.parquet"))]
+
+
 STAGE = Stage(name="wordcount", inputs=("sources",), code="tests.unit.toy_stage.definition", run=run,
-              sections=("tokenizer",), validate=check, publish=publish, step_unit="none")
+              sections=("tokenizer",), validate=check, publish=publish, step_unit="none",
+              summary=summary, report=report)

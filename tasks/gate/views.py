@@ -1,0 +1,113 @@
+"""What the console summary, ``pretrain report`` and ``pretrain gate show`` show of the gate: the decision, its
+table with intervals, and what would resolve inconclusive criteria."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pandas as pd
+
+from infra.report_blocks import Block, Figure, Heading, TableBlock, Text, rich_table
+from infra.stage import ReportContext, SummaryContext
+
+
+def inconclusive_lines(table: pd.DataFrame) -> list[str]:
+    """For each inconclusive criterion of each candidate in the gate's decision table, how many more items or
+    windows would resolve it."""
+    lines = []
+    for row in table.to_dict("records"):
+        for column in (c for c in table.columns if c.startswith("status_")):
+            name = column.removeprefix("status_")
+            needed = row.get(f"needed_{name}")
+            if row[column] == "inconclusive" and needed is not None and needed == needed:
+                resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
+                lines.append(f"{row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+    return lines
+
+
+def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
+    """Rich renderables for ``pretrain gate show``: the declarations (newest first, the first is in force) and
+    the decision table in the form of the CPT replay grid (docs/methods.md §11), each metric with its confidence interval and each criterion's verdict."""
+    out = []
+    if gates.empty:
+        return ["no gate declared yet for this experiment: `pretrain run` or `pretrain gate declare` records it"]
+    declared = pd.DataFrame({"gate_hash": gates["gate_hash"].str[:12], "declared_at": gates["declared_at"].astype(str),
+                             "in force": ["yes"] + ["no"] * (len(gates) - 1)})
+    out.append(rich_table("Gate declarations", declared))
+    lines = [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}" for c in gate_cfg.criteria]
+    out.append("criteria in the config: " + "; ".join(lines))
+    if decisions.empty:
+        out.append("no decisions recorded under the gate in force yet")
+        return out
+    key = decisions["artifact_key"].iloc[0] if "artifact_key" in decisions else "?"
+    out.append(rich_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]} (gate artifact {key})",
+                          decision_frame(decisions)))
+    return out
+
+
+def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
+    """The gate's decision table in the form of the CPT replay grid (docs/methods.md §11), one row per candidate: its CPT parameters, each metric as
+    ``value [low, high]`` (nats; cloze accuracy ± its standard error), each criterion's status and the decision.
+
+    Args:
+        decisions: rows of ``decisions.parquet`` / DuckDB ``gate_decisions``.
+    """
+    def interval(row, metric):
+        low, high = row.get(f"{metric}_ci_low"), row.get(f"{metric}_ci_high")
+        value = row.get(metric)
+        if value is None or value != value:
+            return "-"
+        return f"{value:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    rows = []
+    for row in decisions.to_dict("records"):
+        entry = {"candidate": row["candidate"],
+                 "replay": "-" if pd.isna(row.get("param_replay_fraction")) else f"{row['param_replay_fraction']:g}",
+                 "peak_lr": "-" if pd.isna(row.get("param_peak_lr")) else f"{row['param_peak_lr']:g}",
+                 "general rise (nats)": interval(row, "general_loss_rise_nats"),
+                 "domain reduction (nats)": interval(row, "domain_loss_reduction_nats"),
+                 "cloze acc": "-" if pd.isna(row.get("cloze_accuracy")) else
+                 f"{row['cloze_accuracy']:.3f} ± {row.get('cloze_accuracy_se_pts', float('nan')) / 100:.3f}"}
+        for column in (c for c in decisions.columns if c.startswith("status_")):
+            entry[column.removeprefix("status_")] = row[column]
+        entry["decision"] = row["decision"] + (" (kept)" if row.get("kept") else "")
+        rows.append(entry)
+    return pd.DataFrame(rows)
+
+
+def summary(ctx: SummaryContext) -> list[Any]:
+    """The decision's summary and what would resolve each inconclusive criterion."""
+    decision = json.loads((ctx.path / "decision.json").read_text())
+    out: list[Any] = [f"[bold]Gate decision[/]\n{decision['summary']}"]
+    out.extend(f"  {line}" for line in inconclusive_lines(pd.read_parquet(ctx.path / "decisions.parquet")))
+    return out
+
+
+def report(ctx: ReportContext) -> list[Block]:
+    """The gate decision: the gate, when it was declared (DuckDB ``gates``) and its criteria, the verdict, the
+    decision table with intervals, the inconclusive criteria, and the scatter figure (copied into
+    ``ctx.plots_dir``) when the artifact has it."""
+    path = ctx.path
+    decision = json.loads((path / "decision.json").read_text())
+    out: list[Block] = [Heading("Gate decision")]
+    declared = ctx.warehouse.query("SELECT declared_at FROM gates WHERE gate_hash = ? ORDER BY declared_at LIMIT 1",
+                                   [decision["gate_hash"]]) if ctx.warehouse.has_table("gates") else pd.DataFrame()
+    when = f", declared {declared['declared_at'].iloc[0]:%Y-%m-%d %H:%M:%S} UTC" if not declared.empty else ""
+    gate_cfg = json.loads((path / "meta.json").read_text())["config"].get("gate", {})
+    criteria = "; ".join(f"{c['name']}: {c['metric']} {c['op']} {c['threshold']:g} at {c['confidence']:.0%}"
+                         for c in gate_cfg.get("criteria", []))
+    out.append(Text(f"Gate `{decision['gate_hash'][:12]}`{when}. Criteria: {criteria or '(none recorded)'}."))
+    table = pd.read_parquet(path / "decisions.parquet")
+    counts = table["decision"].value_counts()
+    out.append(Text(f"**Verdict:** kept `{decision['kept']}` ({len(table)} candidates: "
+                    + ", ".join(f"{n} {d}" for d, n in counts.items()) + ")."))
+    out.append(TableBlock("Decisions with intervals (domain reduction and general rise in nats, paired bootstrap)",
+                          decision_frame(table)))
+    out.extend(Text(line + ".") for line in inconclusive_lines(table))
+    if (path / "gate_scatter.png").exists():
+        shutil.copyfile(path / "gate_scatter.png", ctx.plots_dir / "gate_scatter.png")
+        out.append(Figure(ctx.plots_dir / "gate_scatter.png", "Domain loss reduction against general loss rise, with "
+                                                              "the thresholds"))
+    return out
