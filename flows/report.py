@@ -31,7 +31,8 @@ from flows.status import StageStatus, stage_statuses
 from infra.errors import ConfigError
 from infra.report_blocks import Block, Figure, Heading, TableBlock, Text, fmt_value, rich_table
 from infra.runs import RunsLayout, ensure_folder
-from infra.stage import ReportContext
+from infra.artifacts import ArtifactStore
+from infra.stage import PublishContext, Registration, ReportContext
 from infra.warehouse import Warehouse
 
 __all__ = ["Block", "Figure", "Heading", "Report", "TableBlock", "Text", "build_report", "print_report",
@@ -79,7 +80,7 @@ def build_report(cfg: ExperimentConfig, layout: RunsLayout, plots_dir: Path) -> 
                 if stage.wants_history else None
             blocks.extend(stage.report(ReportContext(path=path, paths=paths, layout=layout, warehouse=warehouse,
                                                      plots_dir=plots_dir, cfg=cfg, history=history)))
-    blocks.extend(_lineage(report, paths, layout, warehouse))
+    blocks.extend(_lineage(report, paths, layout, warehouse, cfg))
     return report
 
 
@@ -95,7 +96,8 @@ def _history(layout: RunsLayout, run_id: str) -> pd.DataFrame:
         return pd.DataFrame()
 
 
-def _lineage(report: Report, paths: dict[str, Path], layout: RunsLayout, warehouse: Warehouse) -> list[Block]:
+def _lineage(report: Report, paths: dict[str, Path], layout: RunsLayout, warehouse: Warehouse,
+             cfg: ExperimentConfig) -> list[Block]:
     published = warehouse.query(
         "SELECT stage, artifact_key, mlflow_run_id FROM stage_runs WHERE experiment = ? QUALIFY row_number() OVER "
         "(PARTITION BY stage, artifact_key ORDER BY recorded_at DESC) = 1", [report.experiment]) \
@@ -114,15 +116,28 @@ def _lineage(report: Report, paths: dict[str, Path], layout: RunsLayout, warehou
                      "last_published_run": latest.get((s.stage, s.key), ""), "wall_s": meta.get("wall_s")})
     out: list[Block] = [Heading("Lineage"), TableBlock("Each stage's key, input keys, code version and MLflow runs",
                                                        pd.DataFrame(rows).fillna("-"))]
-    if "gate" in paths:
-        decision = json.loads((paths["gate"] / "decision.json").read_text())
-        out.append(Text(f"Kept checkpoint: `{decision['kept_checkpoint']}` ({decision['kept']})."))
-        out.append(Text(_registry_line(report.experiment, decision["kept_checkpoint"], layout)))
+    for reg in _aliased_registrations(cfg, paths, layout):
+        out.append(Text(f"{reg.alias.capitalize()} checkpoint: `{reg.source}` ({reg.tags.get('candidate', reg.model)})."))
+        out.append(Text(_registry_line(reg.model, reg.alias, reg.source, layout)))
     return out
 
 
-def _registry_line(experiment: str, checkpoint: str, layout: RunsLayout) -> str:
-    name = f"{experiment}-base"
+def _aliased_registrations(cfg: ExperimentConfig, paths: dict[str, Path], layout: RunsLayout) -> list[Registration]:
+    """The model versions behind an alias that the reported artifacts registered when they were published (each
+    stage's ``publish`` says so; nothing is written here)."""
+    store = ArtifactStore(layout.artifacts)
+    found = []
+    for stage in STAGES:
+        artifact = store.get(stage.name, paths[stage.name].name) if stage.name in paths else None
+        if artifact is None:
+            continue
+        inputs = {n: a for n, k in artifact.meta.get("input_keys", {}).items() if (a := store.get(n, k)) is not None}
+        published = stage.publish(PublishContext(artifact, inputs, cfg, cached=True))
+        found += [reg for reg in published.registrations if reg.alias]
+    return found
+
+
+def _registry_line(name: str, alias: str, checkpoint: str, layout: RunsLayout) -> str:
     if not layout.mlflow_db.exists():
         return f"Registry: no MLflow store at {layout.mlflow_db}."
     from mlflow import MlflowClient
@@ -131,16 +146,16 @@ def _registry_line(experiment: str, checkpoint: str, layout: RunsLayout) -> str:
 
     client = MlflowClient(layout.tracking_uri, registry_uri=layout.tracking_uri)
     try:
-        kept = client.get_model_version_by_alias(name, "kept")
+        kept = client.get_model_version_by_alias(name, alias)
     except MlflowException:  # no such model or alias yet
         kept = None
     versions = [v for v in client.search_model_versions(f"name = '{name}'") if v.source == checkpoint]
     if not versions:
         return f"Registry: no version of `{name}` has this checkpoint as its source."
     version = max(versions, key=lambda v: int(v.version))
-    alias = "alias `kept`" if kept is not None and kept.version == version.version else \
-        f"alias `kept` points at version {kept.version} instead" if kept is not None else "no alias `kept`"
-    return f"Registry: `{name}` version {version.version} ({alias}), registered by MLflow run {version.run_id}."
+    where = f"alias `{alias}`" if kept is not None and kept.version == version.version else \
+        f"alias `{alias}` points at version {kept.version} instead" if kept is not None else f"no alias `{alias}`"
+    return f"Registry: `{name}` version {version.version} ({where}), registered by MLflow run {version.run_id}."
 
 
 # ------------------------------------------------------------------------------------------------------------
