@@ -96,6 +96,11 @@ def run(
         if dry_run:
             _dry_run(cfg, layout)
             return
+        from infra.threads import thread_policy
+
+        threads = thread_policy(cfg.torch_threads)
+        console.print(f"CPU threads: {threads.torch_threads} ({threads.threads_source}), OMP_WAIT_POLICY "
+                      f"{threads.omp_wait_policy} ({threads.wait_policy_source})")
         layout.prepare_environment()
         _quiet_libraries()
         from flows.pipeline import pipeline

@@ -189,11 +189,11 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
 
 
 def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -> Env:
+    threads = thread_policy(cfg.torch_threads)  # before the parent run: a bad export leaves no run behind
+    torch.set_num_threads(threads.torch_threads)  # every in-process stage (proxies, sweep trials, CPT) uses it
     tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, cfg.name)
     flow_run_id = str(get_run_context().flow_run.id)
     parent = tracker.start_run("pipeline", tags={"prefect_flow_run_id": flow_run_id, "git_commit": _git_commit()})
-    threads = thread_policy(cfg.torch_threads)
-    torch.set_num_threads(threads.torch_threads)  # every in-process stage (proxies, sweep trials, CPT) uses it
     tracker.log_params(parent, {"config": cfg.name, "seed": cfg.seed, **threads.params()})
     print(f"CPU threads: {threads.torch_threads} ({threads.threads_source}), OMP_WAIT_POLICY "
           f"{threads.omp_wait_policy} ({threads.wait_policy_source})")

@@ -14,6 +14,7 @@ from typing import Iterable
 from flows.config import ExperimentConfig
 from evals.cloze import cloze_files
 from flows.registry import stage_names
+from infra.threads import thread_policy
 from flows.gates import check_gate
 from infra.errors import ConfigError
 from infra.warehouse import Warehouse
@@ -34,6 +35,7 @@ def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: War
         late = sorted(set(refresh) - set(STAGE_NAMES[: STAGE_NAMES.index(until) + 1]))
         raise ConfigError(f"--refresh {late} comes after --until {until}, so it would not run; drop one of them")
     cloze_files(cfg.gate.cloze_paths)
+    thread_policy(cfg.torch_threads)  # an exported OMP_NUM_THREADS/OMP_WAIT_POLICY that OpenMP cannot use
     for name, source in cfg.sources.items():
         if source.kind == "local":
             match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches

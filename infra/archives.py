@@ -84,12 +84,25 @@ def extract_tar(source: Path | IO[bytes], destination: Path, *, name: str | None
         shutil.rmtree(staging, ignore_errors=True)
         if _damaged_os_error(err):
             raise SourceError(f"{label}: not a readable tar archive ({type(err).__name__}: {err})") from err
+        if isinstance(err, _COLLISIONS):
+            raise _collision(label, err) from err
         raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     _move_into(staging, destination)
     return names
+
+
+# A member written where an earlier one put a file (``a`` then ``a/b``), or a file where it put a folder.
+_COLLISIONS = (NotADirectoryError, FileExistsError, IsADirectoryError)
+
+
+def _collision(label: str, err: OSError) -> SourceError:
+    where = Path(err.filename).name if err.filename else "?"
+    return SourceError(f"{label}: two members collide at {where!r} (a file and a folder of the same name, or a "
+                       f"member below a link); the archive is refused (nothing was extracted); repack it without "
+                       f"the clash")
 
 
 def _why(err: tarfile.FilterError) -> str:
@@ -135,6 +148,8 @@ def extract_zip(source: Path, destination: Path) -> list[str]:
     # zipfile raises RuntimeError for an encrypted member and NotImplementedError for an unknown compression method.
     except (zipfile.BadZipFile, RuntimeError, NotImplementedError, *_DAMAGED) as err:
         raise SourceError(f"{source}: not a readable zip archive ({type(err).__name__}: {err})") from err
+    except _COLLISIONS as err:
+        raise _collision(str(source), err) from err
     _move_into(staging, destination)
     return [m.filename for m in members]
 

@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass
 from typing import MutableMapping
 
+from infra.errors import ConfigError
+
 DEFAULT_WAIT_POLICY = "PASSIVE"
 _WAIT_POLICIES = ("ACTIVE", "PASSIVE")
 _EXPORTED_MARK = "PRETRAIN_OMP_WAIT_POLICY_SOURCE"  # set alongside our default so children report the true origin
@@ -62,12 +64,19 @@ def apply_wait_policy(environ: MutableMapping[str, str] = os.environ) -> tuple[s
 
     Returns:
         (policy in effect, ``"exported"`` or ``"default"``).
+
+    Raises:
+        ConfigError: the exported policy is neither ACTIVE nor PASSIVE (libgomp would ignore it silently and spin).
     """
     if _EXPORTED_MARK in environ:  # a child of a process that already decided
         return environ.get("OMP_WAIT_POLICY", DEFAULT_WAIT_POLICY).upper(), environ[_EXPORTED_MARK]
-    if environ.get("OMP_WAIT_POLICY", "").strip():
+    exported = environ.get("OMP_WAIT_POLICY", "").strip()
+    if exported:
+        if exported.upper() not in _WAIT_POLICIES:
+            raise ConfigError(f"OMP_WAIT_POLICY={exported!r} is not a wait policy: OpenMP ignores it and idle threads "
+                              f"spin; export ACTIVE or PASSIVE, or unset it (PASSIVE is the default here)")
         environ[_EXPORTED_MARK] = "exported"
-        return environ["OMP_WAIT_POLICY"].strip().upper(), "exported"
+        return exported.upper(), "exported"
     environ["OMP_WAIT_POLICY"] = DEFAULT_WAIT_POLICY
     environ[_EXPORTED_MARK] = "default"
     return DEFAULT_WAIT_POLICY, "default"
@@ -89,7 +98,8 @@ def thread_policy(configured: int | None, environ: MutableMapping[str, str] = os
         environ: where an exported ``OMP_NUM_THREADS`` is read.
 
     Raises:
-        ValueError: ``OMP_NUM_THREADS`` is exported but is not a positive integer.
+        ConfigError: ``OMP_NUM_THREADS`` is exported but is not a positive integer, or ``OMP_WAIT_POLICY`` is not
+            a policy.
     """
     policy, policy_source = apply_wait_policy(environ)
     exported = environ.get("OMP_NUM_THREADS", "").strip()
@@ -97,8 +107,8 @@ def thread_policy(configured: int | None, environ: MutableMapping[str, str] = os
         # OpenMP allows a list ("4,2") for nested levels; the first level is the one torch uses.
         first = exported.split(",")[0].strip()
         if not first.isdigit() or int(first) < 1:
-            raise ValueError(f"OMP_NUM_THREADS={exported!r} is not a positive thread count; export e.g. "
-                             "OMP_NUM_THREADS=2 or unset it")
+            raise ConfigError(f"OMP_NUM_THREADS={exported!r} is not a positive thread count; export e.g. "
+                              "OMP_NUM_THREADS=2 or unset it")
         return ThreadPolicy(int(first), "OMP_NUM_THREADS", policy, policy_source)
     if configured is not None:
         return ThreadPolicy(configured, "config", policy, policy_source)

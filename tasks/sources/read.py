@@ -97,9 +97,9 @@ class _Acc:
 def read_source(cfg: SourceConfig, cache_dir: Path, release: DebRelease | None = None) -> SourceDocs:
     """Read every file ``cfg.include`` matches into documents.
 
-    ``snapshot`` is the package version (deb) or, for local files, "local-" + the first 12 hex digits of the
-    sha256 of the matched files' paths, sizes and mtimes. Files are read in sorted relative-path order, so
-    ``max_docs`` keeps a deterministic prefix. A Debian source fetches ``release`` when given (the one its
+    ``snapshot`` is the package version (deb) or, for local files, "local-" + the first 12 hex digits of
+    ``local_files_digest`` (the matched files' paths, sizes and bytes). Files are read in sorted relative-path
+    order, so ``max_docs`` keeps a deterministic prefix. A Debian source fetches ``release`` when given (the one its
     artifact key names), else ``cfg.version`` or the candidate resolved now.
 
     Raises:

@@ -116,3 +116,29 @@ def test_zip_with_encrypted_or_unknown_compression_members_is_a_source_error(tmp
     with pytest.raises(SourceError, match="method.zip: not a readable zip archive"):
         extract_zip(tmp_path / "method.zip", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_members_that_collide_are_a_source_error_not_a_crash(tmp_path):
+    import io
+    import tarfile
+    import zipfile
+
+    from infra.archives import extract_tar, extract_zip
+    from infra.errors import SourceError
+
+    zipped = tmp_path / "clash.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.writestr("a", "a file")
+        archive.writestr("a/b", "below the file")
+    with pytest.raises(SourceError, match="collide"):
+        extract_zip(zipped, tmp_path / "z")
+    tarred = tmp_path / "clash.tar.gz"
+    with tarfile.open(tarred, "w:gz") as archive:
+        for name in ("a", "a/b"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            archive.addfile(info, io.BytesIO(b"abc"))
+    with pytest.raises(SourceError, match="collide"):
+        extract_tar(tarred, tmp_path / "t")
+    assert not (tmp_path / "z").exists() and not (tmp_path / "t").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clash.tar.gz", "clash.zip"]

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.errors import ConfigError
+
 from infra.threads import ThreadPolicy, apply_wait_policy, thread_policy, usable_cpus, worker_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +27,12 @@ def test_thread_count_precedence():
     user = thread_policy(3, {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "ACTIVE"})
     assert (user.torch_threads, user.threads_source, user.omp_wait_policy) == (1, "OMP_NUM_THREADS", "ACTIVE")
     assert thread_policy(None, {"OMP_NUM_THREADS": "4,2"}).torch_threads == 4  # nested levels: the first
-    with pytest.raises(ValueError, match="OMP_NUM_THREADS='two'"):
+    with pytest.raises(ConfigError, match="OMP_NUM_THREADS='two'"):
         thread_policy(None, {"OMP_NUM_THREADS": "two"})
+    with pytest.raises(ConfigError, match="OMP_NUM_THREADS='0'"):
+        thread_policy(None, {"OMP_NUM_THREADS": "0"})
+    with pytest.raises(ConfigError, match="OMP_WAIT_POLICY='bogus' is not a wait policy"):
+        thread_policy(None, {"OMP_WAIT_POLICY": "bogus"})
 
 
 def test_workers_share_the_run_threads_unless_the_user_set_them_per_process():
