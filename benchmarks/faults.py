@@ -55,7 +55,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# flows.graph.STAGES, in order (importing it would pull Great Expectations into the harness).
+# flows.registry.STAGES, in order (importing it would pull the stage packages into the harness).
 STAGES = ("sources", "corpus", "tokenizer", "mixture", "sweep", "main", "cpt", "gate")
 POLL_S = 0.001  # checkpoint and commit windows last milliseconds
 RUN_TIMEOUT_S = 1800.0

@@ -1,4 +1,4 @@
-"""Training throughput on one GPU: tokens/s, MFU against the device's bf16 peak, peak memory (SPEC §1).
+"""Training throughput on one GPU: tokens/s, MFU against the device's bf16 peak, peak memory (docs/methods.md §1).
 
     python benchmarks/gpu_train.py                       # 350M-class shape, bf16 autocast, SDPA (flash on CUDA)
     python benchmarks/gpu_train.py --compile             # the same under torch.compile

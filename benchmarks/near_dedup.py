@@ -3,7 +3,7 @@
     python benchmarks/near_dedup.py                    # 4,000 documents + 200 exact + 600 near copies
     python benchmarks/near_dedup.py --docs 2000 --repeat 3
 
-The corpus follows SPEC §7 Lab 1: original documents (random walks over the word bigrams of the smoke fixtures'
+The corpus follows docs/methods.md §7 (TinyStories filter audit): original documents (random walks over the word bigrams of the smoke fixtures'
 English pages, 60–500 words), exact copies, and near copies at word edit rates q ∈ {.01, .03, .05, .08, .12, .20}
 (each word replaced with probability q). Both sides do the whole job, text in, clusters out, with word 5-gram
 shingles, 112 permutations as 14 bands × 8 rows and the same exact-Jaccard verification and leader clustering
@@ -12,11 +12,11 @@ shingles, 112 permutations as 14 bands × 8 rows and the same exact-Jaccard veri
 * datasketch: shingle sets → ``MinHash.bulk`` (``update_batch``) → ``MinHashLSH(num_perm=112, params=(14, 8))``
   insertion session → ``query`` per document → verification on the string shingle sets. Run twice: with its
   default hash function (SHA-1) and with ``xxhash.xxh32_intdigest``; the ratio is taken against the faster run.
-  datasketch 2's default permutation scheme (affine maps modulo 2^32) is used: it cannot evaluate SPEC's
+  datasketch 2's default permutation scheme (affine maps modulo 2^32) is used: it cannot evaluate the universal hash's
   (a·x + b) mod (2^31 − 1), and its legacy scheme (modulo 2^61 − 1) is slower.
 * ours: ``signatures`` → ``band_keys`` → ``lsh_candidate_pairs`` → verification on shingle-hash sets, once per
   signature family (``MinHashConfig.family``): "oph" (one-permutation hashing with optimal densification, one hash
-  per shingle; the default) and "universal" (SPEC's (a_i·x + b_i) mod (2^31 − 1), 112 per shingle).
+  per shingle; the default) and "universal" (Broder's universal-hash (a_i·x + b_i) mod (2^31 − 1), 112 per shingle).
 
 Recall is measured on the constructed (original, copy) pairs whose exact Jaccard is at or above the threshold: a
 pair is found when the copy ends in the original's cluster. Each of our rows reports its speed-up over the faster
