@@ -8,8 +8,9 @@ On a CPU there is no published peak, so the reference is the FLOP/s of a large f
 after every training step, inside the training loop (a step-end callback), in the same process and with the same
 thread count, so the two sides share the machine's load at each moment and get the same statistic (the median
 over the timed steps). Model FLOP/s = (6·N_matmul + 6·L·d·T) × the loop's own ``tokens_per_s`` of each step
-(batch, forward, backward, AdamW) of the 5.8M-parameter shape of docs/methods.md §2 (L 6, d 256, n_h 8, d_ff 688, V 4,096, T 256, batch 16) on
-random tokens, after ``--warmup`` untimed steps. Target: proxy ≥ 0.6 with 2 threads.
+(batch, forward, backward, AdamW; the figure the loop's ``utilisation_proxy`` metric uses) of the 5.8M-parameter
+shape of docs/methods.md §2 (L 6, d 256, n_h 8, d_ff 688, V 4,096, T 256, batch 16) on random tokens, after
+``--warmup`` untimed steps. Target: proxy ≥ 0.6 with 2 threads.
 """
 
 from __future__ import annotations
