@@ -7,6 +7,7 @@ the stage's MLflow run and a rich progress display.
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,6 +202,19 @@ class ReportContext:
     history: pd.DataFrame | None = None
 
 
+def lazy(target: str) -> Callable[..., Any]:
+    """``"package.module:function"`` as a callable that imports its module on the first call, so a stage's
+    definition stays cheap to import (``pretrain status`` loads every definition). The stage's code version covers
+    its whole package (``Stage.code``), so a module named only here still keys the stage."""
+    module, _, name = target.partition(":")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = target
+    return call
+
+
 def _no_check(out: Path, cfg: Any) -> None:
     return None
 
@@ -220,7 +234,7 @@ class Stage:
     Attributes:
         name: the stage name (artifact folder, MLflow run, DuckDB ``stage``).
         inputs: the stages whose artifacts it reads.
-        code: its entry module; the code version hashes that module's import closure.
+        code: its package; the code version hashes the import closure of every module in it.
         run: ``(ctx, experiment config) -> summary`` writing the artifact into ``ctx.out``.
         sections: experiment config sections whose result-changing fields (``infra.section.key_dump``) the key
             hashes.

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
+from infra.stage import Stage, StageContext, lazy
 
 
 def eval_items(cfg: Any) -> list:
@@ -57,31 +57,7 @@ def check_corpus(out: Path, cfg: Any) -> None:
     check_ledger(rows.assign(removed=[int(removed.get(s, 0)) for s in rows["source"]]), removals)
 
 
-def publish(ctx: PublishContext) -> Published:
-    from tasks.corpus.publish import publish
-
-    return publish(ctx)
-
-
-def figures(artifact: Path, out: Path, history: Any = None) -> list[Path]:
-    from tasks.corpus.plots import corpus_figures
-
-    return corpus_figures(artifact, out)
-
-
-def summary(ctx: SummaryContext) -> list[Any]:
-    from tasks.corpus.views import summary as lines
-
-    return lines(ctx)
-
-
-def report(ctx: ReportContext) -> list[Any]:
-    from tasks.corpus.views import report as blocks
-
-    return blocks(ctx)
-
-
-STAGE = Stage(name="corpus", inputs=("sources",), code="tasks.corpus.definition", run=run_corpus,
-              sections=("corpus",), key_extra=key_eval_items, validate=check_corpus, publish=publish,
-              figures=figures,
-              summary=summary, report=report)
+STAGE = Stage(name="corpus", inputs=("sources",), code="tasks.corpus", run=run_corpus,
+              sections=("corpus",), key_extra=key_eval_items, validate=check_corpus, publish=lazy("tasks.corpus.publish:publish"),
+              figures=lazy("tasks.corpus.plots:corpus_figures"),
+              summary=lazy("tasks.corpus.views:summary"), report=lazy("tasks.corpus.views:report"))

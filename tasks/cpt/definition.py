@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
+from infra.stage import Stage, StageContext, lazy
 
 
 def key_cloze_files(cfg: Any) -> dict[str, list[str]]:
@@ -22,25 +22,7 @@ def run_cpt(ctx: StageContext, cfg: Any) -> dict[str, Any]:
                packing=cfg.packing)
 
 
-def publish(ctx: PublishContext) -> Published:
-    from tasks.cpt.publish import publish
-
-    return publish(ctx)
-
-
-def summary(ctx: SummaryContext) -> list[Any]:
-    from tasks.cpt.views import summary as lines
-
-    return lines(ctx)
-
-
-def report(ctx: ReportContext) -> list[Any]:
-    from tasks.cpt.views import report as blocks
-
-    return blocks(ctx)
-
-
-STAGE = Stage(name="cpt", inputs=("tokenizer", "mixture", "main"), code="tasks.cpt.definition", run=run_cpt,
-              sections=("cpt", "packing"), seeded=True, key_extra=key_cloze_files, publish=publish,
+STAGE = Stage(name="cpt", inputs=("tokenizer", "mixture", "main"), code="tasks.cpt", run=run_cpt,
+              sections=("cpt", "packing"), seeded=True, key_extra=key_cloze_files, publish=lazy("tasks.cpt.publish:publish"),
               step_unit="optimiser steps (metrics prefixed by candidate)",
-              summary=summary, report=report)
+              summary=lazy("tasks.cpt.views:summary"), report=lazy("tasks.cpt.views:report"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
+from infra.stage import Stage, StageContext, lazy
 
 
 def run_main(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -24,31 +24,7 @@ def check_heldout(out: Path, cfg: Any) -> None:
     expect(pd.read_parquet(out / "heldout.parquet"))
 
 
-def publish(ctx: PublishContext) -> Published:
-    from tasks.main.publish import publish
-
-    return publish(ctx)
-
-
-def figures(artifact: Path, out: Path, history: Any = None) -> list[Path]:
-    from tasks.main.plots import main_figures
-
-    return main_figures(artifact, out, history)
-
-
-def summary(ctx: SummaryContext) -> list[Any]:
-    from tasks.main.views import summary as lines
-
-    return lines(ctx)
-
-
-def report(ctx: ReportContext) -> list[Any]:
-    from tasks.main.views import report as blocks
-
-    return blocks(ctx)
-
-
-STAGE = Stage(name="main", inputs=("tokenizer", "mixture", "sweep"), code="tasks.main.definition", run=run_main,
-              sections=("main", "packing"), seeded=True, validate=check_heldout, publish=publish, figures=figures,
+STAGE = Stage(name="main", inputs=("tokenizer", "mixture", "sweep"), code="tasks.main", run=run_main,
+              sections=("main", "packing"), seeded=True, validate=check_heldout, publish=lazy("tasks.main.publish:publish"), figures=lazy("tasks.main.plots:main_figures"),
               wants_history=True, step_unit="optimiser steps",
-              summary=summary, report=report)
+              summary=lazy("tasks.main.views:summary"), report=lazy("tasks.main.views:report"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
+from infra.stage import Stage, StageContext, lazy
 
 
 def run_mixture(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -14,31 +14,7 @@ def run_mixture(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     return run(ctx, cfg.mixture, cfg.proxy, general=cfg.general_sources, packing=cfg.packing)
 
 
-def publish(ctx: PublishContext) -> Published:
-    from tasks.mixture.publish import publish
-
-    return publish(ctx)
-
-
-def figures(artifact: Path, out: Path, history: Any = None) -> list[Path]:
-    from tasks.mixture.plots import mixture_figures
-
-    return mixture_figures(artifact, out)
-
-
-def summary(ctx: SummaryContext) -> list[Any]:
-    from tasks.mixture.views import summary as lines
-
-    return lines(ctx)
-
-
-def report(ctx: ReportContext) -> list[Any]:
-    from tasks.mixture.views import report as blocks
-
-    return blocks(ctx)
-
-
-STAGE = Stage(name="mixture", inputs=("tokenizer",), code="tasks.mixture.definition", run=run_mixture,
-              sections=("mixture", "proxy", "packing"), seeded=True, publish=publish, figures=figures,
+STAGE = Stage(name="mixture", inputs=("tokenizer",), code="tasks.mixture", run=run_mixture,
+              sections=("mixture", "proxy", "packing"), seeded=True, publish=lazy("tasks.mixture.publish:publish"), figures=lazy("tasks.mixture.plots:mixture_figures"),
               step_unit="candidate index",
-              summary=summary, report=report)
+              summary=lazy("tasks.mixture.views:summary"), report=lazy("tasks.mixture.views:report"))

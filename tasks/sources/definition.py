@@ -42,4 +42,4 @@ def run_sources(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     return run(ctx, cfg.sources, releases=releases)
 
 
-STAGE = Stage(name="sources", inputs=(), code="tasks.sources.definition", run=run_sources, key_extra=key_sources)
+STAGE = Stage(name="sources", inputs=(), code="tasks.sources", run=run_sources, key_extra=key_sources)

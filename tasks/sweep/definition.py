@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
+from infra.stage import Stage, StageContext, lazy
 
 
 def run_sweep(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -13,25 +13,7 @@ def run_sweep(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     return run(ctx, cfg.sweep, cfg.proxy, general=cfg.general_sources, packing=cfg.packing)
 
 
-def publish(ctx: PublishContext) -> Published:
-    from tasks.sweep.publish import publish
-
-    return publish(ctx)
-
-
-def summary(ctx: SummaryContext) -> list[Any]:
-    from tasks.sweep.views import summary as lines
-
-    return lines(ctx)
-
-
-def report(ctx: ReportContext) -> list[Any]:
-    from tasks.sweep.views import report as blocks
-
-    return blocks(ctx)
-
-
-STAGE = Stage(name="sweep", inputs=("tokenizer", "mixture"), code="tasks.sweep.definition", run=run_sweep,
-              sections=("sweep", "proxy", "packing"), seeded=True, publish=publish,
+STAGE = Stage(name="sweep", inputs=("tokenizer", "mixture"), code="tasks.sweep", run=run_sweep,
+              sections=("sweep", "proxy", "packing"), seeded=True, publish=lazy("tasks.sweep.publish:publish"),
               step_unit="optimiser steps (per trial run)",
-              summary=summary, report=report)
+              summary=lazy("tasks.sweep.views:summary"), report=lazy("tasks.sweep.views:report"))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infra.stage import PublishContext, Published, ReportContext, Stage, StageContext, SummaryContext
+from infra.stage import Stage, StageContext, lazy
 
 
 def run_tokenizer(ctx: StageContext, cfg: Any) -> dict[str, Any]:
@@ -28,24 +28,6 @@ def check_shards(out: Path, cfg: Any) -> None:
     expect(pd.concat([headers[["source", "split"]], facts], axis=1), meta["padded_vocab_size"])
 
 
-def publish(ctx: PublishContext) -> Published:
-    from tasks.tokenizer.publish import publish
-
-    return publish(ctx)
-
-
-def summary(ctx: SummaryContext) -> list[Any]:
-    from tasks.tokenizer.views import summary as lines
-
-    return lines(ctx)
-
-
-def report(ctx: ReportContext) -> list[Any]:
-    from tasks.tokenizer.views import report as blocks
-
-    return blocks(ctx)
-
-
-STAGE = Stage(name="tokenizer", inputs=("corpus",), code="tasks.tokenizer.definition", run=run_tokenizer,
-              sections=("tokenizer",), validate=check_shards, publish=publish,
-              summary=summary, report=report)
+STAGE = Stage(name="tokenizer", inputs=("corpus",), code="tasks.tokenizer", run=run_tokenizer,
+              sections=("tokenizer",), validate=check_shards, publish=lazy("tasks.tokenizer.publish:publish"),
+              summary=lazy("tasks.tokenizer.views:summary"), report=lazy("tasks.tokenizer.views:report"))

@@ -46,6 +46,6 @@ def report(ctx: ReportContext) -> list[Block]:
     return [Heading("Word counts"), TableBlock("Words per source", pd.read_parquet(ctx.path / "word_counts.parquet"))]
 
 
-STAGE = Stage(name="wordcount", inputs=("sources",), code="tests.unit.toy_stage.definition", run=run,
+STAGE = Stage(name="wordcount", inputs=("sources",), code="tests.unit.toy_stage", run=run,
               sections=("tokenizer",), validate=check, publish=publish, step_unit="none",
               summary=summary, report=report)
