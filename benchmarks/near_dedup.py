@@ -7,14 +7,14 @@ The corpus follows docs/methods.md §7 (TinyStories filter audit): original docu
 English pages, 60–500 words), exact copies, and near copies at word edit rates q ∈ {.01, .03, .05, .08, .12, .20}
 (each word replaced with probability q). Both sides do the whole job, text in, clusters out, with word 5-gram
 shingles, 112 permutations as 14 bands × 8 rows and the same exact-Jaccard verification and leader clustering
-(:func:`tasks.corpus.minhash.cluster`):
+(:func:`tasks.corpus.near_dedup.cluster_pairs`, the steps the corpus build runs):
 
 * datasketch: shingle sets → ``MinHash.bulk`` (``update_batch``) → ``MinHashLSH(num_perm=112, params=(14, 8))``
   insertion session → ``query`` per document → verification on the string shingle sets. Run twice: with its
   default hash function (SHA-1) and with ``xxhash.xxh32_intdigest``; the ratio is taken against the faster run.
   datasketch 2's default permutation scheme (affine maps modulo 2^32) is used: it cannot evaluate the universal hash's
   (a·x + b) mod (2^31 − 1), and its legacy scheme (modulo 2^61 − 1) is slower.
-* ours: ``signatures`` → ``band_keys`` → ``lsh_candidate_pairs`` → verification on shingle-hash sets, once per
+* ours: ``signatures`` → ``band_keys`` → ``near_dedup.candidate_pairs`` (the build's DuckDB query) → verification on shingle-hash sets, once per
   signature family (``MinHashConfig.family``): "oph" (one-permutation hashing with optimal densification, one hash
   per shingle; the default) and "universal" (Broder's universal-hash (a_i·x + b_i) mod (2^31 − 1), 112 per shingle).
 
@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks.corpus import minhash  # noqa: E402
+from tasks.corpus import minhash, near_dedup  # noqa: E402
 from tasks.corpus.config import MinHashConfig  # noqa: E402
 
 EDIT_RATES = (0.01, 0.03, 0.05, 0.08, 0.12, 0.20)
@@ -88,7 +88,7 @@ def make_corpus(n_docs: int, n_exact: int, near_per_q: int, seed: int):
     return texts, pairs
 
 
-Outcome = tuple[dict[str, float], set, minhash.NearDuplicates]  # stage times (s), candidate pairs, clusters
+Outcome = tuple[dict[str, float], set, near_dedup.NearDuplicates]  # stage times (s), candidate pairs, clusters
 
 
 def run_datasketch(texts: list[str], cfg: MinHashConfig, hashfunc) -> Outcome:
@@ -113,25 +113,40 @@ def run_datasketch(texts: list[str], cfg: MinHashConfig, hashfunc) -> Outcome:
             pairs.update((min(i, j), max(i, j)) for j in lsh.query(m) if j != i)
     t3 = time.perf_counter()
     pair_array = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)
-    found = minhash.cluster(len(texts), pair_array, lambda i, j: minhash.jaccard(sets[i], sets[j]),
-                            cfg.jaccard_threshold)
+    found = near_dedup.cluster_pairs(len(texts), pair_array, lambda i, j: minhash.jaccard(sets[i], sets[j]),
+                                     cfg.jaccard_threshold)
     t4 = time.perf_counter()
     times.update(shingles=t1 - t0, signatures=t2 - t1, lsh=t3 - t2, verify=t4 - t3, total=t4 - t0)
     return times, pairs, found
 
 
+def _candidate_pairs(keys: np.ndarray, has: np.ndarray) -> np.ndarray:
+    """The build's candidate-pair query (``near_dedup.candidate_pairs``) over in-memory band keys."""
+    import duckdb
+    import pyarrow as pa
+
+    idx = np.flatnonzero(has)
+    table = pa.table({"pos": idx.astype(np.int64), "grp": np.zeros(len(idx), np.int64),
+                      **{f"band_{b}": keys[idx, b] for b in range(keys.shape[1])}})
+    with duckdb.connect() as con:
+        con.register("k", table)
+        near_dedup.candidate_pairs(con, "k", keys.shape[1], "pairs")
+        got = con.execute("SELECT i, j FROM pairs ORDER BY i, j").fetchnumpy()
+    return np.stack([got["i"], got["j"]], axis=1).astype(np.int64)
+
+
 def run_ours(texts: list[str], cfg: MinHashConfig) -> Outcome:
-    """Our pipeline with ``cfg.family``'s signatures; the stages of :func:`tasks.corpus.minhash.near_duplicates`."""
+    """Our pipeline with ``cfg.family``'s signatures; the stages of :func:`tasks.corpus.near_dedup.near_duplicates`."""
     t0 = time.perf_counter()
     sigs, has = minhash.signatures(texts, False, cfg)
     t1 = time.perf_counter()
     keys = minhash.band_keys(sigs, cfg.bands, cfg.rows)
-    pair_array = minhash.lsh_candidate_pairs(keys, has)
+    pair_array = _candidate_pairs(keys, has)
     t2 = time.perf_counter()
     docs = np.unique(pair_array).tolist()
     sets = dict(zip(docs, minhash.shingle_hash_sets([texts[i] for i in docs], cfg.shingle_size, False)))
-    found = minhash.cluster(len(texts), pair_array, lambda i, j: minhash.jaccard_hashes(sets[i], sets[j]),
-                            cfg.jaccard_threshold)
+    found = near_dedup.cluster_pairs(len(texts), pair_array, lambda i, j: minhash.jaccard_hashes(sets[i], sets[j]),
+                                     cfg.jaccard_threshold)
     t3 = time.perf_counter()
     times = dict(shingles=0.0, signatures=t1 - t0, lsh=t2 - t1, verify=t3 - t2, total=t3 - t0)
     return times, {tuple(p) for p in pair_array.tolist()}, found

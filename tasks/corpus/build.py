@@ -1,25 +1,35 @@
-"""The corpus build, by shards: memory bounded by shard size, shards in parallel, a crash resumes (docs/methods.md §7).
+"""The corpus build, by shards: every process's memory is bounded by the shard size, not the corpus size; shards run
+in parallel; a crash resumes (docs/methods.md §7).
 
-Passes over a work directory (each shard's output is written under a temporary name and renamed when complete,
-so a rerun skips finished shards and never reads a partial one):
+Passes over a work directory. A shard pass writes each shard's outputs under a temporary name and renames them when
+complete, so a rerun skips finished shards and never reads a partial one. The global passes run in the main process
+on DuckDB tables in a file under the work directory (``memory_limit`` bounded, spilling to disk), over integer
+positions in corpus order: no per-document Python object lives in the main process.
 
-1. ``split``: the raw documents are cut into input shards of ``execution.shard_docs`` documents, in corpus order.
-2. ``filter`` (per shard, parallel): the per-document stages of :mod:`tasks.corpus.filters`, plus the document
-   frequency of every line/paragraph (for boilerplate).
-3. global: units in ``boilerplate.min_docs`` documents or more, summed over shards with DuckDB (out of core).
-4. ``key`` (per shard, parallel): boilerplate cut, exact-dedup hash (xxh3-128 of the normal form), MinHash band
-   keys (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
-5. global: exact duplicates (first in corpus order kept), near duplicates (LSH on band keys per scope, exact Jaccard
-   on shingle sets re-read only for candidate documents, leader clustering against kept documents), families
-   (connected components of verified pairs, for document-aware held-out splits), decontamination.
-6. ``write``: kept documents streamed shard by shard into one Parquet file.
+1. ``split``: the raw documents are cut into input shards of ``execution.shard_docs`` documents, in corpus order;
+   repeated ``doc_id`` values are found by DuckDB over the shards (out of core).
+2. ``filter`` (per shard): the per-document stages of :mod:`tasks.corpus.filters`, plus the document frequency of
+   every line/paragraph (for boilerplate).
+3. global: units in ``boilerplate.min_docs`` documents or more, summed over shards (DuckDB).
+4. ``key`` (per shard): boilerplate cut, exact-dedup hash (xxh3-128 of the normal form), MinHash band keys
+   (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
+5. global ``candidates``: exact duplicates (first in corpus order kept) and LSH candidate pairs
+   (:func:`tasks.corpus.near_dedup.candidate_pairs`), written partitioned by the shard of each pair's later document.
+6. ``shingle`` (per shard): sorted shingle hashes of the shard's candidate documents, memory-mapped by the next pass.
+7. ``verify`` (per shard): exact Jaccard of the pairs whose later document is in the shard.
+8. global ``decide``: leader clustering over the verified pairs in corpus order, families (connected components,
+   for document-aware held-out splits), decontamination, funnel counts; removals partitioned by shard.
+9. ``write`` (per shard): the shard's kept documents; then the parts are joined into ``kept.parquet`` and the
+   removal rows streamed into ``removals.parquet``.
 
 Invariants: per source, documents in = kept + removed (one ledger row per removed document); the result does not
-depend on the shard size or the number of workers.
+depend on the shard size, the engine or the number of workers.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -34,27 +44,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from infra.atomic import atomic_dir
+from evals.contamination import EvalIndex, EvalItem
+from infra.atomic import atomic_dir, atomic_file
 from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
-from tasks.corpus import minhash
+from tasks.corpus import minhash, near_dedup
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
-from evals.contamination import EvalIndex, EvalItem
-from tasks.corpus.normalise import normal_form
 from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, REMOVAL_COLUMNS, Ledger,
                                   filter_documents, sanitise)
+from tasks.corpus.normalise import normal_form
 from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count
 
-__all__ = ["build_corpus", "curate", "CorpusResult", "CURATION_STEPS", "KEPT_COLUMNS"]
+__all__ = ["build_corpus", "curate", "CorpusResult", "CURATION_STEPS", "KEPT_COLUMNS", "DUCKDB_MEMORY_LIMIT"]
 
 CURATION_STEPS = DOC_STEPS + ["boilerplate", "dedup_exact", "dedup_near", "decontam"]
+GLOBAL_STEPS = ["dedup_exact", "dedup_near", "decontam"]
 KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars", "n_bytes", "n_words",
                 "family_id", "pii_replacements", "lines_dropped", "fixes"]
 HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
 _HIT_TYPES = {"doc_id": "string", "source": "string", "ngram": "string", "eval_set": "string", "item_id": "string",
               "common": "bool"}
+# What the main process's DuckDB may hold in memory before it spills to the work directory.
+DUCKDB_MEMORY_LIMIT = "1GB"
+_BATCH_ROWS = 65_536  # rows per batch streamed out of DuckDB
 ShardProgress = Callable[[str, int, int], None]
 
 
@@ -65,7 +79,8 @@ class CorpusResult:
     ``kept``: kept.parquet (``KEPT_COLUMNS``); ``removals``: removals.parquet (``REMOVAL_COLUMNS``, exactly one row per
     removed document); ``funnel``: funnel.parquet (docs and characters in/out per source and stage);
     ``boilerplate``: the frequent units cut; ``hits``: decontamination hits (``HIT_COLUMNS``); ``near``: near-dedup
-    statistics per source.
+    statistics per source. The frames are read from disk on access: a large corpus's ``kept`` does not fit memory,
+    so callers that aggregate should query the files (DuckDB) instead.
     """
 
     out: Path
@@ -90,8 +105,9 @@ class CorpusResult:
 
 
 def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
-                 out: Path | None = None, progress: ShardProgress | None = None) -> CorpusResult:
-    """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``): the sharded build run sequentially.
+                 out: Path | None = None, progress: ShardProgress | None = None,
+                 shard_map: ShardMap = sequential_map) -> CorpusResult:
+    """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``): the sharded build, on ``shard_map``.
 
     Outputs go to ``out`` (a new temporary directory when None). Document order decides which duplicate is kept.
 
@@ -101,13 +117,16 @@ def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[
     out = Path(tempfile.mkdtemp(prefix="corpus-")) if out is None else out
     work = out / "_work"
     _split_frames([docs], work, cfg.execution.shard_docs)
-    return curate(work, out, cfg, eval_items=eval_items, progress=progress)
+    return curate(work, out, cfg, eval_items=eval_items, progress=progress, shard_map=shard_map)
 
 
 def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
     """Stream raw-document Parquet files (in order) into input shards of ``shard_docs`` rows; returns the count.
 
     Memory holds one batch at a time. Skipped when a previous run finished splitting (``in/_DONE``).
+
+    Raises:
+        DataError: a required column is missing or ``doc_id`` values repeat.
     """
     if (work / "in" / "_DONE").exists():
         return len(list((work / "in").glob("*.parquet")))
@@ -124,11 +143,10 @@ def _split_frames(frames, work: Path, shard_docs: int) -> int:
     if shard_dir.exists():
         shutil.rmtree(shard_dir)
     shard_dir.mkdir(parents=True)
-    seen: set[str] = set()
     buffer: pd.DataFrame | None = None
     n_shards = 0
     for frame in frames:
-        _check_input(frame, seen)
+        _check_columns(frame)
         frame = sanitise(frame[INPUT_COLUMNS])
         buffer = frame if buffer is None or not len(buffer) else pd.concat([buffer, frame], ignore_index=True)
         while len(buffer) >= shard_docs:
@@ -139,45 +157,94 @@ def _split_frames(frames, work: Path, shard_docs: int) -> int:
     if buffer is not None and len(buffer):
         buffer.to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
         n_shards += 1
+    _check_unique_ids(shard_dir, work)
     (shard_dir / "_DONE").touch()
     return n_shards
 
 
-def _check_input(docs: pd.DataFrame, seen: set[str]) -> None:
+def _check_columns(docs: pd.DataFrame) -> None:
     missing = [c for c in INPUT_COLUMNS if c not in docs.columns]
     if missing:
         raise DataError(f"corpus input lacks columns {missing}; pass the sources stage's documents")
-    ids = docs.doc_id.astype(str)
-    repeated = ids[ids.duplicated() | ids.isin(seen)].unique()
-    if len(repeated):
-        raise DataError(f"doc_id values repeat (e.g. {list(repeated[:3])}); give each source a distinct name")
-    seen.update(ids)
+
+
+def _duckdb(work: Path, name: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection whose memory is capped and whose spill files go under ``work`` (a file database when
+    ``name`` is given, so its tables are buffer-managed on disk too)."""
+    spill = work / "duckdb_tmp"
+    spill.mkdir(parents=True, exist_ok=True)
+    path = ":memory:"
+    if name is not None:
+        path = str(work / name)
+        for stale in (Path(path), Path(path + ".wal")):
+            stale.unlink(missing_ok=True)
+    con = duckdb.connect(path)
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
+    con.execute(f"SET temp_directory = '{spill}'")
+    con.execute("SET preserve_insertion_order = false")
+    return con
+
+
+def _check_unique_ids(shard_dir: Path, work: Path) -> None:
+    if not any(shard_dir.glob("*.parquet")):
+        return
+    with _duckdb(work) as con:
+        repeated = con.execute("SELECT doc_id FROM read_parquet(?) GROUP BY doc_id HAVING count(*) > 1 "
+                               "ORDER BY doc_id LIMIT 3", [str(shard_dir / "*.parquet")]).fetchall()
+    if repeated:
+        raise DataError(f"doc_id values repeat (e.g. {[r[0] for r in repeated]}); give each source a distinct name")
 
 
 def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
            shard_map: ShardMap = sequential_map, progress: ShardProgress | None = None) -> CorpusResult:
-    """Passes 2–6 over the input shards in ``work/in``; writes kept/removals/funnel/boilerplate/decontamination
+    """Passes 2–9 over the input shards in ``work/in``; writes kept/removals/funnel/boilerplate/decontamination
     Parquet files into ``out``. Finished shards of an earlier, interrupted call are reused."""
     shards = sorted((work / "in").glob("*.parquet"))
+    names = [p.stem for p in shards]
     cfg_json = cfg.model_dump_json()
     tick = progress or (lambda stage, done, total: None)
-    tick("filter", 0, len(shards))
-    shard_map(filter_shard, [dict(in_path=str(p), out_dir=str(work / "filtered" / p.stem), cfg_json=cfg_json)
-                             for p in shards], "corpus-filter")
-    tick("filter", len(shards), len(shards))
+
+    def shard_pass(label: str, fn: Callable[..., Any], calls: list[dict[str, Any]]) -> None:
+        tick(label, 0, len(calls))
+        shard_map(fn, calls, f"corpus-{label}")
+        tick(label, len(calls), len(calls))
+
+    shard_pass("filter", filter_shard, [dict(in_path=str(p), out_dir=str(work / "filtered" / p.stem),
+                                             cfg_json=cfg_json) for p in shards])
     frequent = _frequent(work, cfg)
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
     index.save(work / "eval_index.npz")
-    tick("key", 0, len(shards))
-    shard_map(key_shard, [dict(filtered_dir=str(work / "filtered" / p.stem), out_dir=str(work / "keyed" / p.stem),
-                               cfg_json=cfg_json, work=str(work)) for p in shards], "corpus-key")
-    tick("dedup", 0, 1)
-    keyed = [work / "keyed" / p.stem for p in shards]
-    decisions, near_stats = _decide(keyed, cfg, index)
+    shard_pass("key", key_shard, [dict(filtered_dir=str(work / "filtered" / name), out_dir=str(work / "keyed" / name),
+                                       cfg_json=cfg_json, work=str(work), shard=i) for i, name in enumerate(names)])
+    offsets = _offsets(work, names)
+    np.save(work / "offsets.npy", offsets)
+    tick("candidates", 0, 1)
+    with _duckdb(work, "decide.duckdb") as con:
+        _load_keys(con, work, names, offsets, cfg.near_dedup.bands)
+        n_pairs = _candidates(con, work, cfg)
+    tick("candidates", 1, 1)
+    near_on = cfg.near_dedup.enabled and n_pairs > 0
+    shard_pass("shingle", shingle_shard, [dict(keyed_dir=str(work / "keyed" / name),
+                                               wanted=str(work / "candidates" / "wanted" / f"shard={i}"),
+                                               out_dir=str(work / "shingles" / name), cfg_json=cfg_json)
+                                          for i, name in enumerate(names)] if near_on else [])
+    shard_pass("verify", verify_shard, [dict(pairs=str(work / "candidates" / "pairs" / f"shard={i}"),
+                                             work=str(work), names=",".join(names),
+                                             out_dir=str(work / "verified" / name),
+                                             threshold=cfg.near_dedup.jaccard_threshold)
+                                        for i, name in enumerate(names)] if near_on else [])
+    tick("decide", 0, 1)
+    with _duckdb(work, "decide.duckdb") as con:
+        _load_keys(con, work, names, offsets, cfg.near_dedup.bands)
+        near_stats = _decide(con, work, names, cfg, index, n_pairs)
+    tick("decide", 1, 1)
+    shard_pass("write", write_shard, [dict(keyed_dir=str(work / "keyed" / name),
+                                           decisions=str(work / "decisions"), shard=i,
+                                           out_path=str(work / "kept" / f"{name}.parquet"))
+                                      for i, name in enumerate(names)])
     out.mkdir(parents=True, exist_ok=True)
-    _write_outputs(work, shards, keyed, decisions, out)
+    _write_outputs(work, names, out)
     frequent.to_parquet(out / "boilerplate.parquet", index=False)
-    tick("dedup", 1, 1)
     return CorpusResult(out=out, near=near_stats, boilerplate=frequent)
 
 
@@ -217,7 +284,7 @@ def _frequent(work: Path, cfg: CorpusConfig) -> pd.DataFrame:
     if not cfg.boilerplate.enabled or not list((work / "filtered").glob("*/units.parquet")):
         frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
     else:
-        with duckdb.connect() as con:
+        with _duckdb(work) as con:
             frame = con.execute(
                 "WITH counts AS (SELECT unit_hash, count(DISTINCT doc_hash)::BIGINT AS n_docs "
                 "  FROM read_parquet(?) GROUP BY unit_hash HAVING count(DISTINCT doc_hash) >= ?), "
@@ -236,7 +303,7 @@ def _by_chars(languages: Sequence[str]) -> list[bool]:
     return [lang in CHARACTER_LANGUAGES for lang in languages]
 
 
-def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str) -> bool:
+def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: int) -> bool:
     """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys and evaluation n-gram hits."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
     frequent = set(pd.read_parquet(Path(work) / "frequent_units.parquet").unit_hash.astype("uint64").tolist())
@@ -260,20 +327,23 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str) -> bool
         removals, funnel = ledger.frames()
         removals.to_parquet(tmp / "removals.parquet", index=False)
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
-        _keys(docs, cfg).to_parquet(tmp / "keys.parquet", index=False)
-        hits = [(doc_id, length, h) for doc_id, text in zip(docs.doc_id, docs.text) for length, h in index.hits(text)]
-        pd.DataFrame(hits, columns=["doc_id", "length", "hash"]).astype(
-            {"length": "int64", "hash": "uint64"}).to_parquet(tmp / "hits.parquet", index=False)
+        _keys(docs, cfg).assign(shard=np.int32(shard)).to_parquet(tmp / "keys.parquet", index=False)
+        hits = [(row, k, length, h) for row, text in enumerate(docs.text)
+                for k, (length, h) in enumerate(index.hits(text))]
+        pd.DataFrame(hits, columns=["row", "k", "length", "hash"]).astype(
+            {"row": "int32", "k": "int32", "length": "int64", "hash": "uint64"}).assign(
+            shard=np.int32(shard)).to_parquet(tmp / "hits.parquet", index=False)
 
     return _atomic_dir(Path(out_dir), write)
 
 
 def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
-    """Per document: exact-dedup hash halves, characters, and the MinHash band keys (uint64 per band)."""
+    """Per document: its row, exact-dedup hash halves, characters, and the MinHash band keys (uint64 per band)."""
     digests = [xxhash.xxh3_128_intdigest(normal_form(t).encode("utf-8")) for t in docs.text]
     nd = cfg.near_dedup
     frame = pd.DataFrame({
-        "doc_id": docs.doc_id, "source": docs.source, "n_chars": np.array([len(t) for t in docs.text], dtype=np.int64),
+        "row": np.arange(len(docs), dtype=np.int32), "doc_id": docs.doc_id, "source": docs.source,
+        "n_chars": np.array([len(t) for t in docs.text], dtype=np.int64),
         "h_hi": np.array([d >> 64 for d in digests], dtype=np.uint64),
         "h_lo": np.array([d & (2**64 - 1) for d in digests], dtype=np.uint64),
         "by_chars": _by_chars(docs.language.tolist()),
@@ -290,218 +360,327 @@ def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
     return frame
 
 
-@dataclass
-class _Decisions:
-    """Global decisions, by position in the concatenated keys (shard order, then row): ``removed`` maps a position
-    to its removal row (doc_id, source, stage, rule, value, threshold, detail); ``family`` (n,) int64 holds the
-    position of each document's family root; ``ids`` the doc_id of every position."""
-
-    removed: dict[int, dict[str, Any]]
-    family: np.ndarray
-    ids: np.ndarray
-    shard_start: np.ndarray
-    hits: pd.DataFrame
-    funnel: list[dict[str, Any]]
+def _offsets(work: Path, names: list[str]) -> np.ndarray:
+    """(shards + 1,) int64: the position of each keyed shard's first document in corpus order, then the total."""
+    counts = [pq.ParquetFile(work / "keyed" / name / "docs.parquet").metadata.num_rows for name in names]
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
-def _decide(keyed: list[Path], cfg: CorpusConfig, index: EvalIndex) -> tuple[_Decisions, dict[str, dict[str, Any]]]:
-    if not keyed:
-        return _Decisions({}, np.zeros(0, np.int64), np.zeros(0, object), np.zeros(1, np.int64),
-                          pd.DataFrame(columns=HIT_COLUMNS), []), {}
-    frames = [pd.read_parquet(d / "keys.parquet").assign(shard=i) for i, d in enumerate(keyed)]
-    shard_start = np.concatenate([[0], np.cumsum([len(f) for f in frames])]).astype(np.int64)
-    keys = pd.concat(frames, ignore_index=True)
-    del frames
-    release_memory()
-    keys["source"] = keys.source.astype("category")  # a few sources: codes instead of one string per document
-    keys["row"] = keys.groupby("shard").cumcount()
-    removed: dict[int, dict[str, Any]] = {}
-    funnel: list[dict[str, Any]] = []
-    alive = np.ones(len(keys), dtype=bool)
-    ids, sources = keys.doc_id.to_numpy(), keys.source.astype(str).to_numpy()
-
-    def remove(i: int, **row: Any) -> None:
-        removed[i] = dict(doc_id=ids[i], source=sources[i], **row)
-
-    def count(stage: str, before: np.ndarray, after: np.ndarray) -> None:
-        for source in sorted(keys.source.unique()):
-            mine = (keys.source == source).to_numpy()
-            funnel.append(dict(source=source, stage=stage, docs_in=int((before & mine).sum()),
-                               docs_out=int((after & mine).sum()), chars_in=int(keys.n_chars[before & mine].sum()),
-                               chars_out=int(keys.n_chars[after & mine].sum())))
-
-    def still_alive() -> np.ndarray:
-        gone = np.zeros(len(keys), dtype=bool)
-        gone[list(removed)] = True
-        return alive & ~gone
-
-    # Exact duplicates: the first document in corpus order with the same normal form is kept.
-    before = alive.copy()
-    if cfg.exact_dedup and len(keys):
-        first = keys.groupby(["h_hi", "h_lo"], sort=False).cumcount() > 0
-        first_id = keys.groupby(["h_hi", "h_lo"], sort=False).doc_id.transform("first")
-        for i in np.flatnonzero(first.to_numpy()):
-            remove(int(i), stage="dedup_exact", rule="dedup.exact", value=1.0, threshold=np.nan,
-                   detail=f"exact duplicate of {first_id.iat[i]}")
-        alive &= ~first.to_numpy()
-    count("dedup_exact", before, alive)
-
-    before = alive.copy()
-    family = np.arange(len(keys), dtype=np.int64)
-    near_stats: dict[str, dict[str, Any]] = {}
-    if cfg.near_dedup.enabled and len(keys):
-        family, near_stats = _near(keys, keyed, alive, cfg, remove)
-        alive = still_alive()
-    count("dedup_near", before, alive)
-
-    before = alive.copy()
-    hits = _decontaminate(keys, keyed, alive, cfg, index, remove)
-    alive = still_alive()
-    count("decontam", before, alive)
-    return _Decisions(removed, family, ids, shard_start, hits, funnel), near_stats
+def _load_keys(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], offsets: np.ndarray,
+               bands: int) -> None:
+    """Table ``keys``: every keyed document with its position ``pos`` (corpus order) and a source code ``src``."""
+    con.register("_offsets", pa.table({"shard": np.arange(len(names), dtype=np.int32),
+                                       "start": offsets[:-1].astype(np.int64)}))
+    files = [str(work / "keyed" / name / "keys.parquet") for name in names]
+    if not files:
+        con.execute("CREATE TABLE keys (pos BIGINT, shard INTEGER, row INTEGER, doc_id VARCHAR, source VARCHAR, "
+                    "n_chars BIGINT, h_hi UBIGINT, h_lo UBIGINT, by_chars BOOLEAN, has_shingles BOOLEAN, "
+                    + "".join(f"band_{b} UBIGINT, " for b in range(bands)) + "src INTEGER)")
+        return
+    con.execute("CREATE TABLE keys AS SELECT o.start + k.row AS pos, k.*, "
+                "dense_rank() OVER (ORDER BY k.source)::INTEGER - 1 AS src "
+                "FROM read_parquet(?) k JOIN _offsets o USING (shard)", [files])
 
 
-def _near(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusConfig,
-          remove: Callable[..., None]) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
-    """Near duplicates among ``alive`` documents; returns each document's family root position (its family's first
-    member in corpus order) and per-source statistics."""
+def _candidates(con: duckdb.DuckDBPyConnection, work: Path, cfg: CorpusConfig) -> int:
+    """Pass 5: table ``exact`` (pos, first_pos); the LSH candidate pairs among the documents that survive exact
+    dedup, written to ``candidates/pairs`` partitioned by the shard of ``j`` and the documents to shingle to
+    ``candidates/wanted`` partitioned by shard. Returns the number of candidate pairs."""
+    _exact_table(con, cfg)
     nd = cfg.near_dedup
-    idx = np.flatnonzero(alive & keys.has_shingles.to_numpy())
-    bands = keys[[f"band_{b}" for b in range(nd.bands)]].to_numpy(dtype=np.uint64)[idx]
-    groups = None
-    if nd.scope == "source":
-        groups = pd.factorize(keys.source.to_numpy()[idx])[0]
-    # Character- and word-shingled documents never match: separate groups.
-    by_chars = keys.by_chars.to_numpy()[idx].astype(np.int64)
-    groups = by_chars if groups is None else groups * 2 + by_chars
-    pairs = minhash.lsh_candidate_pairs(bands, np.ones(len(idx), dtype=bool), groups)
-    pairs = idx[pairs] if len(pairs) else np.empty((0, 2), dtype=np.int64)
-    shingle_sets = _shingle_sets(keys, keyed, np.unique(pairs), nd)
-    # Pairs stay in numpy (one float per pair): a dict of tuples would cost ~200 bytes a pair at crawl scale.
-    sims = np.fromiter((minhash.jaccard_hashes(shingle_sets[i], shingle_sets[j]) for i, j in pairs.tolist()),
-                       dtype=np.float64, count=len(pairs))
-    del shingle_sets
-    ok = sims >= nd.jaccard_threshold
-    verified, verified_sims = pairs[ok], sims[ok]
-    order = np.lexsort((verified[:, 0], verified[:, 1]))  # by later document, then by earlier
-    verified, verified_sims = verified[order], verified_sims[order]
-    # Leader clustering in corpus order: a document is removed only when it matches a document that is kept,
-    # so chains (A~B~C with A far from C) never remove C on B's account.
-    removed_near: dict[int, tuple[int, float]] = {}
-    for (i, j), sim in zip(verified.tolist(), verified_sims.tolist()):
-        if j not in removed_near and i not in removed_near:
-            removed_near[j] = (i, sim)
-    ids = keys.doc_id.to_numpy()
-    for j, (i, sim) in removed_near.items():
-        remove(j, stage="dedup_near", rule="dedup.near", value=sim, threshold=nd.jaccard_threshold,
-               detail=f"near duplicate of {ids[i]} (Jaccard {sim:.3f})")
-    family = _families(len(keys), verified.tolist())
-    removed_near = {j: i for j, (i, _) in removed_near.items()}
-    return family, _near_stats(keys, alive, removed_near, verified, len(pairs), nd.max_removal_share)
+    if not nd.enabled:
+        return 0
+    grp = "src::BIGINT * 2 + by_chars::BIGINT" if nd.scope == "source" else "by_chars::BIGINT"
+    bands = ", ".join(f"band_{b}" for b in range(nd.bands))
+    con.execute(f"CREATE VIEW near_in AS SELECT pos, {grp} AS grp, {bands} FROM keys "
+                f"WHERE has_shingles AND pos NOT IN (SELECT pos FROM exact)")
+    n_pairs = near_dedup.candidate_pairs(con, "near_in", nd.bands, "pairs")
+    target = work / "candidates"
+    if target.exists():  # a killed run got this far: the pairs are a function of the keys, already written
+        return n_pairs
+    with atomic_dir(target, clear_stale=True) as tmp:
+        (tmp / "pairs").mkdir()
+        (tmp / "wanted").mkdir()
+        if n_pairs:
+            con.execute(f"COPY (SELECT p.i, p.j, k.shard FROM pairs p JOIN keys k ON k.pos = p.j) TO "
+                        f"'{tmp / 'pairs'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
+            con.execute(f"COPY (SELECT DISTINCT k.shard, k.row FROM keys k JOIN "
+                        f"(SELECT i AS pos FROM pairs UNION SELECT j FROM pairs) c USING (pos)) TO "
+                        f"'{tmp / 'wanted'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
+        (tmp / "count.json").write_text(json.dumps({"pairs": n_pairs}))
+    return n_pairs
 
 
-def _shingle_sets(keys: pd.DataFrame, keyed: list[Path], positions: np.ndarray, nd) -> dict[int, np.ndarray]:
-    """Shingle sets of the candidate documents only, read back shard by shard, as sorted 64-bit shingle hashes
-    (8 bytes a shingle, so memory stays small even when most documents are candidates)."""
-    sets: dict[int, np.ndarray] = {}
-    wanted = keys.iloc[positions] if len(positions) else keys.iloc[:0]
-    for shard, rows in wanted.groupby("shard"):
-        texts = pd.read_parquet(keyed[shard] / "docs.parquet", columns=["text"]).text
-        hashed = minhash.shingle_hash_sets([texts.iat[r] for r in rows.row], nd.shingle_size, rows.by_chars.to_numpy())
-        sets.update(zip(rows.index.tolist(), hashed))
-        del texts
-        release_memory()
-    return sets
+def _read_partition(folder: Path, columns: list[str]) -> pd.DataFrame | None:
+    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
+    return pd.concat([pd.read_parquet(f, columns=columns) for f in files], ignore_index=True) if files else None
 
 
-def _families(n: int, verified: list[tuple[int, int]]) -> np.ndarray:
-    """Connected components of verified pairs (union-find): (n,) int64 root position, the lowest in the component."""
-    parent = list(range(n))  # a list: element access from Python is several times faster than on an ndarray
+def shingle_shard(keyed_dir: str, wanted: str, out_dir: str, cfg_json: str) -> bool:
+    """Pass 6 on one shard: the sorted shingle hashes of its candidate documents, as three memory-mappable arrays
+    (``rows.npy`` ascending, ``starts.npy`` of length rows + 1, ``hashes.npy`` uint64)."""
+    nd = CorpusConfig.model_validate_json(cfg_json).near_dedup
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+    def write(tmp: Path) -> None:
+        rows = _read_partition(Path(wanted), ["row"])
+        rows = np.sort(rows.row.to_numpy(dtype=np.int64)) if rows is not None else np.zeros(0, np.int64)
+        docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet", columns=["text", "language"])
+        texts = docs.text.to_numpy()[rows].tolist()
+        sets = minhash.shingle_hash_sets(texts, nd.shingle_size, _by_chars(docs.language.to_numpy()[rows].tolist()))
+        del docs, texts
+        starts = np.concatenate([[0], np.cumsum([len(s) for s in sets])]).astype(np.int64)
+        np.save(tmp / "rows.npy", rows)
+        np.save(tmp / "starts.npy", starts)
+        np.save(tmp / "hashes.npy", np.concatenate(sets).astype(np.uint64) if sets else np.zeros(0, np.uint64))
 
-    for i, j in verified:
-        ri, rj = find(i), find(j)
-        if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)
-    return np.array([find(i) for i in range(n)], dtype=np.int64)
+    return _atomic_dir(Path(out_dir), write)
 
 
-def _near_stats(keys: pd.DataFrame, alive: np.ndarray, removed_near: dict[int, int], verified, n_candidates: int,
-                warn_share: float) -> dict[str, dict[str, Any]]:
-    stats = {}
-    leader_of = pd.Series(removed_near, dtype="int64")
-    for source in sorted(keys.source.unique()):
-        mine = (keys.source == source).to_numpy()
-        n_in = int((alive & mine).sum())
-        gone = [j for j in removed_near if mine[j]]
-        sizes = leader_of[leader_of.index.isin(gone)].value_counts() + 1 if gone else pd.Series(dtype="int64")
-        share = len(gone) / n_in if n_in else 0.0
-        stats[source] = {"docs_in": n_in, "removed": len(gone), "removal_share": share,
-                         "clusters": int(len(sizes)), "largest_cluster": int(sizes.max()) if len(sizes) else 1,
+class _Shingles:
+    """Shingle hashes of candidate documents by corpus position, memory-mapped from every shard's pass-6 output."""
+
+    def __init__(self, work: Path, names: list[str]):
+        self.work, self.names = work, names
+        self.offsets = np.load(work / "offsets.npy")
+        self.open: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, pos: int) -> np.ndarray:
+        shard = int(np.searchsorted(self.offsets, pos, side="right") - 1)
+        if shard not in self.open:
+            folder = self.work / "shingles" / self.names[shard]
+            self.open[shard] = tuple(np.load(folder / f"{name}.npy", mmap_mode="r")
+                                     for name in ("rows", "starts", "hashes"))
+        rows, starts, hashes = self.open[shard]
+        k = int(np.searchsorted(rows, pos - self.offsets[shard]))
+        return np.asarray(hashes[starts[k]:starts[k + 1]])
+
+
+def verify_shard(pairs: str, work: str, names: str, out_dir: str, threshold: float) -> bool:
+    """Pass 7 on one shard: exact Jaccard of the candidate pairs whose later document ``j`` is in the shard;
+    writes the verified pairs (i, j, sim) sorted by (j, i) and the number of pairs compared."""
+
+    def write(tmp: Path) -> None:
+        found = _read_partition(Path(pairs), ["i", "j"])
+        arr = found[["i", "j"]].to_numpy(dtype=np.int64) if found is not None else np.zeros((0, 2), np.int64)
+        hashes = _Shingles(Path(work), names.split(","))
+        verified, sims = near_dedup.verify(arr, lambda i, j: minhash.jaccard_hashes(hashes(i), hashes(j)), threshold)
+        order = np.lexsort((verified[:, 0], verified[:, 1]))
+        pd.DataFrame({"i": verified[order, 0], "j": verified[order, 1], "sim": sims[order]}).to_parquet(
+            tmp / "verified.parquet", index=False)
+        (tmp / "count.json").write_text(json.dumps({"compared": int(len(arr))}))
+
+    return _atomic_dir(Path(out_dir), write)
+
+
+def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig, index: EvalIndex,
+            n_pairs: int) -> dict[str, dict[str, Any]]:
+    """Pass 8: leader clustering, families, decontamination and the global funnel; writes ``decisions/`` (removal
+    rows and family ids partitioned by shard, the global funnel rows, the hit table). Returns near-dedup statistics
+    per source."""
+    nd = cfg.near_dedup
+    _exact_table(con, cfg)
+    n = int(con.execute("SELECT count(*) FROM keys").fetchone()[0])
+    con.execute("CREATE TABLE removed (pos BIGINT, step INTEGER, rule VARCHAR, value DOUBLE, threshold DOUBLE, "
+                "detail VARCHAR)")
+    con.execute("INSERT INTO removed SELECT e.pos, 0, 'dedup.exact', 1.0, 'NaN'::DOUBLE, "
+                "'exact duplicate of ' || k.doc_id FROM exact e JOIN keys k ON k.pos = e.first_pos")
+    con.execute("CREATE TABLE near (j BIGINT, i BIGINT, sim DOUBLE)")
+    con.execute("CREATE TABLE verified (i BIGINT, j BIGINT, sim DOUBLE)")
+    near_stats: dict[str, dict[str, Any]] = {}
+    if nd.enabled and n:
+        files = [str(f) for name in names for f in [work / "verified" / name / "verified.parquet"] if f.exists()]
+        if files and n_pairs:
+            con.execute("INSERT INTO verified SELECT i, j, sim FROM read_parquet(?)", [files])
+        reader = con.sql("SELECT i, j, sim FROM verified ORDER BY j, i").to_arrow_reader(_BATCH_ROWS)
+        batches = ((b.column("i").to_numpy(), b.column("j").to_numpy(), b.column("sim").to_numpy()) for b in reader)
+        removed_j, leader_i, sims = near_dedup.leaders(batches, n)
+        for lo in range(0, len(removed_j), _BATCH_ROWS):
+            part = slice(lo, lo + _BATCH_ROWS)
+            con.register("_near_part", pa.table({"j": removed_j[part], "i": leader_i[part], "sim": sims[part],
+                                                 "shown": [f"{s:.3f}" for s in sims[part].tolist()]}))
+            con.execute("INSERT INTO near SELECT j, i, sim FROM _near_part")
+            con.execute(f"INSERT INTO removed SELECT p.j, 1, 'dedup.near', p.sim, {nd.jaccard_threshold}, "
+                        f"'near duplicate of ' || k.doc_id || ' (Jaccard ' || p.shown || ')' "
+                        f"FROM _near_part p JOIN keys k ON k.pos = p.i")
+            con.unregister("_near_part")
+        near_stats = _near_stats(con, n_pairs, nd.max_removal_share)
+    _families(con, work)
+    hits = _decontaminate(con, work, names, cfg, index)
+    funnel = _global_funnel(con)
+    with atomic_dir(work / "decisions", replace=True) as tmp:
+        con.execute(f"COPY (SELECT k.shard, k.row FROM removed r JOIN keys k USING (pos)) TO '{tmp / 'removed'}' "
+                    f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
+        con.execute(f"COPY (SELECT k.shard, k.row, f.family_id FROM families f JOIN keys k USING (pos)) TO "
+                    f"'{tmp / 'families'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
+        con.execute(f"COPY (SELECT k.doc_id, k.source, "
+                    f"CASE r.step WHEN 0 THEN 'dedup_exact' WHEN 1 THEN 'dedup_near' ELSE 'decontam' END AS stage, "
+                    f"r.rule, r.value, r.threshold, r.detail "
+                    f"FROM removed r JOIN keys k USING (pos) ORDER BY r.step, r.pos) TO '{tmp / 'removals.parquet'}' "
+                    f"(FORMAT parquet)")
+        funnel.to_parquet(tmp / "funnel.parquet", index=False)
+        hits.astype(_HIT_TYPES).to_parquet(tmp / "decontamination.parquet", index=False)
+    return near_stats
+
+
+def _exact_table(con: duckdb.DuckDBPyConnection, cfg: CorpusConfig) -> None:
+    if cfg.exact_dedup:
+        con.execute("CREATE TABLE exact AS SELECT k.pos, f.first_pos FROM keys k JOIN ("
+                    "  SELECT h_hi, h_lo, min(pos) AS first_pos FROM keys GROUP BY h_hi, h_lo HAVING count(*) > 1"
+                    ") f USING (h_hi, h_lo) WHERE k.pos > f.first_pos")
+    else:
+        con.execute("CREATE TABLE exact (pos BIGINT, first_pos BIGINT)")
+
+
+def _near_stats(con: duckdb.DuckDBPyConnection, n_pairs: int, warn_share: float) -> dict[str, dict[str, Any]]:
+    """Per source: documents entering near dedup, removed, clusters (leaders with a removed copy), largest cluster."""
+    rows = con.execute("""
+        WITH ent AS (SELECT source, count(*) AS docs_in FROM keys WHERE pos NOT IN (SELECT pos FROM exact)
+                     GROUP BY source),
+        per_leader AS (SELECT k.source, n.i, count(*) AS copies FROM near n JOIN keys k ON k.pos = n.j
+                       GROUP BY k.source, n.i),
+        agg AS (SELECT source, sum(copies)::BIGINT AS removed, count(*)::BIGINT AS clusters,
+                       max(copies)::BIGINT + 1 AS largest FROM per_leader GROUP BY source)
+        SELECT e.source, e.docs_in, coalesce(a.removed, 0), coalesce(a.clusters, 0), coalesce(a.largest, 1)
+        FROM ent e LEFT JOIN agg a USING (source) ORDER BY e.source""").fetchall()
+    stats: dict[str, dict[str, Any]] = {}
+    for source, n_in, gone, clusters, largest in rows:
+        share = gone / n_in if n_in else 0.0
+        stats[source] = {"docs_in": int(n_in), "removed": int(gone), "removal_share": share,
+                         "clusters": int(clusters), "largest_cluster": int(largest),
                          "warning": (f"near dedup removed {share:.1%} of {source}, above {warn_share:.0%}"
                                      if share > warn_share else "")}
-    stats["_all"] = {"candidate_pairs": int(n_candidates), "verified_pairs": len(verified)}
+    verified = int(con.execute("SELECT count(*) FROM verified").fetchone()[0])
+    stats["_all"] = {"candidate_pairs": int(n_pairs), "verified_pairs": verified}
     return stats
 
 
-def _decontaminate(keys: pd.DataFrame, keyed: list[Path], alive: np.ndarray, cfg: CorpusConfig, index: EvalIndex,
-                   remove: Callable[..., None]) -> pd.DataFrame:
-    """Remove surviving documents sharing a non-common evaluation n-gram; returns every hit (``HIT_COLUMNS``)."""
+def _families(con: duckdb.DuckDBPyConnection, work: Path) -> None:
+    """Table ``families`` (pos, family_id): the doc_id of each paired document's family root."""
+    pairs = con.execute("SELECT i, j FROM verified").fetchnumpy()
+    members, roots = near_dedup.families(pairs["i"], pairs["j"])
+    con.register("_fam", pa.table({"pos": members, "root": roots}))
+    con.execute("CREATE TABLE families AS SELECT f.pos, k.doc_id AS family_id FROM _fam f JOIN keys k "
+                "ON k.pos = f.root")
+    con.unregister("_fam")
+
+
+def _decontaminate(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig,
+                   index: EvalIndex) -> pd.DataFrame:
+    """Remove surviving documents sharing a non-common evaluation n-gram; returns every hit (``HIT_COLUMNS``) of the
+    surviving documents, in corpus order."""
     dc = cfg.decontamination
-    hits = pd.concat([pd.read_parquet(d / "hits.parquet") for d in keyed], ignore_index=True) if keyed else None
-    if hits is None or not len(hits) or not dc.enabled:
+    files = [str(work / "keyed" / name / "hits.parquet") for name in names]
+    if not dc.enabled or not files:
         return pd.DataFrame(columns=HIT_COLUMNS)
-    hits = hits[hits.doc_id.isin(set(keys.doc_id[alive]))]
-    docs_per_gram = hits.groupby(["length", "hash"]).doc_id.transform("nunique")
-    hits = hits.assign(common=docs_per_gram >= dc.common_min_docs)
-    position = pd.Series(np.arange(len(keys)), index=keys.doc_id)
-    source_of = dict(zip(keys.doc_id[alive], keys.source[alive].astype(str)))
+    con.execute("CREATE TABLE hits AS SELECT k.pos, k.doc_id, k.source, h.k, h.length, h.hash "
+                "FROM read_parquet(?) h JOIN keys k ON k.shard = h.shard AND k.row = h.row "
+                "WHERE k.pos NOT IN (SELECT pos FROM removed)", [files])
+    found = con.execute("""
+        SELECT pos, doc_id, source, length, hash,
+               count(DISTINCT pos) OVER (PARTITION BY length, hash) >= ? AS common
+        FROM hits ORDER BY pos, k""", [dc.common_min_docs]).df()
+    if not len(found):
+        return pd.DataFrame(columns=HIT_COLUMNS)
     rows = []
-    for doc_id, length, h, common in zip(hits.doc_id, hits.length, hits.hash, hits.common):
+    for doc_id, source, length, h, common in zip(found.doc_id, found.source, found.length, found.hash, found.common):
         text, item = index.describe(int(length), int(h))
-        rows.append(dict(doc_id=doc_id, source=source_of[doc_id], ngram=text, eval_set=item.set_name,
-                         item_id=item.item_id, common=bool(common)))
+        rows.append(dict(doc_id=doc_id, source=source, ngram=text, eval_set=item.set_name, item_id=item.item_id,
+                         common=bool(common)))
     table = pd.DataFrame(rows, columns=HIT_COLUMNS)
-    for doc_id, mine in table[~table.common].groupby("doc_id", sort=False):
+    flagged = table.assign(pos=found.pos.to_numpy())[~table.common]
+    removals = []
+    for pos, mine in flagged.groupby("pos", sort=True):
         first = mine.iloc[0]
-        remove(int(position[doc_id]), stage="decontam", rule="decontam.ngram_overlap", value=float(len(mine)),
-               threshold=1.0, detail=f"shares {dc.ngram}-gram {first.ngram!r} with {first.eval_set} item "
-                                     f"{first.item_id} ({len(mine)} hits)")
+        removals.append(dict(pos=int(pos), value=float(len(mine)),
+                             detail=f"shares {dc.ngram}-gram {first.ngram!r} with {first.eval_set} item "
+                                    f"{first.item_id} ({len(mine)} hits)"))
+    if removals:
+        con.register("_dc", pd.DataFrame(removals))
+        con.execute("INSERT INTO removed SELECT pos, 2, 'decontam.ngram_overlap', value, 1.0, detail FROM _dc")
+        con.unregister("_dc")
     return table
 
 
-def _write_outputs(work: Path, shards: list[Path], keyed: list[Path], decisions: _Decisions, out: Path) -> None:
-    """kept.parquet and removals.parquet streamed shard by shard; the funnel gathered from every pass."""
-    funnels = []
-    with _ParquetStream(out / "kept.parquet", _KEPT_SCHEMA) as kept_out, \
-            _ParquetStream(out / "removals.parquet", _REMOVAL_SCHEMA) as removals_out:
-        for n, (shard, kdir) in enumerate(zip(shards, keyed)):
-            fdir = work / "filtered" / shard.stem
-            for part in (pd.read_parquet(fdir / "removals.parquet"), pd.read_parquet(kdir / "removals.parquet")):
-                removals_out.write(part.astype({"value": "float64", "threshold": "float64"}))
-            funnels += [pd.read_parquet(fdir / "funnel.parquet"), pd.read_parquet(kdir / "funnel.parquet")]
-            docs = pd.read_parquet(kdir / "docs.parquet")
-            lo = decisions.shard_start[n]
-            here = np.arange(lo, lo + len(docs))
-            keep = np.array([p not in decisions.removed for p in here.tolist()], dtype=bool)
-            family_ids = decisions.ids[decisions.family[here[keep]]]
-            kept_out.write(_kept_frame(docs[keep].reset_index(drop=True), family_ids))
-            del docs
+def _global_funnel(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """Funnel rows of the global steps per source: documents and characters before and after each."""
+    frame = con.execute("""
+        WITH d AS (SELECT k.source, k.n_chars, r.step FROM keys k LEFT JOIN removed r USING (pos)),
+        s AS (SELECT unnest([0, 1, 2]) AS step)
+        SELECT d.source, s.step,
+               count(*) FILTER (WHERE d.step IS NULL OR d.step >= s.step)::BIGINT AS docs_in,
+               count(*) FILTER (WHERE d.step IS NULL OR d.step > s.step)::BIGINT AS docs_out,
+               coalesce(sum(d.n_chars) FILTER (WHERE d.step IS NULL OR d.step >= s.step), 0)::BIGINT AS chars_in,
+               coalesce(sum(d.n_chars) FILTER (WHERE d.step IS NULL OR d.step > s.step), 0)::BIGINT AS chars_out
+        FROM d CROSS JOIN s GROUP BY d.source, s.step ORDER BY s.step, d.source""").df()
+    frame["stage"] = [GLOBAL_STEPS[s] for s in frame.pop("step")]
+    return frame[FUNNEL_COLUMNS]
+
+
+def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str) -> bool:
+    """Pass 9 on one shard: its kept documents (``KEPT_COLUMNS``) with their family ids."""
+    out = Path(out_path)
+    if out.exists():
+        return False
+    docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet")
+    gone = _read_partition(Path(decisions) / "removed" / f"shard={shard}", ["row"])
+    keep = np.ones(len(docs), dtype=bool)
+    if gone is not None:
+        keep[gone.row.to_numpy(dtype=np.int64)] = False
+    family_ids = docs.doc_id.to_numpy(dtype=object).copy()
+    fams = _read_partition(Path(decisions) / "families" / f"shard={shard}", ["row", "family_id"])
+    if fams is not None:
+        family_ids[fams.row.to_numpy(dtype=np.int64)] = fams.family_id.to_numpy(dtype=object)
+    kept = _kept_frame(docs[keep].reset_index(drop=True), family_ids[keep])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out) as f:
+        pq.write_table(pa.Table.from_pandas(kept, schema=_KEPT_SCHEMA, preserve_index=False), f)
+    return True
+
+
+def _write_outputs(work: Path, names: list[str], out: Path) -> None:
+    """kept.parquet joined from the shards' parts row group by row group (corpus order); removals.parquet sorted by
+    curation step, then by input position (so it does not depend on the shard size); the funnel summed over every
+    pass; the decontamination hits."""
+    with _ParquetStream(out / "kept.parquet", _KEPT_SCHEMA) as kept_out:
+        for name in names:
+            part = pq.ParquetFile(work / "kept" / f"{name}.parquet")
+            for group in range(part.num_row_groups):
+                kept_out.write_table(part.read_row_group(group))
             release_memory()
-        removals_out.write(pd.DataFrame(list(decisions.removed.values()), columns=REMOVAL_COLUMNS).astype(
-            {"value": "float64", "threshold": "float64"}))
-    funnel = pd.concat([*funnels, pd.DataFrame(decisions.funnel, columns=FUNNEL_COLUMNS)], ignore_index=True)
+    _write_removals(work, names, out / "removals.parquet")
+    funnels = [pd.read_parquet(work / pass_ / name / "funnel.parquet")
+               for name in names for pass_ in ("filtered", "keyed")]
+    funnel = pd.concat([*funnels, pd.read_parquet(work / "decisions" / "funnel.parquet")], ignore_index=True)
     funnel = funnel.groupby(["source", "stage"], sort=False, as_index=False).sum()
     order = {stage: i for i, stage in enumerate(CURATION_STEPS)}
     funnel = funnel.sort_values(["source", "stage"], key=lambda s: s.map(order) if s.name == "stage" else s)
     funnel.reset_index(drop=True).to_parquet(out / "funnel.parquet", index=False)
-    # Typed even when empty, so the DuckDB table gets real column types rather than NULL.
-    decisions.hits.astype(_HIT_TYPES).to_parquet(out / "decontamination.parquet", index=False)
+    shutil.copyfile(work / "decisions" / "decontamination.parquet", out / "decontamination.parquet")
+
+
+def _write_removals(work: Path, names: list[str], path: Path) -> None:
+    """Every removal row of every pass, one per removed document, sorted out of core by DuckDB."""
+    inputs = [work / "in" / f"{name}.parquet" for name in names]
+    parts = [str(f) for name in names for f in (work / "filtered" / name / "removals.parquet",
+                                                 work / "keyed" / name / "removals.parquet")
+             if pq.ParquetFile(f).metadata.num_rows]
+    parts.append(str(work / "decisions" / "removals.parquet"))
+    starts = np.concatenate([[0], np.cumsum([pq.ParquetFile(f).metadata.num_rows for f in inputs])])[:-1]
+    with _duckdb(work) as con:
+        con.register("_inputs", pa.table({"filename": [str(f) for f in inputs], "start": starts.astype(np.int64)}))
+        con.register("_steps", pa.table({"stage": CURATION_STEPS, "step": np.arange(len(CURATION_STEPS))}))
+        if not inputs:
+            pq.write_table(_REMOVAL_SCHEMA.empty_table(), path)
+            return
+        con.execute("CREATE TABLE ids AS SELECT i.doc_id, o.start + i.file_row_number AS in_pos FROM "
+                    "read_parquet(?, filename = true, file_row_number = true) i JOIN _inputs o USING (filename)",
+                    [[str(f) for f in inputs]])
+        con.execute(f"""COPY (SELECT r.doc_id::VARCHAR AS doc_id, r.source::VARCHAR AS source,
+                                     r.stage::VARCHAR AS stage, r.rule::VARCHAR AS rule, r.value::DOUBLE AS value,
+                                     r.threshold::DOUBLE AS threshold, r.detail::VARCHAR AS detail
+                              FROM read_parquet(?, union_by_name = true) r JOIN ids USING (doc_id)
+                              JOIN _steps USING (stage) ORDER BY _steps.step, ids.in_pos)
+                        TO '{path}' (FORMAT parquet)""", [parts])
 
 
 class _ParquetStream:
@@ -514,6 +693,10 @@ class _ParquetStream:
     def write(self, frame: pd.DataFrame) -> None:
         if len(frame):
             self.writer.write_table(pa.Table.from_pandas(frame, schema=self.schema, preserve_index=False))
+
+    def write_table(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.writer.write_table(table.cast(self.schema))
 
     def __enter__(self) -> "_ParquetStream":
         return self

@@ -1,5 +1,6 @@
-"""Near-duplicate detection (docs/methods.md §7): shingles, MinHash signatures, LSH band keys, candidate pairs, exact-Jaccard
-verification and leader clustering, vectorised over many documents at once.
+"""MinHash for near-duplicate detection (docs/methods.md §7): shingles, signatures and LSH band keys, vectorised over
+many documents at once. What is done with the band keys (candidate pairs, verification, leader clustering,
+families) is :mod:`tasks.corpus.near_dedup`.
 
 Pipeline and the shapes that travel between its steps (``n`` documents, ``k = num_perm``, ``b`` bands × ``r`` rows):
 
@@ -19,8 +20,6 @@ Pipeline and the shapes that travel between its steps (``n`` documents, ``k = nu
 
    Documents without shingles get the sentinel row ``EMPTY`` (2^32 − 1, above any value of either family).
 2. :func:`band_keys`: one uint64 per band and document, ``(n, b)`` — what a sharded build stores per document.
-3. :func:`lsh_candidate_pairs`: pairs that agree on at least one band, optionally within a group (a source).
-4. :func:`cluster`: greedy leader clustering with exact Jaccard, in index order.
 
 A pair of Jaccard similarity ``s`` becomes a candidate with probability ``1 − (1 − s^r)^b`` (Leskovec, Rajaraman &
 Ullman, "Mining of Massive Datasets", ch. 3). Signatures depend only on each document's text and the config's seed,
@@ -36,16 +35,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from tasks.corpus.config import MinHashConfig, lsh_candidate_probability, lsh_threshold  # noqa: F401 (re-exported)
-
-log = logging.getLogger(__name__)
 
 MERSENNE_P = (1 << 31) - 1
 EMPTY = np.uint32((1 << 32) - 1)  # signature value of a document without shingles (every h_i(x) is < p)
@@ -70,7 +65,6 @@ _DELTA = 2.0**-33  # offset keeping a zero h_i(x) away from the float wrap-aroun
 _BLOCK = 640
 _CHUNK_CHARS = 1 << 19  # characters of text hashed together: fewer numpy calls per document
 _PIECE = 1 << 20  # characters per polynomial piece (bounds the cached power tables)
-_DEFAULT_MAX_LINKS = 32
 
 # Shingle hashing and "oph" signatures run in compiled kernels (numba, see "Compiled kernels") when numba is
 # installed; the numpy functions are the reference they are tested against and the fallback. USE_NUMBA may be set
@@ -748,146 +742,3 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
         key ^= words[:, :, w]
         _fmix64(key)
     return key
-
-
-def lsh_candidate_pairs(keys: np.ndarray, valid: np.ndarray, groups: np.ndarray | None = None,
-                        max_links: int = _DEFAULT_MAX_LINKS) -> np.ndarray:
-    """Unique index pairs (i < j) agreeing on at least one band key, as an (m, 2) int64 array sorted by (i, j).
-
-    ``keys``: (n, bands) from :func:`band_keys`. Documents with ``valid`` false (no shingles) get no bucket.
-    ``groups`` (n,) of ints: pairs only within a group (a source for scope "source", the shingling mode...).
-    Bucket cap: the members of a bucket, in index order, are each paired with the bucket's first ``max_links``
-    members only, so a bucket of L documents yields at most ``max_links·L`` pairs instead of L(L−1)/2; buckets
-    of up to ``max_links + 1`` members are complete. Leader clustering compares a document with lower-index
-    candidates, which the first members of its buckets are. Vectorised: one stable sort per band.
-    """
-    keys = np.asarray(keys, dtype=np.uint64)
-    n = keys.shape[0]
-    idx = np.flatnonzero(np.asarray(valid, dtype=bool))
-    if len(idx) < 2:
-        return np.empty((0, 2), dtype=np.int64)
-    grp = None if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)[idx]
-    codes = []
-    for band in range(keys.shape[1]):
-        key = keys[idx, band]
-        order = np.argsort(key, kind="stable") if grp is None else np.lexsort((key, grp))
-        k_sorted = key[order]
-        same = k_sorted[1:] == k_sorted[:-1]
-        if grp is not None:
-            g_sorted = grp[order]
-            same &= g_sorted[1:] == g_sorted[:-1]
-        if not same.any():
-            continue
-        pos = np.arange(len(order))
-        run_start = np.maximum.accumulate(np.where(np.concatenate([[True], ~same]), pos, 0))
-        rank = pos - run_start
-        links = np.minimum(rank, max_links)
-        total = int(links.sum())
-        member = np.repeat(pos, links)
-        partner = np.repeat(run_start, links) + (np.arange(total) - np.repeat(np.cumsum(links) - links, links))
-        i, j = idx[order[partner]], idx[order[member]]
-        codes.append(np.minimum(i, j) * n + np.maximum(i, j))
-    if not codes:
-        return np.empty((0, 2), dtype=np.int64)
-    code = np.unique(np.concatenate(codes))
-    return np.stack([code // n, code % n], axis=1).astype(np.int64)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Clustering
-
-
-@dataclass
-class NearDuplicates:
-    """Outcome of near-duplicate clustering over ``n`` documents.
-
-    ``representative[i]``: the kept document i is a near duplicate of (i itself when kept); ``jaccard_to_rep[i]``:
-    exact Jaccard between i and its representative (1.0 when kept); ``num_candidates``: LSH candidate pairs;
-    ``num_compared``: exact Jaccard evaluations; ``num_verified``: those at or above the threshold (one per
-    removed document); ``num_clusters``: kept documents with at least one near duplicate; ``largest_cluster``:
-    members of the largest cluster, its representative included (1 when nothing was removed).
-    """
-
-    representative: list[int]
-    jaccard_to_rep: list[float]
-    num_candidates: int
-    num_verified: int
-    num_compared: int = 0
-    num_clusters: int = 0
-    largest_cluster: int = 1
-
-    @property
-    def removed(self) -> list[int]:
-        """Indices of the documents removed as near duplicates, ascending."""
-        return [i for i, r in enumerate(self.representative) if r != i]
-
-
-def cluster(n: int, pairs: np.ndarray, similarity: Callable[[int, int], float], threshold: float) -> NearDuplicates:
-    """Greedy leader clustering of ``n`` documents in index order over candidate ``pairs`` ((m, 2), i < j).
-
-    Document j is compared, lowest index first, with the kept documents among its lower-index candidates and
-    with the representatives of its removed candidates; it is removed as a duplicate of the first of them with
-    ``similarity(i, j) >= threshold`` (exact Jaccard), otherwise it is kept. A document is thus only ever removed
-    on the strength of its own similarity to a kept representative: with A~B and B~C but A far from C, C stays.
-    Connected components (union-find) would chain and remove C; they are not used.
-    """
-    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    rep = list(range(n))
-    sim_to_rep = [1.0] * n
-    compared = verified = 0
-    if len(pairs):
-        lo, hi = pairs.min(axis=1), pairs.max(axis=1)
-        order = np.lexsort((lo, hi))
-        lo, hi = lo[order], hi[order]
-        bounds = np.flatnonzero(np.diff(hi)) + 1
-        for chunk_lo, j in zip(np.split(lo, bounds), hi[np.concatenate([[0], bounds])].tolist()):
-            tried: set[int] = set()
-            for leader in sorted({rep[i] for i in chunk_lo.tolist()}):
-                if leader in tried:
-                    continue
-                tried.add(leader)
-                compared += 1
-                s = similarity(leader, j)
-                if s >= threshold:
-                    rep[j], sim_to_rep[j] = leader, float(s)
-                    verified += 1
-                    break
-    sizes = np.bincount(np.asarray(rep, dtype=np.int64), minlength=n) if n else np.zeros(0, dtype=np.int64)
-    return NearDuplicates(rep, sim_to_rep, len(pairs), verified, compared, int((sizes > 1).sum()),
-                          int(sizes.max()) if n else 1)
-
-
-def near_duplicates(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHashConfig,
-                    groups: Sequence | np.ndarray | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> NearDuplicates:
-    """Near duplicates among in-memory ``texts`` (docs/methods.md §7): signatures → band keys → candidate pairs → leader
-    clustering with exact Jaccard >= ``cfg.jaccard_threshold`` on the shingle sets.
-
-    ``by_chars`` as in :func:`signatures`; texts shingled differently are never paired. ``groups`` (one label per
-    text, e.g. the source) restricts pairs to the same label; None compares all texts (scope "global").
-    A group losing more than ``cfg.max_removal_share`` of its documents is logged as a warning. With
-    ``cfg.enabled`` false every document is kept.
-    """
-    n = len(texts)
-    if not cfg.enabled or n == 0:
-        return NearDuplicates(list(range(n)), [1.0] * n, 0, 0)
-    flags = _as_flags(by_chars, n)
-    sigs, has = signatures(texts, flags, cfg, progress=progress)
-    keys = band_keys(sigs, cfg.bands, cfg.rows)
-    labels = np.zeros(n, dtype=np.int64) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
-    labels = labels.reshape(-1) * 2 + flags
-    pairs = lsh_candidate_pairs(keys, has, labels)
-    docs = np.unique(pairs).tolist()
-    sets = dict(zip(docs, shingle_hash_sets([texts[i] for i in docs], cfg.shingle_size, flags[docs])))
-    found = cluster(n, pairs, lambda i, j: jaccard_hashes(sets[i], sets[j]), cfg.jaccard_threshold)
-    _warn_removal_share(found, labels // 2, groups, cfg.max_removal_share)
-    return found
-
-
-def _warn_removal_share(found: NearDuplicates, labels: np.ndarray, groups, limit: float) -> None:
-    removed = np.asarray(found.representative) != np.arange(len(found.representative))
-    total, gone = np.bincount(labels), np.bincount(labels, weights=removed, minlength=len(np.bincount(labels)))
-    names = np.unique(np.asarray(groups)) if groups is not None else ["all documents"]
-    for g in np.flatnonzero(gone > limit * total):
-        log.warning("near dedup removed %d of %d documents (%.1f%%) of %s, above max_removal_share %.0f%%",
-                    int(gone[g]), int(total[g]), 100 * gone[g] / total[g], names[g], 100 * limit)

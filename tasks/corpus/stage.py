@@ -13,12 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
+import duckdb
 import pandas as pd
+import pyarrow.parquet as pq
 
+from infra.atomic import atomic_file
 from infra.errors import DataError
 from infra.stage import StageContext
 from tasks.corpus.build import CURATION_STEPS, curate, split_sources
@@ -41,19 +43,18 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
         result = curate(work, ctx.out, cfg, eval_items=eval_items,
                         shard_map=_counting(shard_map, advance))
         advance(1)
-    rejects = pd.read_parquet(src / "rejects.parquet")
-    removals = result.removals
-    if len(rejects):
-        removals = pd.concat([rejects, removals], ignore_index=True)
-        removals.to_parquet(ctx.out / "removals.parquet", index=False)
-    kept = result.kept
-    read_ids = _read_ids(src, described)
-    reconcile(read_ids, rejects, kept, result.removals)
-    manifest = build_manifest(described, read_ids, rejects, kept, removals, result, cfg, eval_items)
+    rejects_path = src / "rejects.parquet"
+    _prepend_rejects(rejects_path, ctx.out / "removals.parquet")
+    docs_paths = [src / "docs" / f"{name}.parquet" for name in described]
+    kept_path, removals_path = ctx.out / "kept.parquet", ctx.out / "removals.parquet"
+    reconcile(docs_paths, [rejects_path], [kept_path], [result.out / "removals.parquet"])
+    manifest = build_manifest(described, docs_paths, [rejects_path], [kept_path], [removals_path], result, cfg,
+                              eval_items)
     (ctx.out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     shutil.rmtree(work, ignore_errors=True)
     warnings = [w for s in manifest["sources"].values() for w in s["warnings"]]
-    return {"docs_in": int(len(read_ids) + len(rejects)), "docs_out": int(len(kept)), "removed": int(len(removals)),
+    n_docs = sum(_rows(f) for f in docs_paths) + _rows(rejects_path)
+    return {"docs_in": int(n_docs), "docs_out": _rows(kept_path), "removed": _rows(removals_path),
             "shards": n_shards, "manifest_hash": manifest["manifest_hash"], "warnings": warnings}
 
 
@@ -65,31 +66,71 @@ def _counting(shard_map, advance):
     return run
 
 
-def _read_ids(src: Path, described: dict) -> pd.DataFrame:
-    return pd.concat([pd.read_parquet(src / "docs" / f"{name}.parquet", columns=["doc_id", "source"])
-                      for name in described], ignore_index=True)
+def _rows(path: Path) -> int:
+    return int(pq.ParquetFile(path).metadata.num_rows)
 
 
-def reconcile(docs: pd.DataFrame, rejects: pd.DataFrame, kept: pd.DataFrame, removals: pd.DataFrame) -> None:
+def _prepend_rejects(rejects: Path, removals: Path) -> None:
+    """The sources stage's rejects first, then the build's removals, streamed into one ledger file."""
+    if not _rows(rejects):
+        return
+    ledger = pq.ParquetFile(removals)
+    with atomic_file(removals) as f, pq.ParquetWriter(f, ledger.schema_arrow) as out:
+        out.write_table(pq.read_table(rejects).select(ledger.schema_arrow.names).cast(ledger.schema_arrow))
+        for group in range(ledger.num_row_groups):
+            out.write_table(ledger.read_row_group(group))
+
+
+Table = pd.DataFrame | Sequence[Path]
+
+
+def _register(con: duckdb.DuckDBPyConnection, name: str, table: Table, columns: dict[str, str]) -> None:
+    """View ``name`` over a frame or Parquet files, with ``columns`` ({name: DuckDB type}); missing ones are NULL."""
+    if isinstance(table, pd.DataFrame):
+        frame = table.reindex(columns=[c for c in columns if c in table.columns])
+        con.register(f"_{name}", frame if len(frame.columns) else pd.DataFrame({"_": []}))
+        source = f"_{name}"
+        present = set(frame.columns)
+    else:
+        files = [str(f) for f in table]
+        present = {c for f in files for c in pq.ParquetFile(f).schema_arrow.names}
+        source = f"read_parquet({files!r}, union_by_name = true)"
+    select = ", ".join(f"{c}::{t} AS {c}" if c in present else f"NULL::{t} AS {c}" for c, t in columns.items())
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT {select} FROM {source}")
+
+
+def reconcile(docs: Table, rejects: Table, kept: Table, removals: Table) -> None:
     """Every document read is either kept or removed with one reason: nothing is silently lost or counted twice.
+
+    Each table is a frame or Parquet files with a ``doc_id`` column; DuckDB checks them out of core.
 
     Raises:
         DataError: a document is neither kept nor removed, has two removal rows, or is both kept and removed.
     """
-    lost = set(docs["doc_id"]) - set(kept["doc_id"]) - set(removals["doc_id"])
-    if lost:
-        raise DataError(f"{len(lost)} documents neither kept nor removed, e.g. {sorted(lost)[:3]}")
-    twice = removals["doc_id"][removals["doc_id"].duplicated()]
-    if len(twice):
-        raise DataError(f"{twice.nunique()} documents have more than one removal row, e.g. {list(twice[:3])}")
-    both = set(kept["doc_id"]) & set(removals["doc_id"])
-    if both:
-        raise DataError(f"{len(both)} documents are both kept and removed, e.g. {sorted(both)[:3]}")
+    with duckdb.connect() as con:
+        for name, table in (("docs", docs), ("kept", kept), ("removals", removals)):
+            _register(con, name, table, {"doc_id": "VARCHAR"})
+        lost = con.execute("SELECT doc_id FROM (SELECT doc_id FROM docs EXCEPT SELECT doc_id FROM kept "
+                           "EXCEPT SELECT doc_id FROM removals) ORDER BY doc_id").fetchall()
+        if lost:
+            raise DataError(f"{len(lost)} documents neither kept nor removed, e.g. {[r[0] for r in lost[:3]]}")
+        twice = con.execute("SELECT doc_id, count(*) FROM removals GROUP BY doc_id HAVING count(*) > 1 "
+                            "ORDER BY doc_id").fetchall()
+        if twice:
+            raise DataError(f"{len(twice)} documents have more than one removal row, e.g. "
+                            f"{[r[0] for r in twice[:3]]}")
+        both = con.execute("SELECT doc_id FROM (SELECT doc_id FROM kept INTERSECT SELECT doc_id FROM removals) "
+                           "ORDER BY doc_id").fetchall()
+        if both:
+            raise DataError(f"{len(both)} documents are both kept and removed, e.g. {[r[0] for r in both[:3]]}")
 
 
-def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, kept: pd.DataFrame,
-                   removals: pd.DataFrame, result, cfg: CorpusConfig,
-                   eval_items: Sequence[EvalItem]) -> dict[str, Any]:
+_KEPT_AGG = {"doc_id": "VARCHAR", "source": "VARCHAR", "n_chars": "BIGINT", "n_bytes": "BIGINT",
+             "n_words": "BIGINT", "pii_replacements": "BIGINT", "lines_dropped": "BIGINT", "fixes": "VARCHAR"}
+
+
+def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, removals: Table, result,
+                   cfg: CorpusConfig, eval_items: Sequence[EvalItem]) -> dict[str, Any]:
     """The corpus manifest (docs/methods.md §7: per component source, snapshot, licence, filters, counts) and its hash.
 
     Per source: documents and characters in/out of every stage, removals by rule, repairs by fix name, PII
@@ -97,14 +138,34 @@ def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, k
     the LSH threshold, S-curve, unused signature values, candidate probability at ``jaccard_threshold`` and the
     config's warnings (``MinHashConfig.lsh_figures``, ``lsh_warnings``). Token counts are added by
     the tokenizer stage (tokens do not exist before it). ``manifest_hash`` is the SHA-256 of the manifest without it.
+    The tables (frames or Parquet files) are aggregated by DuckDB, so the kept corpus is never loaded whole.
     """
     funnel = result.funnel
     hits = result.hits
+    with duckdb.connect() as con:
+        _register(con, "docs", docs, {"doc_id": "VARCHAR", "source": "VARCHAR"})
+        _register(con, "rejects", rejects, {"doc_id": "VARCHAR", "source": "VARCHAR"})
+        _register(con, "kept", kept, _KEPT_AGG)
+        _register(con, "removals", removals, {"doc_id": "VARCHAR", "source": "VARCHAR", "rule": "VARCHAR"})
+        read = dict(con.execute("SELECT source, count(*) FROM docs GROUP BY source").fetchall())
+        rejected = dict(con.execute("SELECT source, count(*) FROM rejects GROUP BY source").fetchall())
+        totals = {r[0]: r[1:] for r in con.execute(
+            "SELECT source, count(*), coalesce(sum(n_chars), 0), coalesce(sum(n_bytes), 0), "
+            "coalesce(sum(n_words), 0), coalesce(sum(pii_replacements), 0), coalesce(sum(lines_dropped), 0) "
+            "FROM kept GROUP BY source").fetchall()}
+        fixes: dict[str, dict[str, int]] = {}
+        for source, fix, n in con.execute(
+                "SELECT source, string_split(f, ':')[-1] AS fix, count(*) FROM "
+                "(SELECT source, unnest(string_split(fixes, ',')) AS f FROM kept WHERE fixes <> '') "
+                "WHERE f <> '' GROUP BY source, fix ORDER BY source, fix").fetchall():
+            fixes.setdefault(source, {})[fix] = int(n)
+        by_rule: dict[str, dict[str, int]] = {}
+        for source, rule, n in con.execute("SELECT source, rule, count(*) FROM removals GROUP BY source, rule "
+                                           "ORDER BY source, rule").fetchall():
+            by_rule.setdefault(source, {})[str(rule)] = int(n)
     sources = {}
     for name, info in described.items():
-        mine = kept[kept["source"] == name]
-        gone = removals[removals["source"] == name]
-        fixes = Counter(f.split(":")[-1] for cell in mine["fixes"] for f in cell.split(",") if f)
+        n_kept, n_chars, n_bytes, n_words, pii, dropped = totals.get(name, (0, 0, 0, 0, 0, 0))
         rules_gopher, rules_chinese = cfg.rules_for(name)
         near = result.near.get(name, {})
         sources[name] = {
@@ -114,21 +175,20 @@ def build_manifest(described: dict, docs: pd.DataFrame, rejects: pd.DataFrame, k
                         "chinese": rules_chinese.model_dump(), "pii": cfg.pii, "exact_dedup": cfg.exact_dedup,
                         "near_dedup": cfg.near_dedup.model_dump(), "boilerplate": cfg.boilerplate.model_dump(),
                         "decontamination": cfg.decontamination.model_dump()},
-            "docs_in": int((docs["source"] == name).sum() + (rejects["source"] == name).sum()),
-            "docs_out": int(len(mine)), "n_chars": int(mine["n_chars"].sum()), "n_bytes": int(mine["n_bytes"].sum()),
-            "n_words": int(mine["n_words"].sum()),
+            "docs_in": int(read.get(name, 0) + rejected.get(name, 0)),
+            "docs_out": int(n_kept), "n_chars": int(n_chars), "n_bytes": int(n_bytes), "n_words": int(n_words),
             "stages": {row.stage: {"docs_in": int(row.docs_in), "docs_out": int(row.docs_out),
                                    "chars_in": int(row.chars_in), "chars_out": int(row.chars_out)}
                        for row in funnel[funnel["source"] == name].itertuples()},
-            "removed_by_rule": {str(k): int(v) for k, v in gone["rule"].value_counts().sort_index().items()},
-            "repairs": dict(sorted(fixes.items())),
-            "pii_replacements": int(mine["pii_replacements"].sum()),
-            "lines_dropped": int(mine["lines_dropped"].sum()),
+            "removed_by_rule": by_rule.get(name, {}),
+            "repairs": fixes.get(name, {}),
+            "pii_replacements": int(pii),
+            "lines_dropped": int(dropped),
             "near_dedup": {k: v for k, v in near.items() if k != "warning"},
             "decontamination_hits": int((hits["source"] == name).sum()) if len(hits) else 0,
             "warnings": [near["warning"]] if near.get("warning") else [],
         }
-        if (docs["source"] == name).sum() and not len(mine):
+        if read.get(name, 0) and not n_kept:
             sources[name]["warnings"].append(f"source {name} has no kept document")
     body = {
         "version": MANIFEST_VERSION, "stages": CURATION_STEPS, "sources": sources,

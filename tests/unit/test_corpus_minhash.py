@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from infra.errors import ConfigError
 from tasks.corpus import minhash
 from tasks.corpus.config import MinHashConfig
-from tasks.corpus.minhash import (EMPTY, MERSENNE_P, band_keys, cluster, jaccard, jaccard_hashes,
-                                  lsh_candidate_pairs, lsh_candidate_probability, lsh_threshold, near_duplicates,
+from tasks.corpus.minhash import (EMPTY, MERSENNE_P, band_keys, jaccard, jaccard_hashes,
+                                  lsh_candidate_probability, lsh_threshold,
                                   oph_probes, permutations, s_curve, shingle_hash_sets, shingle_hashes, shingles,
                                   signatures)
 
@@ -271,129 +271,6 @@ def test_band_keys_agree_exactly_when_the_band_rows_do():
     assert keys[3, 0] != keys[3, 1]  # same rows in another band: another key
     with pytest.raises(ValueError, match="bands\\*rows"):
         band_keys(sigs, bands=3, rows=3)
-
-
-def test_candidate_pairs_skip_invalid_documents_and_respect_groups():
-    keys = np.array([[1, 10], [1, 11], [2, 10], [1, 12], [3, 13]], dtype=np.uint64)
-    valid = np.array([True, True, True, False, True])
-    assert lsh_candidate_pairs(keys, valid).tolist() == [[0, 1], [0, 2]]
-    assert lsh_candidate_pairs(keys, np.ones(5, dtype=bool)).tolist() == [[0, 1], [0, 2], [0, 3], [1, 3]]
-    groups = np.array([7, 7, 8, 7, 8])
-    assert lsh_candidate_pairs(keys, valid, groups).tolist() == [[0, 1]]
-    assert lsh_candidate_pairs(keys[:1], valid[:1]).shape == (0, 2)
-
-
-def test_huge_buckets_link_each_member_to_the_first_members_only():
-    n, cap = 100, 3
-    keys = np.zeros((n, 2), dtype=np.uint64)
-    pairs = lsh_candidate_pairs(keys, np.ones(n, dtype=bool), max_links=cap)
-    assert len(pairs) == sum(min(t, cap) for t in range(n))
-    assert set(pairs[:, 0].tolist()) == {0, 1, 2} and np.all(pairs[:, 0] < pairs[:, 1])
-    small = lsh_candidate_pairs(keys[:cap + 1], np.ones(cap + 1, dtype=bool), max_links=cap)
-    assert len(small) == (cap + 1) * cap // 2  # buckets up to cap + 1 members are complete
-    found = near_duplicates(["the same five words here"] * n, False, MinHashConfig(scope="global"))
-    assert found.representative == [0] * n and found.largest_cluster == n and found.num_clusters == 1
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_empty_documents_are_never_paired(family):
-    texts = ["", "   ", "\n\t", "\u3000", "", "one two three four five six"]
-    sigs, has = signatures(texts, [False, False, True, True, False, False], MinHashConfig(family=family))
-    assert has.tolist() == [False] * 5 + [True]
-    assert np.all(sigs[:5] == EMPTY)
-    keys = band_keys(sigs, 14, 8)
-    assert lsh_candidate_pairs(keys, has).shape == (0, 2)
-    found = near_duplicates(texts, False, MinHashConfig(family=family))
-    assert found.representative == list(range(6)) and found.num_candidates == 0
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_identical_and_edited_copies_are_found_with_exact_jaccard(family):
-    rng = random.Random(1)
-    words = _random_words(rng, 400)
-    edited = list(words)
-    edited[200] = "changed"
-    texts = [" ".join(words), " ".join(_random_words(rng, 400, "o")), " ".join(edited), " ".join(words)]
-    found = near_duplicates(texts, False, MinHashConfig(family=family))
-    assert found.representative == [0, 1, 0, 0]
-    exact = jaccard(shingles(texts[0], 5, False), shingles(texts[2], 5, False))
-    assert found.jaccard_to_rep == [1.0, 1.0, pytest.approx(exact), 1.0]
-    assert exact >= 0.8 and found.num_verified == 2 and found.removed == [2, 3]
-    assert found.num_clusters == 1 and found.largest_cluster == 3
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_character_shingled_texts_match_each_other_but_never_word_shingled_ones(family):
-    poem = "床前明月光疑是地上霜举头望明月低头思故乡" * 4
-    near = poem[:30] + "夜" + poem[31:]
-    found = near_duplicates([poem, near, poem], [True, True, False], MinHashConfig(family=family))
-    assert found.representative == [0, 0, 2]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_distinct_short_documents_never_match(family):
-    texts = ["Hello world.", "Hello there world.", "Good morning", "", "  "]
-    found = near_duplicates(texts, [False, False, False, False, True], MinHashConfig(shingle_size=5, family=family))
-    assert found.representative == [0, 1, 2, 3, 4]
-    assert found.num_candidates == 0
-
-
-def _edit(words: list[str], positions: range, tag: str) -> list[str]:
-    out = list(words)
-    for p in positions:
-        out[p] = f"{tag}{p}"
-    return out
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_leader_clustering_does_not_chain(family):
-    rng = random.Random(7)
-    a = _random_words(rng, 400)
-    b = _edit(a, range(10, 400, 60), "b")  # 7 edits, spaced: J(A, B) ≈ 0.84
-    c = _edit(b, range(40, 400, 60), "c")  # 7 more: J(B, C) ≈ 0.84, J(A, C) ≈ 0.70
-    texts = [" ".join(t) for t in (a, b, c)]
-    sets = [shingles(t, 5, False) for t in texts]
-    assert jaccard(sets[0], sets[1]) >= 0.8 and jaccard(sets[1], sets[2]) >= 0.8 and jaccard(sets[0], sets[2]) < 0.8
-    all_pairs = np.array([[0, 1], [0, 2], [1, 2]])
-    found = cluster(3, all_pairs, lambda i, j: jaccard(sets[i], sets[j]), 0.8)
-    assert found.representative == [0, 0, 2]  # C stays: it only resembles B, which was removed
-    assert found.num_compared == 2 and found.num_verified == 1
-    assert near_duplicates(texts, False, MinHashConfig(family=family)).representative == [0, 0, 2]
-
-
-def test_cluster_compares_with_the_representative_of_a_removed_candidate():
-    # 2's only candidate is 1, removed as a duplicate of 0; 2 is then checked against 0 itself.
-    sims = {(0, 1): 0.9, (0, 2): 0.85, (1, 2): 0.9}
-    found = cluster(3, np.array([[0, 1], [1, 2]]), lambda i, j: sims[(i, j)], 0.8)
-    assert found.representative == [0, 0, 0] and found.jaccard_to_rep == [1.0, 0.9, 0.85]
-    assert cluster(0, np.empty((0, 2)), lambda i, j: 1.0, 0.8).representative == []
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_scope_source_keeps_copies_in_other_sources(family):
-    text = " ".join(_random_words(random.Random(8), 100))
-    texts = [text, text, text]
-    found = near_duplicates(texts, False, MinHashConfig(family=family), groups=["a", "b", "a"])
-    assert found.representative == [0, 1, 0]
-    assert near_duplicates(texts, False, MinHashConfig(scope="global", family=family)).representative == [0, 0, 0]
-
-
-def test_large_removal_share_is_logged(caplog):
-    text = " ".join(_random_words(random.Random(9), 50))
-    other = " ".join(_random_words(random.Random(10), 50))
-    with caplog.at_level(logging.WARNING, logger="tasks.corpus.minhash"):
-        near_duplicates([text, text, text, other], False, MinHashConfig(max_removal_share=0.5),
-                        groups=["web", "web", "web", "books"])
-    assert "web" in caplog.text and "books" not in caplog.text
-
-
-def test_disabled_near_dedup_keeps_everything_and_progress_reaches_the_end():
-    assert near_duplicates(["a b c d e"] * 3, False, MinHashConfig(enabled=False)).representative == [0, 1, 2]
-    seen = []
-    signatures(["a b c d e f"] * 5, False, MinHashConfig(), progress=lambda d, t: seen.append((d, t)))
-    assert seen[-1] == (5, 5)
-    with pytest.raises(ValueError, match="by_chars"):
-        signatures(["a", "b"], [True], MinHashConfig())
 
 
 @pytest.mark.parametrize("kwargs", [dict(bands=16, rows=8, num_perm=112), dict(jaccard_threshold=0.0),

@@ -1,0 +1,225 @@
+"""Near-duplicate decisions (docs/methods.md §7): candidate pairs from LSH band keys, exact-Jaccard verification,
+leader clustering in corpus order, and near-duplicate families.
+
+One implementation for every caller. The corpus build runs these steps out of core (band keys and pairs in DuckDB
+tables that spill to disk, verification in the shard workers, see :mod:`tasks.corpus.build`); the audit, the tests
+and ``benchmarks/near_dedup.py`` call :func:`near_duplicates`, which runs the same steps on in-memory texts.
+
+Steps and shapes (``n`` documents at dense positions ``0..n-1`` in corpus order, ``b`` bands):
+
+1. :func:`candidate_pairs`: from a DuckDB relation ``(pos BIGINT, grp BIGINT, band_0 … band_{b-1} UBIGINT)`` of the
+   documents that may match, the unique pairs ``(i, j)``, ``i < j``, agreeing on at least one band key within one
+   ``grp`` (the source for scope "source", and always the shingling mode: word and character shingles never meet).
+   A bucket's members, in corpus order, are each paired with the bucket's first ``max_links`` members only, so a
+   bucket of L documents yields at most ``max_links·L`` pairs instead of L(L−1)/2; buckets of up to
+   ``max_links + 1`` members are complete. Leader clustering compares a document with earlier documents, which the
+   first members of its buckets are.
+2. :func:`jaccard_hashes` on each pair's sorted shingle hashes; pairs at or above ``jaccard_threshold`` are verified.
+3. :func:`leaders`: in corpus order, a document is removed when it is verified against an earlier document that is
+   kept; chains (A~B~C with A far from C) never remove C on B's account.
+4. :func:`families`: connected components of the verified pairs, each rooted at its first member in corpus order,
+   for document-aware held-out splits (near copies stay on one side).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from tasks.corpus.config import MinHashConfig
+from tasks.corpus.minhash import band_keys, jaccard_hashes, shingle_hash_sets, signatures
+
+log = logging.getLogger(__name__)
+
+MAX_LINKS = 32
+
+__all__ = ["MAX_LINKS", "NearDuplicates", "candidate_pairs", "families", "group_labels", "leaders",
+           "near_duplicates", "verify", "cluster_pairs"]
+
+
+def candidate_pairs(con: duckdb.DuckDBPyConnection, keys: str, bands: int, out: str,
+                    max_links: int = MAX_LINKS) -> int:
+    """Create table ``out (i BIGINT, j BIGINT)``: unique candidate pairs ``i < j`` of relation ``keys``.
+
+    ``keys`` names a table or view with columns ``pos`` (BIGINT, corpus order), ``grp`` (BIGINT) and ``band_0`` …
+    ``band_{bands-1}`` (UBIGINT, :func:`tasks.corpus.minhash.band_keys`). Each band is one grouped self-join, so
+    DuckDB bounds memory by its ``memory_limit`` and spills to its ``temp_directory``. Returns the pair count.
+    """
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _pairs_raw (i BIGINT, j BIGINT)")
+    for band in range(bands):
+        con.execute(f"""
+            INSERT INTO _pairs_raw
+            WITH m AS (SELECT pos, grp, band_{band} AS key FROM {keys}),
+            hit AS (SELECT grp, key FROM m GROUP BY grp, key HAVING count(*) > 1),
+            r AS (SELECT m.pos, m.grp, m.key,
+                         row_number() OVER (PARTITION BY m.grp, m.key ORDER BY m.pos) - 1 AS rnk
+                  FROM m SEMI JOIN hit ON m.grp = hit.grp AND m.key = hit.key),
+            head AS (SELECT * FROM r WHERE rnk < {int(max_links)})
+            SELECT a.pos AS i, b.pos AS j FROM head a JOIN r b
+              ON a.grp = b.grp AND a.key = b.key AND a.rnk < b.rnk""")
+    con.execute(f"CREATE OR REPLACE TABLE {out} AS SELECT DISTINCT i, j FROM _pairs_raw")
+    con.execute("DROP TABLE _pairs_raw")
+    return int(con.execute(f"SELECT count(*) FROM {out}").fetchone()[0])
+
+
+def verify(pairs: np.ndarray, similarity: Callable[[int, int], float],
+           threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact similarity of each candidate pair; returns the verified pairs ``(m, 2)`` int64 and their similarities.
+
+    ``similarity(i, j)`` is the exact Jaccard of two documents' shingle sets (:func:`jaccard_hashes` on sorted
+    shingle hashes in the build). Similarities stay in numpy (one float per pair): a dict of tuples would cost ~200
+    bytes a pair at crawl scale.
+    """
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    sims = np.fromiter((similarity(i, j) for i, j in pairs.tolist()),
+                       dtype=np.float64, count=len(pairs))
+    ok = sims >= threshold
+    return pairs[ok], sims[ok]
+
+
+def leaders(batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Leader clustering over verified pairs given in ``(j, i)`` order (batches of ``i``, ``j``, similarity arrays).
+
+    Returns ``(removed, leader, similarity)``, ascending by ``removed``: document ``j`` is removed as a near duplicate
+    of the first (lowest) ``i`` it is verified against among the documents kept so far. Memory: one byte per
+    position (``n``) plus the removed documents.
+
+    Raises:
+        ValueError: the pairs are not sorted by ``(j, i)`` (the decision would depend on their order).
+    """
+    gone = np.zeros(n, dtype=bool)
+    out_j: list[int] = []
+    out_i: list[int] = []
+    out_s: list[float] = []
+    last = (-1, -1)
+    for i_arr, j_arr, s_arr in batches:
+        for i, j, s in zip(i_arr.tolist(), j_arr.tolist(), s_arr.tolist()):
+            if (j, i) < last:
+                raise ValueError("verified pairs must come sorted by (j, i)")
+            last = (j, i)
+            if not gone[j] and not gone[i]:
+                gone[j] = True
+                out_j.append(j)
+                out_i.append(i)
+                out_s.append(s)
+    return (np.asarray(out_j, dtype=np.int64), np.asarray(out_i, dtype=np.int64),
+            np.asarray(out_s, dtype=np.float64))
+
+
+def families(i: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Connected components of the verified pairs: ``(members, roots)``, both int64 over the documents that appear in
+    a pair (every other document is its own family), each root the lowest position of its component.
+
+    Connected components by scipy's ``csgraph`` over the compressed node set, so memory grows with the pairs, not
+    with the corpus.
+    """
+    i, j = np.asarray(i, dtype=np.int64), np.asarray(j, dtype=np.int64)
+    if not len(i):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    members, inverse = np.unique(np.concatenate([i, j]), return_inverse=True)
+    m = len(members)
+    graph = coo_matrix((np.ones(len(i), dtype=np.int8), (inverse[:len(i)], inverse[len(i):])), shape=(m, m))
+    _, labels = connected_components(graph, directed=False)
+    roots = np.full(labels.max() + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(roots, labels, members)
+    return members, roots[labels]
+
+
+def group_labels(by_chars: np.ndarray, groups: Sequence | np.ndarray | None) -> np.ndarray:
+    """(n,) int64 candidate groups: ``2·group + by_chars`` (one group when ``groups`` is None)."""
+    flags = np.asarray(by_chars, dtype=np.int64)
+    base = np.zeros(len(flags), np.int64) if groups is None else \
+        np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return base * 2 + flags
+
+
+@dataclass
+class NearDuplicates:
+    """Outcome of near-duplicate detection over ``n`` in-memory documents.
+
+    ``representative[i]``: the kept document i is a near duplicate of (i itself when kept); ``jaccard_to_rep[i]``:
+    exact Jaccard between i and its representative (1.0 when kept); ``family[i]``: the first document of i's
+    family; ``num_candidates``: LSH candidate pairs (each verified exactly); ``num_verified``: pairs at or above
+    the threshold; ``num_clusters``: kept documents with at least one near duplicate removed; ``largest_cluster``:
+    members of the largest such cluster, its representative included (1 when nothing was removed).
+    """
+
+    representative: list[int]
+    jaccard_to_rep: list[float]
+    num_candidates: int
+    num_verified: int
+    num_clusters: int = 0
+    largest_cluster: int = 1
+    family: list[int] = field(default_factory=list)
+
+    @property
+    def removed(self) -> list[int]:
+        """Indices of the documents removed as near duplicates, ascending."""
+        return [i for i, r in enumerate(self.representative) if r != i]
+
+
+def near_duplicates(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHashConfig,
+                    groups: Sequence | np.ndarray | None = None) -> NearDuplicates:
+    """Near duplicates among in-memory ``texts``, by the steps the corpus build runs (module docstring).
+
+    ``by_chars``: one flag for all texts or one per text (character shingles for languages written without
+    spaces); ``groups`` (one label per text, e.g. the source) restricts pairs to the same label; None compares
+    all texts (scope "global"). A group losing more than ``cfg.max_removal_share`` of its documents is logged as a
+    warning. With ``cfg.enabled`` false every document is kept.
+    """
+    n = len(texts)
+    if not cfg.enabled or n == 0:
+        return NearDuplicates(list(range(n)), [1.0] * n, 0, 0, family=list(range(n)))
+    flags = np.broadcast_to(np.asarray(by_chars, dtype=bool), (n,)).copy()
+    sigs, has = signatures(list(texts), flags, cfg)
+    keys = band_keys(sigs, cfg.bands, cfg.rows)
+    labels = group_labels(flags, groups)
+    valid = np.flatnonzero(has)
+    table = pa.table({"pos": valid.astype(np.int64), "grp": labels[valid],
+                      **{f"band_{b}": keys[valid, b] for b in range(cfg.bands)}})
+    with duckdb.connect() as con:
+        con.register("valid_keys", table)
+        n_pairs = candidate_pairs(con, "valid_keys", cfg.bands, "pairs")
+        pairs = con.execute("SELECT i, j FROM pairs ORDER BY i, j").fetchnumpy()
+    pairs = np.stack([pairs["i"], pairs["j"]], axis=1).astype(np.int64) if n_pairs else np.zeros((0, 2), np.int64)
+    docs = np.unique(pairs).tolist()
+    sets = dict(zip(docs, shingle_hash_sets([texts[i] for i in docs], cfg.shingle_size, flags[docs])))
+    found = cluster_pairs(n, pairs, lambda i, j: jaccard_hashes(sets[i], sets[j]), cfg.jaccard_threshold)
+    _warn_removal_share(found, labels // 2, groups, cfg.max_removal_share)
+    return found
+
+
+def cluster_pairs(n: int, pairs: np.ndarray, similarity: Callable[[int, int], float],
+                  threshold: float) -> NearDuplicates:
+    """Steps 2–4 over ``n`` documents and their candidate ``pairs`` ((m, 2), i < j): :func:`verify`, :func:`leaders`
+    and :func:`families`, in memory."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    verified, sims = verify(pairs, similarity, threshold)
+    order = np.lexsort((verified[:, 0], verified[:, 1]))
+    removed, leader, sim = leaders([(verified[order, 0], verified[order, 1], sims[order])], n)
+    rep, to_rep = list(range(n)), [1.0] * n
+    for j, i, s in zip(removed.tolist(), leader.tolist(), sim.tolist()):
+        rep[j], to_rep[j] = i, s
+    members, roots = families(verified[:, 0], verified[:, 1])
+    family = np.arange(n, dtype=np.int64)
+    family[members] = roots
+    sizes = np.bincount(np.asarray(rep, dtype=np.int64), minlength=n) if n else np.zeros(1, np.int64)
+    return NearDuplicates(rep, to_rep, len(pairs), len(verified), int((sizes > 1).sum()), int(max(sizes.max(), 1)),
+                          family.tolist())
+
+
+def _warn_removal_share(found: NearDuplicates, labels: np.ndarray, groups, limit: float) -> None:
+    removed = np.asarray(found.representative) != np.arange(len(found.representative))
+    total, gone = np.bincount(labels), np.bincount(labels, weights=removed, minlength=len(np.bincount(labels)))
+    names = np.unique(np.asarray(groups)) if groups is not None else ["all documents"]
+    for g in np.flatnonzero(gone > limit * total):
+        log.warning("near dedup removed %d of %d documents (%.1f%%) of %s, above max_removal_share %.0f%%",
+                    int(gone[g]), int(total[g]), 100 * gone[g] / total[g], names[g], 100 * limit)
