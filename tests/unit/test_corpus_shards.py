@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from infra.errors import DataError
+from infra.shard_map import process_map, sequential_map
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.build import build_corpus, curate, filter_shard, split_sources
 from tasks.corpus.config import CorpusConfig
@@ -57,13 +58,30 @@ def one_shard(tmp_path_factory):
     return build_corpus(docs_frame(60), cfg, out=tmp_path_factory.mktemp("one"))
 
 
-def test_result_does_not_depend_on_shard_size(one_shard, tmp_path):
-    small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution={"shard_docs": 7}), out=tmp_path)
-    pd.testing.assert_frame_equal(one_shard.kept, small.kept)
-    key = ["doc_id"]
-    pd.testing.assert_frame_equal(one_shard.removals.sort_values(key).reset_index(drop=True),
-                                  small.removals.sort_values(key).reset_index(drop=True))
-    pd.testing.assert_frame_equal(one_shard.funnel, small.funnel)
+@pytest.mark.parametrize("shard_docs, workers", [(7, 0), (5, 2)])
+def test_result_does_not_depend_on_shard_size_or_workers(one_shard, tmp_path, shard_docs, workers):
+    shard_map = process_map(workers) if workers else sequential_map
+    small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution={"shard_docs": shard_docs}), out=tmp_path,
+                         shard_map=shard_map)
+    assert len(list((tmp_path / "_work" / "in").glob("*.parquet"))) > 8
+    for name in ("kept", "removals", "funnel", "hits"):
+        pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(small, name))
+    assert small.near == one_shard.near
+
+
+def test_resume_after_a_crash_in_the_global_passes(tmp_path):
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 9})
+    fresh = build_corpus(docs_frame(50), cfg, out=tmp_path / "a")
+    work = tmp_path / "a" / "_work"
+    assert (work / "verified").exists() and len(list((work / "verified").iterdir())) > 2
+    # A run killed after verifying some shards: later passes' outputs are gone, earlier ones stay.
+    for name in sorted(p.name for p in (work / "verified").iterdir())[1:]:
+        shutil.rmtree(work / "verified" / name)
+    for folder in ("decisions", "kept"):
+        shutil.rmtree(work / folder)
+    resumed = curate(work, tmp_path / "b", cfg)
+    for name in ("kept", "removals", "funnel", "hits"):
+        pd.testing.assert_frame_equal(getattr(fresh, name), getattr(resumed, name))
 
 
 def test_copies_removed_across_shards(one_shard):
