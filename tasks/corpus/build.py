@@ -6,8 +6,8 @@ complete, so a rerun skips finished shards and never reads a partial one. The gl
 on DuckDB tables in a file under the work directory (``memory_limit`` bounded, spilling to disk), over integer
 positions in corpus order: no per-document Python object lives in the main process.
 
-1. ``split``: the raw documents are cut into input shards of ``execution.shard_docs`` documents, in corpus order;
-   repeated ``doc_id`` values are found by DuckDB over the shards (out of core).
+1. ``plan``: the raw documents are divided into input shards of ``execution.shard_docs`` documents, in corpus
+   order, as slices of the source files (nothing is copied); repeated ``doc_id`` values are found by DuckDB.
 2. ``filter`` (per shard): the per-document stages of :mod:`tasks.corpus.filters`, plus the document frequency of
    every line/paragraph (for boilerplate).
 3. global: units in ``boilerplate.min_docs`` documents or more, summed over shards (DuckDB).
@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from evals.contamination import EvalIndex, EvalItem
-from infra.atomic import atomic_dir, atomic_file
+from infra.atomic import atomic_dir, atomic_file, atomic_write_text
 from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
@@ -116,56 +116,77 @@ def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[
     """
     out = Path(tempfile.mkdtemp(prefix="corpus-")) if out is None else out
     work = out / "_work"
-    _split_frames([docs], work, cfg.execution.shard_docs)
+    work.mkdir(parents=True, exist_ok=True)
+    _check_columns(list(docs.columns))
+    # Sanitised first: Parquet holds only valid UTF-8 (a frame may carry lone surrogates).
+    sanitise(docs[INPUT_COLUMNS]).to_parquet(work / "input.parquet", index=False,
+                                              row_group_size=cfg.execution.shard_docs)
+    split_sources([work / "input.parquet"], work, cfg.execution.shard_docs)
     return curate(work, out, cfg, eval_items=eval_items, progress=progress, shard_map=shard_map)
 
 
 def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
-    """Stream raw-document Parquet files (in order) into input shards of ``shard_docs`` rows; returns the count.
+    """Plan the input shards: ``shard_docs`` consecutive documents each, in corpus order over ``files`` (raw-document
+    Parquet files), written to ``work/shards.json`` as (file, first row, rows) slices; returns the shard count.
 
-    Memory holds one batch at a time. Skipped when a previous run finished splitting (``in/_DONE``).
+    Nothing is copied: each filter worker reads its slice from the files (only the row groups it overlaps), so no
+    serial pass over the corpus's bytes remains in the main process. Repeated ``doc_id`` values are found by
+    DuckDB over the files (out of core). Skipped when a previous run finished planning.
 
     Raises:
         DataError: a required column is missing or ``doc_id`` values repeat.
     """
-    if (work / "in" / "_DONE").exists():
-        return len(list((work / "in").glob("*.parquet")))
-    # No pre-buffering or read-ahead threads: they hold several row groups at once, and memory must not grow
-    # with the corpus.
-    batches = (b.to_pandas() for f in files
-               for b in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=shard_docs, columns=INPUT_COLUMNS,
-                                                                          use_threads=False))
-    return _split_frames(batches, work, shard_docs)
+    plan_path = work / "shards.json"
+    if plan_path.exists():
+        return len(json.loads(plan_path.read_text())["shards"])
+    files = [Path(f) for f in files]
+    for f in files:
+        _check_columns(pq.ParquetFile(f).schema_arrow.names, f)
+    _check_unique_ids(files, work)
+    counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
+    shards: list[list[tuple[str, int, int]]] = []
+    current: list[tuple[str, int, int]] = []
+    room = shard_docs
+    for f, n in zip(files, counts):
+        start = 0
+        while start < n:
+            take = min(room, n - start)
+            current.append((str(f), start, take))
+            start, room = start + take, room - take
+            if room == 0:
+                shards.append(current)
+                current, room = [], shard_docs
+    if current:
+        shards.append(current)
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(plan_path, json.dumps({"files": [str(f) for f in files], "rows": counts, "shards": shards}))
+    return len(shards)
 
 
-def _split_frames(frames, work: Path, shard_docs: int) -> int:
-    shard_dir = work / "in"
-    if shard_dir.exists():
-        shutil.rmtree(shard_dir)
-    shard_dir.mkdir(parents=True)
-    buffer: pd.DataFrame | None = None
-    n_shards = 0
-    for frame in frames:
-        _check_columns(frame)
-        frame = sanitise(frame[INPUT_COLUMNS])
-        buffer = frame if buffer is None or not len(buffer) else pd.concat([buffer, frame], ignore_index=True)
-        while len(buffer) >= shard_docs:
-            buffer.iloc[:shard_docs].to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
-            # A copy, not a slice: a slice would keep every earlier batch's buffers alive.
-            buffer, n_shards = buffer.iloc[shard_docs:].copy(), n_shards + 1
-            release_memory()
-    if buffer is not None and len(buffer):
-        buffer.to_parquet(shard_dir / f"{n_shards:05d}.parquet", index=False)
-        n_shards += 1
-    _check_unique_ids(shard_dir, work)
-    (shard_dir / "_DONE").touch()
-    return n_shards
+def read_slices(slices: Sequence[Sequence[Any]], columns: Sequence[str] = INPUT_COLUMNS) -> pd.DataFrame:
+    """The documents of (file, first row, rows) slices, in order, reading only the row groups each slice overlaps."""
+    frames = []
+    for path, start, count in slices:
+        pf = pq.ParquetFile(path, pre_buffer=False)
+        lo = 0
+        for group in range(pf.num_row_groups):
+            n = pf.metadata.row_group(group).num_rows
+            if lo + n > start and lo < start + count:
+                table = pf.read_row_group(group, columns=list(columns), use_threads=False)
+                first = max(start - lo, 0)
+                frames.append(table.slice(first, min(start + count, lo + n) - lo - first).to_pandas())
+            lo += n
+            if lo >= start + count:
+                break
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype="str") for c in columns})
+    return pd.concat(frames, ignore_index=True)
 
 
-def _check_columns(docs: pd.DataFrame) -> None:
-    missing = [c for c in INPUT_COLUMNS if c not in docs.columns]
+def _check_columns(columns: Sequence[str], where: Path | None = None) -> None:
+    missing = [c for c in INPUT_COLUMNS if c not in columns]
     if missing:
-        raise DataError(f"corpus input lacks columns {missing}; pass the sources stage's documents")
+        raise DataError(f"corpus input {where or ''} lacks columns {missing}; pass the sources stage's documents")
 
 
 def _duckdb(work: Path, name: str | None = None) -> duckdb.DuckDBPyConnection:
@@ -185,12 +206,13 @@ def _duckdb(work: Path, name: str | None = None) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _check_unique_ids(shard_dir: Path, work: Path) -> None:
-    if not any(shard_dir.glob("*.parquet")):
+def _check_unique_ids(files: Sequence[Path], work: Path) -> None:
+    if not files:
         return
+    work.mkdir(parents=True, exist_ok=True)
     with _duckdb(work) as con:
         repeated = con.execute("SELECT doc_id FROM read_parquet(?) GROUP BY doc_id HAVING count(*) > 1 "
-                               "ORDER BY doc_id LIMIT 3", [str(shard_dir / "*.parquet")]).fetchall()
+                               "ORDER BY doc_id LIMIT 3", [[str(f) for f in files]]).fetchall()
     if repeated:
         raise DataError(f"doc_id values repeat (e.g. {[r[0] for r in repeated]}); give each source a distinct name")
 
@@ -199,8 +221,8 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
            shard_map: ShardMap = sequential_map, progress: ShardProgress | None = None) -> CorpusResult:
     """Passes 2–9 over the input shards in ``work/in``; writes kept/removals/funnel/boilerplate/decontamination
     Parquet files into ``out``. Finished shards of an earlier, interrupted call are reused."""
-    shards = sorted((work / "in").glob("*.parquet"))
-    names = [p.stem for p in shards]
+    plan = json.loads((work / "shards.json").read_text())
+    names = [f"{i:05d}" for i in range(len(plan["shards"]))]
     cfg_json = cfg.model_dump_json()
     tick = progress or (lambda stage, done, total: None)
 
@@ -209,8 +231,8 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
         shard_map(fn, calls, f"corpus-{label}")
         tick(label, len(calls), len(calls))
 
-    shard_pass("filter", filter_shard, [dict(in_path=str(p), out_dir=str(work / "filtered" / p.stem),
-                                             cfg_json=cfg_json) for p in shards])
+    shard_pass("filter", filter_shard, [dict(slices=json.dumps(spec), out_dir=str(work / "filtered" / name),
+                                             cfg_json=cfg_json) for name, spec in zip(names, plan["shards"])])
     frequent = _frequent(work, cfg)
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
     index.save(work / "eval_index.npz")
@@ -259,13 +281,14 @@ def _atomic_dir(out_dir: Path, write: Callable[[Path], None]) -> bool:
     return True
 
 
-def filter_shard(in_path: str, out_dir: str, cfg_json: str) -> bool:
-    """Pass 2 on one shard: per-document stages; writes survivors, removals, funnel and unit counts."""
+def filter_shard(slices: str, out_dir: str, cfg_json: str) -> bool:
+    """Pass 2 on one shard (``slices``: its (file, first row, rows) list as JSON): per-document stages; writes
+    survivors, removals, funnel and unit counts."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
 
     def write(tmp: Path) -> None:
         ledger = Ledger()
-        survivors = filter_documents(pd.read_parquet(in_path), cfg, ledger)
+        survivors = filter_documents(sanitise(read_slices(json.loads(slices))), cfg, ledger)
         survivors.to_parquet(tmp / "survivors.parquet", index=False)
         removals, funnel = ledger.frames()
         removals.to_parquet(tmp / "removals.parquet", index=False)
@@ -660,12 +683,13 @@ def _write_outputs(work: Path, names: list[str], out: Path) -> None:
 
 def _write_removals(work: Path, names: list[str], path: Path) -> None:
     """Every removal row of every pass, one per removed document, sorted out of core by DuckDB."""
-    inputs = [work / "in" / f"{name}.parquet" for name in names]
+    plan = json.loads((work / "shards.json").read_text())
+    inputs = [Path(f) for f in plan["files"]]
     parts = [str(f) for name in names for f in (work / "filtered" / name / "removals.parquet",
                                                  work / "keyed" / name / "removals.parquet")
              if pq.ParquetFile(f).metadata.num_rows]
     parts.append(str(work / "decisions" / "removals.parquet"))
-    starts = np.concatenate([[0], np.cumsum([pq.ParquetFile(f).metadata.num_rows for f in inputs])])[:-1]
+    starts = np.concatenate([[0], np.cumsum(plan["rows"])])[:-1]
     with _duckdb(work) as con:
         con.register("_inputs", pa.table({"filename": [str(f) for f in inputs], "start": starts.astype(np.int64)}))
         con.register("_steps", pa.table({"stage": CURATION_STEPS, "step": np.arange(len(CURATION_STEPS))}))

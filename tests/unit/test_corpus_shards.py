@@ -1,5 +1,6 @@
 """The sharded corpus build: same result whatever the shard size, crash resume, boilerplate, decontamination."""
 
+import json
 import random
 import shutil
 
@@ -63,7 +64,7 @@ def test_result_does_not_depend_on_shard_size_or_workers(one_shard, tmp_path, sh
     shard_map = process_map(workers) if workers else sequential_map
     small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution={"shard_docs": shard_docs}), out=tmp_path,
                          shard_map=shard_map)
-    assert len(list((tmp_path / "_work" / "in").glob("*.parquet"))) > 8
+    assert len(json.loads((tmp_path / "_work" / "shards.json").read_text())["shards"]) > 8
     for name in ("kept", "removals", "funnel", "hits"):
         pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(small, name))
     assert small.near == one_shard.near
@@ -131,8 +132,11 @@ def test_crash_resume_skips_finished_shards(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     assert split_sources([tmp_path / "docs.parquet"], work, 10) == 5
     # A first run died after two filtered shards, one of them half-written.
-    for shard in sorted((work / "in").glob("*.parquet"))[:2]:
-        assert filter_shard(str(shard), str(work / "filtered" / shard.stem), cfg.model_dump_json())
+    plan = json.loads((work / "shards.json").read_text())["shards"]
+    assert [sum(n for _, _, n in spec) for spec in plan] == [10, 10, 10, 10, 2]
+    assert plan[1] == [[str(tmp_path / "docs.parquet"), 10, 10]]  # slices of the file: nothing is copied
+    for i, spec in enumerate(plan[:2]):
+        assert filter_shard(json.dumps(spec), str(work / "filtered" / f"{i:05d}"), cfg.model_dump_json())
     torn = work / "filtered" / ".00002.tmp-1-0badf00d"  # the killed attempt's temporary (infra.atomic)
     torn.mkdir()
     (torn / "survivors.parquet").write_text("truncated")
