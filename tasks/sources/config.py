@@ -66,7 +66,11 @@ class SourceConfig(Section):
         text_field: the text column/key for ``jsonl`` and ``parquet``.
         language: language hint (ISO 639-1 like ``"en"``), used when text is too short to identify.
         role: ``general`` text or ``domain`` text (for continued pretraining).
-        max_docs: keep only the first N documents in sorted path order (smoke configs).
+        max_docs: keep only the first N documents in sorted path order (smoke configs); reading stops at the
+            N-th document.
+        max_file_bytes: the most bytes read into memory as one piece: a whole html, text or fortune file, one
+            JSONL line, one WARC page body (default 64 MiB). Larger ones are rejected (``read.too_large``); JSONL,
+            Parquet and WARC files themselves are streamed, whatever their size.
     """
 
     name: str
@@ -79,6 +83,7 @@ class SourceConfig(Section):
     language: str | None = None
     role: Literal["general", "domain"] = "general"
     max_docs: int | None = None
+    max_file_bytes: int = 64 * 2**20
 
     @field_validator("name")
     @classmethod
@@ -118,6 +123,13 @@ class SourceConfig(Section):
     def _check_max_docs(cls, v: int | None) -> int | None:
         if v is not None and v < 1:
             raise ConfigError(f"max_docs={v} must be >= 1, or left unset to read every document")
+        return v
+
+    @field_validator("max_file_bytes")
+    @classmethod
+    def _check_max_file_bytes(cls, v: int) -> int:
+        if v < 1:
+            raise ConfigError(f"max_file_bytes={v} must be >= 1 (bytes; e.g. 67108864 for 64 MiB)")
         return v
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""Turn a source's files into a table of documents, with a reject row for every input that could not be one.
+"""Turn a source's files into a Parquet file of documents, with a reject row for every input that could not be one.
 
 Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → html, .warc/.warc.gz → warc,
 .jsonl → jsonl, .parquet → parquet, anything else → text):
@@ -6,14 +6,22 @@ Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → ht
 - html: one document per file, raw markup kept (``content_type="html"``) for the corpus extractor; decoded by
   BOM, UTF-8, declared charset, detection (``tasks.sources.encoding.decode_html``).
 - warc: one HTML document per 2xx HTML ``response`` record (``tasks.sources.warc``), decoded as html with the HTTP
-  header's charset; other records are counted in ``SourceDocs.skipped``; a truncated or unparseable record ends
+  header's charset; other records are counted in ``SourceRead.skipped``; a truncated or unparseable record ends
   its file with one reject row naming the file and the record's byte offset.
 - text: one document per file, UTF-8 (a file that is not UTF-8 is rejected).
 - fortune: BSD fortune files, one document per entry between lines that are exactly ``%``; ANSI colour escapes
   stripped; ``*.dat`` index files and symlinked duplicates (``*.u8``) skipped.
 - jsonl: one document per line, text under ``text_field``; lines end at ``\n`` only (JSON Lines), so U+2028,
-  U+2029 or U+0085 written raw inside a JSON string stay in their record (``infra.jsonl``).
+  U+2029 or U+0085 written raw inside a JSON string stay in their record (``infra.jsonl``). Each line is decoded
+  as UTF-8 on its own: a line that is not UTF-8 is one reject row.
 - parquet: one document per row of column ``text_field``.
+
+Memory does not grow with the input (``read_source``). JSONL files are read one line at a time, Parquet files one
+batch of rows at a time (``iter_batches``) and WARC files one record at a time; html, text and fortune files, a
+JSONL line and a WARC page body are held whole, up to ``SourceConfig.max_file_bytes`` (a larger one is one
+``read.too_large`` reject row). Documents and rejects go to Parquet files through ``RowWriter`` in row groups of
+at most ``ROW_GROUP_ROWS`` rows and ``ROW_GROUP_BYTES`` bytes of text (a single larger document makes a row group
+of its own), so the stages that read them batch by batch hold one row group at a time.
 
 A local source's ``include`` may name a folder (every file under it, hidden ones too, recursively, in sorted
 order; symlinked folders are not followed) and archives (``infra.archives.ARCHIVE_SUFFIXES``: .tar, .tar.gz/.tgz,
@@ -34,8 +42,10 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -43,7 +53,7 @@ import pyarrow.parquet as pq
 
 from infra.archives import is_archive, unpack_cached
 from infra.errors import SourceError
-from infra.jsonl import jsonl_lines
+from infra.jsonl import jsonl_file_lines
 from tasks.sources.config import SourceConfig
 from tasks.sources.deb import DebRelease, fetch_deb
 from tasks.sources.encoding import Decoded, Rejected, decode_html, scrub
@@ -55,58 +65,174 @@ REJECT_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "de
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
+# Row groups: other stages read the documents one row group at a time, so these bound their memory too.
+ROW_GROUP_ROWS = 8192
+ROW_GROUP_BYTES = 4 * 2**20  # UTF-8 bytes of text (content, or detail for rejects)
+_PARQUET_BATCH_ROWS = 1024  # rows per batch read from a Parquet input
+_PARQUET_BUFFER_BYTES = 1 << 20  # read buffer per Parquet column chunk, so a large chunk is not read at once
+_STRING = pa.large_string()
+REJECT_SCHEMA = pa.schema([("doc_id", _STRING), ("source", _STRING), ("stage", _STRING), ("rule", _STRING),
+                           ("value", pa.float64()), ("threshold", pa.float64()), ("detail", _STRING)])
+# Columns whose values are (nearly) all distinct: a dictionary would only cost memory until Parquet gives it up.
+_DISTINCT_COLUMNS = frozenset({"doc_id", "url", "content", "detail"})
+
+
+def doc_schema(with_urls: bool = True, with_language: bool = True) -> pa.Schema:
+    """Arrow schema of a documents file (``DOC_COLUMNS``): text as ``large_string``, counts as ``int64``.
+
+    ``url`` is typed ``null`` when the source holds no WARC file (``with_urls`` False) and ``language_hint`` when
+    the source has no language, the types pandas infers for such all-null columns: the files read back with
+    ``None`` in them as before, not NaN.
+    """
+    types = dict.fromkeys(DOC_COLUMNS, _STRING) | {"num_replaced": pa.int64(), "num_nul_removed": pa.int64()}
+    if not with_urls:
+        types["url"] = pa.null()
+    if not with_language:
+        types["language_hint"] = pa.null()
+    return pa.schema(list(types.items()))
+
+
+class RowWriter:
+    """Rows appended one at a time to one Parquet file, flushed as a row group every ``max_rows`` rows or once
+    the next row would take the text over ``max_bytes`` bytes; memory holds one row group at most.
+
+    Use as a context manager (or call ``close``); the file is valid, with the schema and no rows, even when
+    nothing was added. Leaving the context on an exception closes the file without the buffered rows.
+    ``rows``: rows added so far.
+
+    Raises:
+        OSError: ``path`` cannot be written.
+        pyarrow.ArrowException: a value does not fit its column's type (raised when its row group is written).
+    """
+
+    def __init__(self, path: Path, schema: pa.Schema, max_rows: int = ROW_GROUP_ROWS,
+                 max_bytes: int = ROW_GROUP_BYTES) -> None:
+        self.path, self.schema, self.max_rows, self.max_bytes = Path(path), schema, max_rows, max_bytes
+        self.rows = 0
+        self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self._bytes = 0
+        self._writer = pq.ParquetWriter(self.path, schema,
+                                        use_dictionary=[n for n in schema.names if n not in _DISTINCT_COLUMNS])
+
+    def add(self, row: dict[str, Any], num_bytes: int) -> None:
+        """Append ``row`` (a value for every column); ``num_bytes``: the size of its text, for the flush rule."""
+        if self._bytes and self._bytes + num_bytes > self.max_bytes:
+            self.flush()
+        for name, values in self._columns.items():
+            values.append(row[name])
+        self._bytes += num_bytes
+        self.rows += 1
+        if len(self._columns[self.schema.names[0]]) >= self.max_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows as one row group (nothing when none are buffered)."""
+        if not self._columns[self.schema.names[0]]:
+            return
+        table = pa.Table.from_pydict(self._columns, schema=self.schema)
+        self._columns = {name: [] for name in self.schema.names}
+        self._bytes = 0
+        self._writer.write_table(table, row_group_size=table.num_rows)
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        if self._writer is not None:
+            try:
+                self.flush()
+            finally:
+                self._writer.close()
+                self._writer = None
+
+    def __enter__(self) -> "RowWriter":
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is not None:  # the file is incomplete anyway; writing more could hide the error
+            self._columns = {name: [] for name in self.schema.names}
+        self.close()
+
+
+def text_bytes(text: str) -> int:
+    """UTF-8 size of ``text`` (without encoding it when it is ASCII)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
+
+
+@dataclass
+class SourceRead:
+    """What ``read_source`` wrote for one source: ``docs_path`` (its documents file), ``num_docs``, ``num_rejects``
+    (the rows it added to the rejects file), ``snapshot``, ``licence`` and ``skipped`` (input units that are not
+    documents, counted by kind: WARC ``not_response``, ``http_status``, ``not_html`` records)."""
+
+    docs_path: Path
+    num_docs: int
+    num_rejects: int
+    snapshot: str
+    licence: str
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass
 class SourceDocs:
-    """Documents of one source (``docs``, columns ``DOC_COLUMNS``) and the inputs rejected while reading
-    (``rejects``, columns ``REJECT_COLUMNS``, stage ``"read"``). ``notes`` lists recoverable oddities;
-    ``skipped`` counts input units that are not documents by kind (WARC ``not_response``, ``http_status``,
-    ``not_html`` records)."""
+    """A whole source in memory (``read_small_source``): ``docs`` (columns ``DOC_COLUMNS``), ``rejects`` (columns
+    ``REJECT_COLUMNS``, stage ``"read"``), ``snapshot``, ``licence`` and ``skipped`` as in ``SourceRead``."""
 
     docs: pd.DataFrame
     rejects: pd.DataFrame
     snapshot: str
     licence: str
-    notes: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
 class _Acc:
-    """Rows gathered while reading; one ``doc`` or ``reject`` per input unit."""
+    """Where one source's rows go while it is read; one ``doc`` or ``reject`` per input unit."""
 
     cfg: SourceConfig
-    docs: list[dict] = field(default_factory=list)
-    rejects: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    docs: RowWriter
+    rejects: RowWriter
+    licence: str
+    snapshot: str
+    num_docs: int = 0
+    num_rejects: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
 
     def doc(self, doc_id: str, rel: str, text: Decoded, content_type: str, url: str | None = None) -> None:
-        self.docs.append(dict(doc_id=doc_id, source=self.cfg.name, path=rel, url=url, language_hint=self.cfg.language,
-                              content=text.text, content_type=content_type, encoding=text.encoding,
-                              encoding_from=text.decided_by, num_replaced=text.num_replaced,
-                              num_nul_removed=text.num_nul_removed))
+        self.docs.add(dict(doc_id=doc_id, source=self.cfg.name, path=rel, url=url, language_hint=self.cfg.language,
+                           content=text.text, content_type=content_type, encoding=text.encoding,
+                           encoding_from=text.decided_by, num_replaced=text.num_replaced,
+                           num_nul_removed=text.num_nul_removed, licence=self.licence, snapshot=self.snapshot),
+                      text_bytes(text.text))
+        self.num_docs += 1
 
     def reject(self, doc_id: str, rule: str, detail: str) -> None:
-        self.rejects.append(dict(doc_id=doc_id, source=self.cfg.name, stage="read", rule=rule,
-                                 value=float("nan"), threshold=float("nan"), detail=detail))
+        self.rejects.add(dict(doc_id=doc_id, source=self.cfg.name, stage="read", rule=rule,
+                              value=float("nan"), threshold=float("nan"), detail=detail), text_bytes(detail))
+        self.num_rejects += 1
 
     def full(self) -> bool:
-        return self.cfg.max_docs is not None and len(self.docs) >= self.cfg.max_docs
+        return self.cfg.max_docs is not None and self.num_docs >= self.cfg.max_docs
 
 
-def read_source(cfg: SourceConfig, cache_dir: Path, release: DebRelease | None = None) -> SourceDocs:
-    """Read every file ``cfg.include`` matches into documents.
+def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: RowWriter,
+                release: DebRelease | None = None) -> SourceRead:
+    """Read every file ``cfg.include`` matches into documents, written to ``docs_path`` as Parquet (``DOC_COLUMNS``,
+    ``doc_schema``, row groups as ``RowWriter``); reject rows go to ``rejects`` (a ``RowWriter`` with
+    ``REJECT_SCHEMA``, which may be shared by several sources).
 
+    Memory does not grow with the input: files are streamed (module docstring) and rows leave for the files one
+    row group at a time. Only the WARC file being read keeps a set of 8-byte digests of its record ids (to rename
+    repeated ids), some 60 bytes per record.
     ``snapshot`` is the package version (deb) or, for local files, "local-" + the first 12 hex digits of
     ``local_files_digest`` (the matched files' paths, sizes and bytes). Files are read in sorted relative-path
-    order, so ``max_docs`` keeps a deterministic prefix. A Debian source fetches ``release`` when given (the one its
+    order, so ``max_docs`` keeps a deterministic prefix: reading stops at the ``max_docs``-th document, and the
+    inputs after it give neither documents nor rejects. A Debian source fetches ``release`` when given (the one its
     artifact key names), else ``cfg.version`` or the candidate resolved now.
 
     Raises:
         SourceError: no file matches the patterns, a parquet file lacks ``text_field``, the package cannot
             be fetched (see ``fetch_deb``), or an archive is refused by the safe extractor or cannot be read (the
             message names the source, the archive and any refused member). Damaged content (bad bytes, bad JSON, broken
-            Parquet or WARC files) never raises: it becomes reject rows.
+            Parquet or WARC files) and inputs over ``max_file_bytes`` never raise: they become reject rows.
         RunsFolderError: a file is in the way of the archive cache under ``cache_dir``.
     """
     if cfg.kind == "deb":
@@ -116,18 +242,35 @@ def read_source(cfg: SourceConfig, cache_dir: Path, release: DebRelease | None =
     else:
         files = match_files(cfg.include, None)
         snapshot, licence = _local_snapshot(files), "unknown (local files)"
-    acc = _Acc(cfg)
-    for rel, path in files:
-        if acc.full():
-            break
-        if cfg.kind == "local" and is_archive(path):
-            _read_archive(acc, rel, path, Path(cache_dir) / "archives")
-        else:
-            _read_file(acc, rel, path)
-    docs = pd.DataFrame(acc.docs[: cfg.max_docs], columns=DOC_COLUMNS[:-2])
-    docs["licence"], docs["snapshot"] = licence, snapshot
-    return SourceDocs(docs=docs[DOC_COLUMNS], rejects=pd.DataFrame(acc.rejects, columns=REJECT_COLUMNS),
-                      snapshot=snapshot, licence=licence, notes=acc.notes, skipped=acc.skipped)
+    schema = doc_schema(with_urls=_may_hold_warc(cfg, files), with_language=cfg.language is not None)
+    with RowWriter(docs_path, schema) as docs:
+        acc = _Acc(cfg, docs, rejects, licence, snapshot)
+        for rel, path in files:
+            if acc.full():
+                break
+            if cfg.kind == "local" and is_archive(path):
+                _read_archive(acc, rel, path, Path(cache_dir) / "archives")
+            else:
+                _read_file(acc, rel, path)
+    return SourceRead(docs_path=Path(docs_path), num_docs=acc.num_docs, num_rejects=acc.num_rejects,
+                      snapshot=snapshot, licence=licence, skipped=acc.skipped)
+
+
+def read_small_source(cfg: SourceConfig, cache_dir: Path, release: DebRelease | None = None) -> SourceDocs:
+    """``read_source`` into a temporary folder, then the documents and rejects loaded whole: for sources small
+    enough to hold in memory (audits, benchmarks, tests). Raises as ``read_source``."""
+    with tempfile.TemporaryDirectory(prefix="source-") as tmp:
+        with RowWriter(Path(tmp) / "rejects.parquet", REJECT_SCHEMA) as rejects:
+            read = read_source(cfg, cache_dir, Path(tmp) / "docs.parquet", rejects, release=release)
+        return SourceDocs(docs=pd.read_parquet(read.docs_path), rejects=pd.read_parquet(rejects.path),
+                          snapshot=read.snapshot, licence=read.licence, skipped=read.skipped)
+
+
+def _may_hold_warc(cfg: SourceConfig, files: list[tuple[str, Path]]) -> bool:
+    """Whether a document of the source can have a URL: a WARC file, or an archive that may hold one."""
+    if cfg.format != "auto":
+        return cfg.format == "warc"
+    return any(is_warc(path) or (cfg.kind == "local" and is_archive(path)) for _, path in files)
 
 
 def match_files(patterns: list[str], root: Path | None) -> list[tuple[str, Path]]:
@@ -230,19 +373,36 @@ def _format_of(cfg: SourceConfig, path: Path) -> str:
 def _read_file(acc: _Acc, rel: str, path: Path) -> None:
     fmt = _format_of(acc.cfg, path)
     doc_id = f"{acc.cfg.name}/{rel}"
-    if fmt == "html":
-        _add_html(acc, doc_id, rel, decode_html(path.read_bytes()))
-    elif fmt == "warc":
+    if fmt == "warc":
         _read_warc(acc, rel, path)
     elif fmt == "parquet":
         _read_parquet(acc, rel, path)
+    elif fmt == "jsonl":
+        _read_jsonl(acc, rel, path)
     elif fmt == "fortune" and path.suffix == ".dat":
         return  # strfile index, binary
     else:
-        text = _decode_utf8(path.read_bytes(), acc, doc_id, rel)
-        if text is None:
+        raw = _read_whole(acc, doc_id, rel, path)
+        if raw is None:
             return
-        {"text": _read_text, "fortune": _read_fortunes, "jsonl": _read_jsonl}[fmt](acc, rel, text)
+        if fmt == "html":
+            _add_html(acc, doc_id, rel, decode_html(raw))
+            return
+        text = _decode_utf8(raw, acc, doc_id, rel)
+        if text is not None:
+            {"text": _read_text, "fortune": _read_fortunes}[fmt](acc, rel, text)
+
+
+def _read_whole(acc: _Acc, doc_id: str, rel: str, path: Path) -> bytes | None:
+    """The file's bytes, or None after a ``read.too_large`` reject when it has more than ``max_file_bytes``."""
+    limit = acc.cfg.max_file_bytes
+    with open(path, "rb") as fh:
+        raw = fh.read(limit + 1)  # never more than the limit in memory, even if the file grows meanwhile
+    if len(raw) > limit:
+        acc.reject(doc_id, "read.too_large", f"{rel}: {path.stat().st_size:,} bytes, over max_file_bytes={limit:,}; "
+                                             "split the file or raise max_file_bytes")
+        return None
+    return raw
 
 
 def _decode_utf8(raw: bytes, acc: _Acc, doc_id: str, rel: str) -> str | None:
@@ -262,20 +422,25 @@ def _add_html(acc: _Acc, doc_id: str, rel: str, decoded: Decoded | Rejected, url
 
 def _read_warc(acc: _Acc, rel: str, path: Path) -> None:
     """HTML responses of one WARC file; ids are the WARC-Record-ID, else the URL, else the byte offset."""
-    seen: set[str] = set()
-    for item in iter_warc(path):
+    seen: set[bytes] = set()  # 8-byte digests of the ids given so far: a fixed size per record, whatever the id
+    for item in iter_warc(path, acc.cfg.max_file_bytes):
         if isinstance(item, WarcProblem):
             acc.reject(f"{acc.cfg.name}/{rel}@{item.offset}", item.rule, f"{rel}: {item.detail}")
         elif isinstance(item, WarcPage):
             key = item.record_id or item.url or f"@{item.offset}"
-            key = key if key not in seen else f"{key}@{item.offset}"  # ids repeat only in malformed files
-            seen.add(key)
+            if _id_digest(key) in seen:  # ids repeat only in malformed files
+                key = f"{key}@{item.offset}"
+            seen.add(_id_digest(key))
             _add_html(acc, f"{acc.cfg.name}/{rel}#{key}", rel, decode_html(item.body, item.http_content_type),
                       item.url)
             if acc.full():
                 return
         else:
             acc.skipped[f"warc.{item.kind}"] = acc.skipped.get(f"warc.{item.kind}", 0) + 1
+
+
+def _id_digest(key: str) -> bytes:
+    return hashlib.blake2b(key.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
 
 
 def _read_text(acc: _Acc, rel: str, text: str) -> None:
@@ -288,6 +453,8 @@ def _read_fortunes(acc: _Acc, rel: str, text: str) -> None:
         entries.pop()  # the piece after the closing '%' is a file-format artefact, not an entry
     # a blank entry between two '%' lines is still a document: the corpus stage removes it with a reason
     for i, entry in enumerate(entries):
+        if acc.full():
+            return
         acc.doc(f"{acc.cfg.name}/{rel}#{i}", rel, scrub(entry), "text")
 
 
@@ -301,44 +468,69 @@ def strip_ansi(text: str) -> str:
         text = stripped
 
 
-def _read_jsonl(acc: _Acc, rel: str, text: str) -> None:
-    field_name = acc.cfg.text_field
-    for line_no, line in jsonl_lines(text):
-        doc_id = f"{acc.cfg.name}/{rel}#{line_no - 1}"
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            acc.reject(doc_id, "read.bad_json", f"{rel} line {line_no}: {e.msg} at column {e.colno}")
-            continue
-        value = record.get(field_name) if isinstance(record, dict) else None
-        if not isinstance(value, str):
-            acc.reject(doc_id, "read.missing_field", f"{rel} line {line_no}: no string field {field_name!r}")
-            continue
-        acc.doc(doc_id, rel, scrub(value), "text")  # JSON "\ud800" escapes give lone surrogates
+def _read_jsonl(acc: _Acc, rel: str, path: Path) -> None:
+    """One document per line, read one line at a time (``infra.jsonl.jsonl_file_lines``); ids ``#<line - 1>``."""
+    field_name, limit = acc.cfg.text_field, acc.cfg.max_file_bytes
+    with open(path, "rb") as fh:
+        for line_no, raw, num_bytes in jsonl_file_lines(fh, limit):
+            if acc.full():
+                return
+            doc_id = f"{acc.cfg.name}/{rel}#{line_no - 1}"
+            if raw is None:
+                acc.reject(doc_id, "read.too_large",
+                           f"{rel} line {line_no}: {num_bytes:,} bytes, over max_file_bytes={limit:,}")
+                continue
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM can only open the file
+            except UnicodeDecodeError as e:
+                acc.reject(doc_id, "read.undecodable",
+                           f"{rel} line {line_no}: not UTF-8 at byte {e.start} of the line: {e.reason}")
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                acc.reject(doc_id, "read.bad_json", f"{rel} line {line_no}: {e.msg} at column {e.colno}")
+                continue
+            value = record.get(field_name) if isinstance(record, dict) else None
+            if not isinstance(value, str):
+                acc.reject(doc_id, "read.missing_field", f"{rel} line {line_no}: no string field {field_name!r}")
+                continue
+            acc.doc(doc_id, rel, scrub(value), "text")  # JSON "\ud800" escapes give lone surrogates
 
 
 def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
-    """Rows of column ``text_field``. A missing column raises (every file of the source would need the same
-    fix); a file that is not Parquet at all is one reject row."""
+    """Rows of column ``text_field``, one batch at a time. A missing column raises (every file of the source would
+    need the same fix); a file that is not Parquet at all is one reject row, and so is a file that breaks while
+    read (the rows before the break stay documents)."""
     try:
-        columns = pq.read_schema(path).names
+        parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=_PARQUET_BUFFER_BYTES)
+        columns = parquet.schema_arrow.names
     except (pa.ArrowException, OSError) as e:
         acc.reject(f"{acc.cfg.name}/{rel}", "read.bad_parquet", f"{rel}: not a readable Parquet file ({e})")
         return
-    if acc.cfg.text_field not in columns:
-        raise SourceError(f"{path}: no column text_field={acc.cfg.text_field!r}; it has {columns}; set text_field")
-    try:
-        values = pq.read_table(path, columns=[acc.cfg.text_field]).column(0).to_pylist()
-    except (pa.ArrowException, OSError) as e:
-        acc.reject(f"{acc.cfg.name}/{rel}", "read.bad_parquet",
-                   f"{rel}: column {acc.cfg.text_field!r} unreadable ({e})")
-        return
-    for i, value in enumerate(values):
-        doc_id = f"{acc.cfg.name}/{rel}#{i}"
-        if isinstance(value, str):
-            acc.doc(doc_id, rel, scrub(value), "text")
-        else:
-            acc.reject(doc_id, "read.missing_field",
-                       f"{rel} row {i}: {acc.cfg.text_field!r} is {type(value).__name__}")
+    with parquet:
+        if acc.cfg.text_field not in columns:
+            raise SourceError(f"{path}: no column text_field={acc.cfg.text_field!r}; it has {columns}; set text_field")
+        i = 0
+        try:
+            # row group by row group, so that a damaged one loses no row of the group before it
+            batches = (batch for group in range(parquet.num_row_groups)
+                       for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[group],
+                                                         columns=[acc.cfg.text_field], use_threads=False))
+            for batch in batches:
+                for value in batch.column(0).to_pylist():
+                    if acc.full():
+                        return
+                    doc_id = f"{acc.cfg.name}/{rel}#{i}"
+                    if isinstance(value, str):
+                        acc.doc(doc_id, rel, scrub(value), "text")
+                    else:
+                        acc.reject(doc_id, "read.missing_field",
+                                   f"{rel} row {i}: {acc.cfg.text_field!r} is {type(value).__name__}")
+                    i += 1
+        except (pa.ArrowException, OSError) as e:
+            rest = f"; rows from {i:,} on are not read" if i else ""
+            acc.reject(f"{acc.cfg.name}/{rel}", "read.bad_parquet",
+                       f"{rel}: column {acc.cfg.text_field!r} unreadable ({e}){rest}")

@@ -1,7 +1,8 @@
 """Sources stage: read every configured source into one Parquet file of raw documents per source.
 
 Outputs: ``docs/<source>.parquet`` (doc_id, source, path, language_hint, content, content_type, licence,
-snapshot), ``rejects.parquet`` (inputs that could not become documents, with a reason) and
+snapshot; written as read, in bounded row groups: ``tasks.sources.read.RowWriter``), ``rejects.parquet`` (inputs
+that could not become documents, with a reason, every source's in config order) and
 ``sources.json`` (per source: kind, package, snapshot, licence, role, docs read, rejects; for a Debian source
 the pinned ``version`` and the ``release`` fetched: version, architecture, .deb SHA256).
 """
@@ -16,7 +17,7 @@ import pandas as pd
 from infra.stage import StageContext
 from tasks.sources.config import SourceConfig
 from tasks.sources.deb import DebRelease, resolve_debs
-from tasks.sources.read import read_source
+from tasks.sources.read import REJECT_SCHEMA, RowWriter, read_source
 
 
 def run(ctx: StageContext, sources: Mapping[str, SourceConfig],
@@ -36,22 +37,21 @@ def run(ctx: StageContext, sources: Mapping[str, SourceConfig],
     if missing:
         resolved = resolve_debs(missing.values(), update_lists=True)
         releases.update({name: resolved[want] for name, want in missing.items()})
-    rejects, described = [], {}
-    with ctx.progress.task("sources: reading", len(sources)) as advance:
+    described = {}
+    with (ctx.progress.task("sources: reading", len(sources)) as advance,
+          RowWriter(ctx.out / "rejects.parquet", REJECT_SCHEMA) as rejects):
         for name, cfg in sources.items():
-            read = read_source(cfg, ctx.layout.source_cache, release=releases.get(name))
-            read.docs.to_parquet(ctx.out / "docs" / f"{name}.parquet", index=False)
-            rejects.append(read.rejects)
+            read = read_source(cfg, ctx.layout.source_cache, ctx.out / "docs" / f"{name}.parquet", rejects,
+                               release=releases.get(name))
             described[name] = {
                 "kind": cfg.kind, "package": cfg.package, "role": cfg.role, "language": cfg.language,
                 "snapshot": read.snapshot, "licence": read.licence,
-                "docs_read": len(read.docs), "rejects": len(read.rejects), "skipped": dict(read.skipped),
+                "docs_read": read.num_docs, "rejects": read.num_rejects, "skipped": dict(read.skipped),
             }
             if cfg.kind == "deb":
                 described[name]["version"] = cfg.version
                 described[name]["release"] = releases[name].key_fields()
             advance(1)
-    pd.concat(rejects, ignore_index=True).to_parquet(ctx.out / "rejects.parquet", index=False)
     (ctx.out / "sources.json").write_text(json.dumps(described, indent=2))
     return {"docs_read": {k: v["docs_read"] for k, v in described.items()}}
 

@@ -7,6 +7,10 @@ the page bytes are decoded later with the HTTP header's charset (``tasks.sources
 Offsets are byte offsets of a record's start in the file as stored (for ``.warc.gz``, in the compressed file,
 as Common Crawl's index gives them). A damaged file never raises: iteration stops at the first record that is
 shorter than its ``Content-Length`` or that warcio cannot parse, and reports that record's offset.
+
+The file is streamed: warcio reads it through a small buffer, one record at a time, and a record's bytes are
+released before the next one is read. Only a page body is held whole, and only up to ``max_body_bytes``; the
+content of every other record is read and dropped in 64 KiB pieces.
 """
 
 import os
@@ -38,7 +42,8 @@ class WarcSkip(NamedTuple):
 
 
 class WarcProblem(NamedTuple):
-    """A record that could not be read. ``rule`` ``read.warc_bad_record`` loses that record only;
+    """A record that could not be read. ``rule`` ``read.warc_bad_record`` (a body that cannot be decoded) and
+    ``read.too_large`` (a page body over the limit) lose that record only;
     ``read.warc_truncated`` (the file ends inside the record) and ``read.warc_broken`` (warcio cannot parse it:
     truncated headers, damaged bytes, not a WARC file) end the file: records from ``offset`` on are not read."""
 
@@ -52,10 +57,11 @@ def is_warc(path: Path) -> bool:
     return path.name.lower().endswith((".warc", ".warc.gz"))
 
 
-def iter_warc(path: Path) -> Iterator[WarcPage | WarcSkip | WarcProblem]:
+def iter_warc(path: Path, max_body_bytes: int | None = None) -> Iterator[WarcPage | WarcSkip | WarcProblem]:
     """Pages, skips and problems of one WARC file in file order; a ``WarcProblem`` other than
-    ``read.warc_bad_record`` is the last item. Never raises for damaged content (only ``OSError`` opening
-    ``path``)."""
+    ``read.warc_bad_record`` and ``read.too_large`` is the last item. A page whose decoded HTTP body is longer
+    than ``max_body_bytes`` (None: no limit) is a ``read.too_large`` problem, read no further than the limit.
+    Never raises for damaged content (only ``OSError`` opening ``path``)."""
     with open(path, "rb") as fh:
         archive = ArchiveIterator(fh)
         records = iter(archive)
@@ -65,7 +71,7 @@ def iter_warc(path: Path) -> Iterator[WarcPage | WarcSkip | WarcProblem]:
                 record = next(records, None)
                 if record is None:
                     break
-                item, missing = _item(record), _drain(record.raw_stream)
+                item, missing = _item(record, max_body_bytes), _drain(record.raw_stream)
                 offset, length = archive.get_record_offset(), archive.get_record_length()
             except Exception as e:  # noqa: BLE001 — warcio raises many types on damaged bytes; reported below
                 message = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")[:300]
@@ -98,7 +104,7 @@ def _short(record, offset: int, missing: int) -> WarcProblem | None:
     return None
 
 
-def _item(record) -> WarcPage | WarcSkip | WarcProblem:
+def _item(record, max_body_bytes: int | None) -> WarcPage | WarcSkip | WarcProblem:
     """The record as a page (offset 0, set by the caller), a skip, or a per-record problem."""
     if record.rec_type != "response" or record.http_headers is None:
         return WarcSkip("not_response")
@@ -109,11 +115,25 @@ def _item(record) -> WarcPage | WarcSkip | WarcProblem:
     if (content_type or "").split(";")[0].strip().lower() not in HTML_TYPES:
         return WarcSkip("not_html")
     try:
-        body = record.content_stream().read()
+        body = _read_at_most(record.content_stream(), max_body_bytes)
     except Exception as e:  # noqa: BLE001 — a bad gzip/brotli/chunked body loses this page, not the file
         return WarcProblem(0, "read.warc_bad_record", f"HTTP body not decodable ({type(e).__name__}: {e})")
+    if body is None:
+        return WarcProblem(0, "read.too_large", f"the HTML body is over max_file_bytes={max_body_bytes:,} bytes; "
+                                                "the page is not read (raise max_file_bytes to keep it)")
     record_id = (record.rec_headers.get_header("WARC-Record-ID") or "").strip("<> ") or None
     return WarcPage(0, record_id, record.rec_headers.get_header("WARC-Target-URI"), content_type, body)
+
+
+def _read_at_most(stream, limit: int | None) -> bytes | None:
+    """All of ``stream``, or None once it gives more than ``limit`` bytes (then at most ``limit + 1`` are read)."""
+    if limit is None:
+        return stream.read()
+    pieces, size = [], 0
+    while size <= limit and (piece := stream.read(min(_CHUNK_BYTES, limit + 1 - size))):
+        pieces.append(piece)
+        size += len(piece)
+    return b"".join(pieces) if size <= limit else None
 
 
 def _drain(stream) -> int:

@@ -24,7 +24,7 @@ from infra.errors import SourceError
 from tasks.corpus.build import build_corpus
 from tasks.corpus.config import CorpusConfig
 from tasks.sources.config import SourceConfig
-from tasks.sources.read import SourceDocs, read_source
+from tasks.sources.read import SourceDocs, read_small_source
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer
 from tasks.train.packing import POLICIES, plan_rows
@@ -81,7 +81,7 @@ def read(tmp_path: Path, name: str, files: dict[str, str | bytes], n_in: int | N
 
 
 def read_paths(name: str, include: list[str], n_in: int, **cfg) -> SourceDocs:
-    out = read_source(SourceConfig(name=name, kind="local", include=include, **cfg), Path("."))
+    out = read_small_source(SourceConfig(name=name, kind="local", include=include, **cfg), Path("."))
     assert len(out.docs) + len(out.rejects) + sum(out.skipped.values()) == n_in
     assert (out.rejects.rule.str.startswith("read.") & (out.rejects.detail.str.len() > 0)).all()
     return out
@@ -301,7 +301,7 @@ def test_parquet_without_the_text_column_or_not_parquet_at_all(tmp_path):
     (tmp_path / "pq").mkdir()
     pq.write_table(pa.table({"body": [RAIL]}), tmp_path / "pq" / "a.parquet")
     with pytest.raises(SourceError, match=r"a\.parquet: no column text_field='text'; it has \['body'\]"):
-        read_source(SourceConfig(name="pq", kind="local", include=[str(tmp_path / "pq" / "*")]), tmp_path)
+        read_small_source(SourceConfig(name="pq", kind="local", include=[str(tmp_path / "pq" / "*")]), tmp_path)
     (tmp_path / "pq" / "a.parquet").unlink()
     (tmp_path / "pq" / "b.parquet").write_bytes(b"PAR1 this is not a parquet file PAR1")
     src = read_paths("pq", [str(tmp_path / "pq" / "*")], 1)

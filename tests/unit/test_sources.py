@@ -17,7 +17,7 @@ from warcio.warcwriter import WARCWriter
 from infra.errors import ConfigError, SourceError
 from tasks.sources.config import SourceConfig
 from tasks.sources.deb import fetch_deb, licence_summary
-from tasks.sources.read import DOC_COLUMNS, REJECT_COLUMNS, read_source
+from tasks.sources.read import DOC_COLUMNS, REJECT_COLUMNS, read_small_source
 
 REAL_FORTUNES = Path("/tmp/debs/x/usr/share/games/fortunes")
 
@@ -50,7 +50,7 @@ def test_fortunes_split_strip_ansi_and_skip_index_and_symlinks(tmp_path):
     (tmp_path / "poems").write_text("\x1b[32m床前明月光\x1b[m\n疑是地上霜\n%\nSecond one\n%\n%\nThird\n", encoding="utf-8")
     (tmp_path / "poems.dat").write_bytes(b"\x00\x00\x00\x02\xff")
     os.symlink("poems", tmp_path / "poems.u8")
-    out = read_source(local(tmp_path, ["*"], format="fortune", language="zh"), tmp_path)
+    out = read_small_source(local(tmp_path, ["*"], format="fortune", language="zh"), tmp_path)
     # the blank entry between '%%' stays a document (removed later as empty, with a reason)
     assert out.docs.content.tolist() == ["床前明月光\n疑是地上霜", "Second one", "", "Third"]
     assert out.docs.doc_id.tolist() == ["src/poems#0", "src/poems#1", "src/poems#2", "src/poems#3"]
@@ -60,7 +60,7 @@ def test_fortunes_split_strip_ansi_and_skip_index_and_symlinks(tmp_path):
 
 def test_jsonl_bad_lines_become_rejects(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "one"}\nnot json\n\n{"body": "x"}\n{"text": "two"}\n')
-    out = read_source(local(tmp_path, ["*.jsonl"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["*.jsonl"]), tmp_path)
     assert out.docs.content.tolist() == ["one", "two"]
     assert list(out.rejects.columns) == REJECT_COLUMNS
     assert out.rejects.rule.tolist() == ["read.bad_json", "read.missing_field"]
@@ -75,7 +75,7 @@ def test_jsonl_records_split_at_newline_only_keep_raw_line_separators_inside_str
     body = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
     (tmp_path / "a.jsonl").write_text(body + "not json\r\n" + json.dumps({"text": "crlf"}) + "\r\n",
                                       encoding="utf-8", newline="")
-    out = read_source(local(tmp_path, ["*.jsonl"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["*.jsonl"]), tmp_path)
     assert out.docs.content.tolist() == texts + ["crlf"]
     assert out.docs.doc_id.tolist() == ["src/a.jsonl#0", "src/a.jsonl#1", "src/a.jsonl#2", "src/a.jsonl#4"]
     assert out.rejects.doc_id.tolist() == ["src/a.jsonl#3"]
@@ -85,8 +85,8 @@ def test_jsonl_records_split_at_newline_only_keep_raw_line_separators_inside_str
 def test_parquet_reads_column_and_names_missing_one(tmp_path):
     pq.write_table(pa.table({"body": ["x", None, "y"], "id": [1, 2, 3]}), tmp_path / "d.parquet")
     with pytest.raises(SourceError, match=r"d\.parquet.*'body'"):
-        read_source(local(tmp_path, ["*.parquet"]), tmp_path)
-    out = read_source(local(tmp_path, ["*.parquet"], text_field="body"), tmp_path)
+        read_small_source(local(tmp_path, ["*.parquet"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["*.parquet"], text_field="body"), tmp_path)
     assert out.docs.content.tolist() == ["x", "y"] and out.rejects.doc_id.tolist() == ["src/d.parquet#1"]
 
 
@@ -94,17 +94,17 @@ def test_html_charset_text_files_max_docs_and_undecodable(tmp_path):
     (tmp_path / "a.html").write_bytes('<meta charset="iso-8859-1"><p>café</p>'.encode("latin-1"))
     (tmp_path / "b.txt").write_text("plain", encoding="utf-8")
     (tmp_path / "c.txt").write_bytes(b"bad \xff byte")
-    out = read_source(local(tmp_path, ["*"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["*"]), tmp_path)
     assert out.docs.content_type.tolist() == ["html", "text"]
     assert "café" in out.docs.content.iloc[0]
     assert out.docs[["encoding", "encoding_from"]].values.tolist() == [["cp1252", "declared"], ["utf-8", "utf8"]]
     assert out.rejects.rule.tolist() == ["read.undecodable"] and out.rejects.detail.iloc[0].startswith("c.txt:")
-    assert len(read_source(local(tmp_path, ["*"], max_docs=1), tmp_path).docs) == 1
+    assert len(read_small_source(local(tmp_path, ["*"], max_docs=1), tmp_path).docs) == 1
 
 
 def test_no_match_names_patterns(tmp_path):
     with pytest.raises(SourceError, match="nothing-here"):
-        read_source(local(tmp_path, ["nothing-here/*.html"]), tmp_path)
+        read_small_source(local(tmp_path, ["nothing-here/*.html"]), tmp_path)
 
 
 def test_licence_summary(tmp_path):
@@ -122,7 +122,7 @@ def test_licence_summary(tmp_path):
 def test_real_fortunes_zh_package():
     cfg = SourceConfig(name="fortunes_zh", kind="local", format="fortune", language="zh",
                        include=[str(REAL_FORTUNES / f) for f in ("chinese", "song100", "tang300")])
-    out = read_source(cfg, Path("/tmp"))
+    out = read_small_source(cfg, Path("/tmp"))
     assert len(out.docs) > 1000 and out.rejects.empty
     assert not out.docs.content.str.contains("\x1b").any()
     assert out.docs.doc_id.is_unique and out.docs.content.str.contains("[\u4e00-\u9fff]").mean() > 0.95
@@ -164,7 +164,7 @@ WARC_RECORDS = [
 @pytest.mark.parametrize("name, fmt", [("crawl.warc.gz", "auto"), ("crawl.warc", "auto"), ("crawl.bin", "warc")])
 def test_warc_html_responses_become_html_documents(tmp_path, name, fmt):
     write_warc(tmp_path / name, WARC_RECORDS, compress=name.endswith(".gz"))
-    out = read_source(local(tmp_path, [name], format=fmt, language="en"), tmp_path)
+    out = read_small_source(local(tmp_path, [name], format=fmt, language="en"), tmp_path)
     docs = out.docs
     assert docs.url.tolist() == ["http://a.example/", "http://b.example/", "http://e.example/"]
     assert (docs.content_type == "html").all() and docs.doc_id.str.match(rf"src/{name}#urn:uuid:[0-9a-f-]+$").all()
@@ -183,7 +183,7 @@ def test_truncated_warc_record_rejects_the_rest_of_the_file_with_its_offset(tmp_
     cut = offsets[3] + (offsets[4] - offsets[3]) // 2  # halfway through the windows-1251 page
     (tmp_path / name).write_bytes((tmp_path / name).read_bytes()[:cut])
     (tmp_path / "whole.warc").write_bytes(b"")  # an empty file is an empty crawl, not an error
-    out = read_source(local(tmp_path, ["*.warc*"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["*.warc*"]), tmp_path)
     assert out.docs.url.tolist() == ["http://a.example/"]
     assert out.rejects.rule.tolist() == ["read.warc_truncated"]
     assert out.rejects.doc_id.tolist() == [f"src/{name}@{offsets[3]}"]
@@ -195,7 +195,7 @@ def test_unreadable_warc_and_undecodable_bodies_are_rejects(tmp_path, monkeypatc
     # warcio hands over a body it cannot gunzip as it is; the decoder then rejects the bytes as binary
     broken_gzip = response("http://x.example/", b"\x1f\x8bnot gzip", extra=[("Content-Encoding", "gzip")])
     write_warc(tmp_path / "mixed.warc", [broken_gzip, WARC_RECORDS[0]], compress=False)
-    out = read_source(local(tmp_path, ["*.warc"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["*.warc"]), tmp_path)
     assert out.rejects.rule.tolist() == ["read.warc_broken", "read.binary"]
     assert out.rejects.detail.iloc[0].startswith("fake.warc: record at byte offset 0 is truncated or damaged")
     assert "Unknown archive format" in out.rejects.detail.iloc[0]
@@ -205,7 +205,7 @@ def test_unreadable_warc_and_undecodable_bodies_are_rejects(tmp_path, monkeypatc
         raise zlib.error("invalid stored block lengths")
 
     monkeypatch.setattr(ArcWarcRecord, "content_stream", fail)
-    out = read_source(local(tmp_path, ["mixed.warc"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["mixed.warc"]), tmp_path)
     assert out.rejects.rule.tolist() == ["read.warc_bad_record"] * 2 and out.docs.empty
     assert out.rejects.detail.iloc[0].startswith("mixed.warc: record at byte offset ")
     assert "invalid stored block lengths" in out.rejects.detail.iloc[0]
@@ -213,7 +213,7 @@ def test_unreadable_warc_and_undecodable_bodies_are_rejects(tmp_path, monkeypatc
 
 def test_warc_reading_stops_at_max_docs(tmp_path):
     write_warc(tmp_path / "a.warc.gz", WARC_RECORDS, compress=True)
-    assert read_source(local(tmp_path, ["*.warc.gz"], max_docs=2), tmp_path).docs.url.tolist() == [
+    assert read_small_source(local(tmp_path, ["*.warc.gz"], max_docs=2), tmp_path).docs.url.tolist() == [
         "http://a.example/", "http://b.example/"]
 
 
@@ -230,13 +230,13 @@ def test_a_bare_folder_in_include_reads_every_file_under_it_sorted(tmp_path):
     (tmp_path / "docs" / "b" / "deep" / "z.txt").write_text("deep")
     (tmp_path / "docs" / "a.txt").write_text("top")
     (tmp_path / "docs" / ".hidden").write_text("hidden")
-    out = read_source(local(tmp_path, ["docs"]), tmp_path)
+    out = read_small_source(local(tmp_path, ["docs"]), tmp_path)
     assert out.docs.doc_id.tolist() == ["src/.hidden", "src/a.txt", "src/b/deep/z.txt"]
     assert out.docs.content.tolist() == ["hidden", "top", "deep"]
-    assert read_source(local(tmp_path, ["docs/"]), tmp_path).docs.doc_id.tolist() == out.docs.doc_id.tolist()
+    assert read_small_source(local(tmp_path, ["docs/"]), tmp_path).docs.doc_id.tolist() == out.docs.doc_id.tolist()
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="no file matches"):
-        read_source(local(tmp_path, ["empty"]), tmp_path)
+        read_small_source(local(tmp_path, ["empty"]), tmp_path)
 
 
 def _write_archives(tmp_path):
@@ -263,14 +263,14 @@ def test_archives_in_include_are_unpacked_into_the_cache_and_read_like_files(tmp
     (tmp_path / "in").mkdir()
     _write_archives(tmp_path)
     cache = tmp_path / "cache"
-    out = read_source(local(tmp_path, [f"in/{name}"]), cache)
+    out = read_small_source(local(tmp_path, [f"in/{name}"]), cache)
     assert out.docs.doc_id.tolist() == [f"src/{name}!data/rows.jsonl#0", f"src/{name}!data/rows.jsonl#1",
                                         f"src/{name}!notes/a.txt", f"src/{name}!notes/b.txt"]
     assert out.docs.content.tolist() == ["row zero", "row one", "first note", "second note"]
     assert out.docs.path.tolist()[2] == f"{name}!notes/a.txt" and out.rejects.empty
     digest = hashlib.sha256((tmp_path / "in" / name).read_bytes()).hexdigest()
     assert (cache / "archives" / digest / "notes" / "a.txt").read_bytes() == b"first note"
-    again = read_source(local(tmp_path, [f"in/{name}"]), cache)  # unpacked once, read again from the cache
+    again = read_small_source(local(tmp_path, [f"in/{name}"]), cache)  # unpacked once, read again from the cache
     assert again.docs.equals(out.docs)
     assert sorted(p.name for p in (cache / "archives").iterdir()) == [digest]
 
@@ -286,16 +286,16 @@ def test_a_refused_or_damaged_archive_is_a_source_error_naming_the_source(tmp_pa
         tar.addfile(info, io.BytesIO(b"x"))
     with pytest.raises(SourceError, match=r"source 'src': .*evil\.tar\.gz: member '\.\./\.\./escape\.txt' would be "
                                           r"written outside"):
-        read_source(local(tmp_path, ["in/evil.tar.gz"]), tmp_path / "cache")
+        read_small_source(local(tmp_path, ["in/evil.tar.gz"]), tmp_path / "cache")
     (tmp_path / "in" / "evil.tar.gz").unlink()
     (tmp_path / "in" / "junk.zip").write_bytes(b"not a zip at all")
     with pytest.raises(SourceError, match=r"source 'src': .*junk\.zip: not a readable zip archive"):
-        read_source(local(tmp_path, ["in/*"]), tmp_path / "cache")
+        read_small_source(local(tmp_path, ["in/*"]), tmp_path / "cache")
     assert not (tmp_path / "escape.txt").exists() and not any((tmp_path / "cache" / "archives").iterdir())
     (tmp_path / "in" / "junk.zip").unlink()
     with zipfile.ZipFile(tmp_path / "in" / "empty.zip", "w") as z:
         z.writestr("only/a/folder/", "")
-    out = read_source(local(tmp_path, ["in"]), tmp_path / "cache")
+    out = read_small_source(local(tmp_path, ["in"]), tmp_path / "cache")
     assert out.docs.empty and out.rejects[["doc_id", "rule"]].values.tolist() == [["src/empty.zip", "read.empty_archive"]]
 
 
@@ -320,9 +320,9 @@ def test_the_sources_key_changes_with_archive_content_and_covers_folders(tmp_pat
 def test_a_local_snapshot_names_the_bytes_not_the_mtimes(tmp_path):
     """Same key, same content: the snapshot column of a local source must not change with a fresh checkout."""
     (tmp_path / "a.txt").write_text("one document\n", encoding="utf-8")
-    first = read_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot
+    first = read_small_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot
     os.utime(tmp_path / "a.txt", (1_000_000, 1_000_000))
-    assert read_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot == first
+    assert read_small_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot == first
     (tmp_path / "a.txt").write_text("one documenT\n", encoding="utf-8")
     os.utime(tmp_path / "a.txt", (1_000_000, 1_000_000))
-    assert read_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot != first
+    assert read_small_source(local(tmp_path, ["*.txt"], format="text"), tmp_path).snapshot != first
