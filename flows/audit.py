@@ -10,7 +10,8 @@ artifact, up to K of its removed documents per rule are listed for review as wel
 ``<runs>/audit/<experiment>/<source>/``; each source gets an MLflow run (experiment = config name, tag
 ``audit_source``) with the figures as metrics and the folder as artifacts, and its crosstab goes to DuckDB
 ``audit_crosstab`` (one row per label × rule with n_docs > 0; ``artifact_key`` identifies the audit's inputs and
-code, and a rerun with the same key replaces its rows). This module must be imported after
+code, and a rerun with the same key replaces its rows) and its HTML extractor comparison to ``audit_extractors``
+(one row per extractor, for a source with HTML pages). This module must be imported after
 ``RunsLayout.prepare_environment()`` (Prefect reads PREFECT_HOME on import).
 """
 
@@ -37,7 +38,7 @@ from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 from tasks.audit.config import AuditConfig
 from tasks.audit.review import review_corpus_removals
-from tasks.audit.run import load_originals, run_audit, write_audit
+from tasks.audit.run import load_originals, load_pages, run_audit, write_audit
 
 AUDIT_CODE = "tasks.audit.run"  # the audit is keyed by the import closure of its entry, as stages are
 
@@ -49,8 +50,10 @@ def audit_dir(layout: RunsLayout, experiment: str, source: str) -> Path:
 @task(name="audit-source", cache_policy=NO_CACHE, persist_result=False)
 def audit_source(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_cfg: AuditConfig) -> dict[str, Any]:
     """Inject, build, measure and write one source's audit folder; returns {out_dir, report}."""
-    originals, counts = load_originals(cfg.sources[source], layout.source_cache, audit_cfg.num_originals)
-    result = run_audit(originals, cfg.sources[source], cfg.corpus, audit_cfg)
+    originals, counts = load_originals(cfg.sources[source], layout.source_cache, audit_cfg.num_originals,
+                                       cfg.corpus.extractor)
+    pages = load_pages(cfg.sources[source], layout.source_cache, audit_cfg.extractor_pages, audit_cfg.seed)
+    result = run_audit(originals, cfg.sources[source], cfg.corpus, audit_cfg, pages=pages)
     result.report["source_read"] = counts
     out = audit_dir(layout, cfg.name, source)
     write_audit(result, out, f"{cfg.name} · {source}: LSH detection vs S-curve")
@@ -72,7 +75,7 @@ def review_corpus(cfg: ExperimentConfig, source: str, layout: RunsLayout, k: int
     removals = pd.read_parquet(artifact.path / "removals.parquet")
     docs_path = _sources_docs(store, artifact, source)
     docs = pd.read_parquet(docs_path) if docs_path else pd.DataFrame(columns=["doc_id", "content", "content_type"])
-    review = review_corpus_removals(removals, docs, source, k, cfg.seed)
+    review = review_corpus_removals(removals, docs, source, k, cfg.seed, cfg.corpus.extractor)
     review.to_csv(Path(out_dir) / "corpus_review.csv", index=False)
     found = {"found": True, "artifact_key": artifact.key, "path": str(artifact.path),
              "matches_current_config": current, "rows": len(review),
@@ -118,8 +121,8 @@ def _add_to_report(out_dir: Path, extra: dict[str, Any]) -> None:
 @task(name="audit-publish", cache_policy=NO_CACHE, persist_result=False)
 def publish_audit(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_cfg: AuditConfig, out_dir: str,
                   flow_run_id: str) -> str:
-    """One MLflow run with the audit's figures and files; the crosstab into DuckDB ``audit_crosstab``.
-    Returns the MLflow run id."""
+    """One MLflow run with the audit's figures and files; the crosstab into DuckDB ``audit_crosstab`` and the
+    extractor comparison into ``audit_extractors``. Returns the MLflow run id."""
     out = Path(out_dir)
     report = json.loads((out / "report.json").read_text())
     tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, cfg.name)
@@ -139,6 +142,10 @@ def publish_audit(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_
         long = long.assign(experiment=cfg.name, source=source, mlflow_run_id=run_id,
                            audited_at=pd.Timestamp.now(tz="UTC"))
         Warehouse(layout.duckdb).replace("audit_crosstab", long[long["n_docs"] > 0].astype({"n_docs": int}), key)
+        extractors = pd.read_parquet(out / "extractors.parquet") if (out / "extractors.parquet").exists() else None
+        if extractors is not None and len(extractors):
+            Warehouse(layout.duckdb).replace("audit_extractors", extractors.assign(
+                experiment=cfg.name, mlflow_run_id=run_id, audited_at=pd.Timestamp.now(tz="UTC")), key)
     except BaseException:
         tracker.end_run(run_id, "FAILED")
         raise
@@ -161,6 +168,9 @@ def headline_metrics(report: dict[str, Any]) -> dict[str, float]:
     for row in report["near_dedup"]["rows"]:
         metrics[f"precision_{row['truth']}_at_{row['threshold']:g}"] = row["precision"]
         metrics[f"recall_{row['truth']}_at_{row['threshold']:g}"] = row["recall"]
+    for row in report.get("extractors", {}).get("rows", []):
+        for figure in ("pages_without_text", "chars_kept", "line_overlap", "seconds_per_mb"):
+            metrics[f"extractor_{row['extractor']}_{figure}"] = row[figure]
     return {k: float(v) for k, v in metrics.items() if v is not None}
 
 
@@ -206,6 +216,16 @@ def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
                              _bins_for_display(report["lsh"]["bins"])))
         console.print(_table("Near dedup: predicted = LSH candidate and exact J ≥ t (definitions in report.json)",
                              pd.DataFrame(report["near_dedup"]["rows"])))
+        extractors = report.get("extractors")
+        if extractors is not None and extractors["rows"]:
+            console.print(_table(f"HTML extractors on the same {extractors['rows'][0]['pages']:,} sampled pages "
+                                 f"(corpus uses {extractors['configured']}; definitions in report.json)",
+                                 _extractors_for_display(extractors["rows"])))
+            if extractors["only_in_one"]:
+                console.print(_table("Lines only one extractor kept (examples; all sampled in extractor_lines.csv)",
+                                     pd.DataFrame(extractors["only_in_one"])))
+        elif extractors is not None:
+            console.print("HTML extractors: the source has no HTML pages to compare")
         removed = pd.read_csv(out / "originals_removed.csv")
         if len(removed):
             console.print(_table(f"Originals removed ({len(removed):,}; first 20, all in originals_removed.csv): "
@@ -220,8 +240,17 @@ def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
             title = f"Corpus artifact {review['artifact_key']}{stale}: removed documents of {source} per rule"
             console.print(_table(title, frame[["doc_id", "rule", "value", "threshold", "excerpt"]]) if len(frame)
                           else escape(f"{title}: none"))
-        console.print(f"files: {out}  (MLflow run {info['mlflow_run_id']}, DuckDB table audit_crosstab)",
+        console.print(f"files: {out}  (MLflow run {info['mlflow_run_id']}, DuckDB tables audit_crosstab, "
+                      "audit_extractors)",
                       soft_wrap=True)
+
+
+def _extractors_for_display(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    table = pd.DataFrame(rows)
+    return pd.DataFrame({"extractor": table["extractor"], "pages": table["pages"],
+                         "no text": table["pages_without_text"], "chars kept": table["chars_kept"],
+                         "lines": table["lines_kept"], "share in other": table["line_overlap"],
+                         "HTML MB": table["input_mb"], "s per MB": table["seconds_per_mb"]})
 
 
 def _bins_for_display(rows: list[dict[str, Any]]) -> pd.DataFrame:

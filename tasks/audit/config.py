@@ -31,6 +31,9 @@ class AuditConfig(Section):
         thresholds: Jaccard thresholds at which near-dedup precision and recall are reported.
         bin_edges: Jaccard bin edges for the LSH detection rate (S-curve) plot, increasing in [0, 1].
         review_per_rule: K, removed documents listed per rule for review (audit originals and the real corpus).
+        extractor_pages: HTML pages of the source, drawn with ``seed``, on which both HTML extractors are compared
+            (``tasks.audit.extractors``); 0 skips the comparison.
+        extractor_examples: lines kept by only one extractor listed per extractor.
         seed: seed of every random choice; the same seed gives the same mixed set.
     """
 
@@ -46,12 +49,15 @@ class AuditConfig(Section):
     thresholds: list[float] = [0.7, 0.8, 0.9]
     bin_edges: list[float] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     review_per_rule: int = 5
+    extractor_pages: int = 200
+    extractor_examples: int = 5
     seed: int = 0
 
     @model_validator(mode="after")
     def _check(self) -> "AuditConfig":
         counts = ("num_originals", "num_navigation", "num_spam", "num_repeated", "num_short", "num_exact_copies",
-                  "num_near_per_rate", "review_per_rule", "max_copies_per_original")
+                  "num_near_per_rate", "review_per_rule", "max_copies_per_original", "extractor_pages",
+                  "extractor_examples")
         for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"audit.{name}={getattr(self, name)} must be >= 0")

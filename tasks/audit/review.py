@@ -37,13 +37,13 @@ def sample_per_rule(removals: pd.DataFrame, k: int, seed: int) -> pd.DataFrame:
 
 
 def review_corpus_removals(removals: pd.DataFrame, docs: pd.DataFrame, source: str, k: int,
-                           seed: int) -> pd.DataFrame:
+                           seed: int, extractor: str = "trafilatura") -> pd.DataFrame:
     """Up to ``k`` removed documents of ``source`` per rule from a corpus artifact, with excerpts.
 
     Args:
         removals: the artifact's ``removals.parquet`` (doc_id, source, stage, rule, value, threshold, detail).
         docs: the raw documents of its sources artifact (doc_id, content, content_type); HTML is reduced to its
-            main text for the excerpt, and a page with no main text shows its raw opening.
+            main text by ``extractor`` for the excerpt, and a page with no main text shows its raw opening.
 
     Returns:
         ``REVIEW_COLUMNS``, sorted by rule then doc_id.
@@ -52,6 +52,6 @@ def review_corpus_removals(removals: pd.DataFrame, docs: pd.DataFrame, source: s
     raw = docs[docs["doc_id"].isin(chosen["doc_id"])]
     html = raw["content_type"] == "html"
     texts = dict(zip(raw["doc_id"], raw["content"]))
-    for doc_id, main in zip(raw["doc_id"][html], extract_many(raw["content"][html].tolist())):
+    for doc_id, main in zip(raw["doc_id"][html], extract_many(raw["content"][html].tolist(), extractor=extractor)):
         texts[doc_id] = main or texts[doc_id]
     return with_excerpts(chosen, texts)

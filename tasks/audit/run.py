@@ -1,16 +1,19 @@
 """The filter audit of one source (docs/methods.md §7 (TinyStories filter audit)), as plain functions.
 
-    originals, _ = load_originals(source_cfg, layout.source_cache, 5000)
-    result = run_audit(originals, source_cfg, corpus_cfg, AuditConfig())
+    originals, _ = load_originals(source_cfg, layout.source_cache, 5000, corpus_cfg.extractor)
+    pages = load_pages(source_cfg, layout.source_cache, AuditConfig().extractor_pages, seed=0)
+    result = run_audit(originals, source_cfg, corpus_cfg, AuditConfig(), pages=pages)
     write_audit(result, layout.root / "audit" / experiment / source_cfg.name, title="demo · python_doc")
 
-Takes the source's first N documents with text (HTML reduced to its main text, as the corpus build's extractor
-does), injects labelled junk (``tasks.audit.inject``), runs the real corpus build with the experiment's corpus
-config on the mixed set, and measures what it removed and why (``tasks.audit.measure``).
+Takes the source's first N documents with text (HTML reduced to its main text by the corpus config's extractor),
+injects labelled junk (``tasks.audit.inject``), runs the real corpus build with the experiment's corpus config on
+the mixed set, and measures what it removed and why (``tasks.audit.measure``). Given a sample of the source's HTML
+pages, it also runs both HTML extractors on them and compares what each keeps (``tasks.audit.extractors``).
 
 Files written: crosstab.csv (label × first failing rule), pairs.parquet (near-dedup pairs), s_curve.png,
 originals_removed.csv (every removed original with its rule and opening text), documents.parquet (the mixed set
-with labels and rules) and report.json (the headline figures).
+with labels and rules), report.json (the headline figures) and, when pages were compared, extractors.parquet (the
+extractor comparison) and extractor_lines.csv (lines only one extractor kept).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from infra.atomic import atomic_dir
 from infra.errors import DataError
 from infra.runs import ensure_folder
 from tasks.audit.config import AuditConfig
+from tasks.audit.extractors import ExtractorComparison, compare_extractors, sample_pages
 from tasks.audit.inject import copy_counts, inject, labels, theoretical_jaccard
 from tasks.audit.measure import (KEPT, crosstab, detection_by_bin, first_rules, minhash_error, pair_table,
                                  precision_recall)
@@ -40,9 +44,15 @@ from tasks.corpus.extract import extract_many, tidy
 from tasks.corpus.minhash import lsh_threshold
 from tasks.corpus.quality import CHARACTER_LANGUAGES
 from tasks.sources.config import SourceConfig
-from tasks.sources.read import read_source
+from tasks.sources.read import read_small_source
 
 ShardProgress = Callable[[str, int, int], None]
+EXTRACTOR_DEFINITION = (
+    "the same sampled HTML pages through each extractor, outputs tidied as the corpus build's extract stage does. "
+    "lines: distinct non-empty lines per page, whitespace collapsed. line_overlap: sum over pages of lines also kept "
+    "by the other extractor on that page / sum of lines kept. seconds: wall time of the extractor calls in this run; "
+    "seconds_per_mb: per 10^6 bytes of UTF-8 HTML."
+)
 PR_DEFINITION = (
     "pairs: every (near copy, its original) pair plus every LSH candidate pair of documents with different "
     "originals, among originals and near copies. predicted duplicate: LSH candidate (configured bands x rows) and "
@@ -58,7 +68,8 @@ class AuditResult:
     ``documents``: the mixed set with ``label``, ``original_id``, ``edit_rate``, ``stage`` and ``rule`` of the
     first removal (rule "kept" when kept); ``crosstab``: documents per label × rule; ``pairs``:
     ``measure.PAIR_COLUMNS``; ``bins``: LSH detection per Jaccard bin; ``precision_recall``: per truth and
-    threshold; ``originals_removed``: ``review.REVIEW_COLUMNS``; ``report``: JSON-able headline figures.
+    threshold; ``originals_removed``: ``review.REVIEW_COLUMNS``; ``report``: JSON-able headline figures;
+    ``extractors``: both HTML extractors on a sample of the source's pages, None when no pages were given.
     """
 
     source: str
@@ -69,12 +80,15 @@ class AuditResult:
     precision_recall: pd.DataFrame
     originals_removed: pd.DataFrame
     report: dict[str, Any]
+    extractors: ExtractorComparison | None = None
 
 
-def load_originals(source: SourceConfig, cache_dir: Path, n: int) -> tuple[pd.DataFrame, dict[str, int]]:
+def load_originals(source: SourceConfig, cache_dir: Path, n: int,
+                   extractor: str = "trafilatura") -> tuple[pd.DataFrame, dict[str, int]]:
     """The first ``n`` documents of ``source`` that have text, in the source's (sorted path) order.
 
-    HTML pages are reduced to their main text with the corpus extractor; documents without text are skipped.
+    HTML pages are reduced to their main text with the corpus extractor ``extractor`` (``[corpus] extractor``);
+    documents without text are skipped.
 
     Returns:
         (frame with columns doc_id, text; {"docs_read", "docs_without_text"}).
@@ -83,10 +97,10 @@ def load_originals(source: SourceConfig, cache_dir: Path, n: int) -> tuple[pd.Da
         SourceError: the source cannot be read (see ``read_source``).
         DataError: no document of the source has text.
     """
-    docs = read_source(source, cache_dir).docs
+    docs = read_small_source(source, cache_dir).docs
     html = (docs["content_type"] == "html").to_numpy()
     texts = docs["content"].tolist()
-    for i, main in zip(html.nonzero()[0], extract_many(docs["content"][html].tolist())):
+    for i, main in zip(html.nonzero()[0], extract_many(docs["content"][html].tolist(), extractor=extractor)):
         texts[i] = main
     texts = [tidy(t) if isinstance(t, str) else "" for t in texts]
     frame = pd.DataFrame({"doc_id": docs["doc_id"], "text": texts})
@@ -97,9 +111,22 @@ def load_originals(source: SourceConfig, cache_dir: Path, n: int) -> tuple[pd.Da
     return with_text.head(n).reset_index(drop=True), counts
 
 
+def load_pages(source: SourceConfig, cache_dir: Path, n: int, seed: int) -> pd.DataFrame:
+    """Up to ``n`` of ``source``'s HTML pages (doc_id, content: decoded HTML), drawn with ``seed``
+    (``extractors.sample_pages``); empty when the source has no HTML or ``n`` is 0.
+
+    Raises:
+        SourceError: the source cannot be read (see ``read_source``).
+    """
+    if n == 0:
+        return pd.DataFrame(columns=["doc_id", "content"])
+    return sample_pages(read_small_source(source, cache_dir).docs, n, seed)
+
+
 def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfig, cfg: AuditConfig,
-              progress: ShardProgress | None = None) -> AuditResult:
-    """Inject labelled junk into ``originals`` (doc_id, text), run ``build_corpus`` with ``corpus``, measure.
+              progress: ShardProgress | None = None, pages: pd.DataFrame | None = None) -> AuditResult:
+    """Inject labelled junk into ``originals`` (doc_id, text), run ``build_corpus`` with ``corpus``, measure;
+    compare the HTML extractors on ``pages`` (doc_id, content) when given (``extractors.compare_extractors``).
 
     The source's language hint picks the junk language and the shingle unit (characters for languages written
     without spaces); a source without a hint is treated as English. The build writes into a temporary folder
@@ -133,7 +160,17 @@ def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfi
     originals_removed = with_excerpts(removed, dict(zip(originals["doc_id"], originals["text"])))
     report = _report(source, language, by_chars, cfg, corpus, documents, funnel, pairs, bins, pr,
                      originals_removed)
-    return AuditResult(source.name, documents, table, pairs, bins, pr, originals_removed, report)
+    extractors = None
+    if pages is not None:
+        extractors = compare_extractors(pages, source.name, cfg.extractor_examples, cfg.seed)
+        report["extractors"] = _json_safe(_extractor_summary(extractors, corpus.extractor))
+    return AuditResult(source.name, documents, table, pairs, bins, pr, originals_removed, report, extractors)
+
+
+def _extractor_summary(comparison: ExtractorComparison, configured: str) -> dict[str, Any]:
+    return {"configured": configured, "definition": EXTRACTOR_DEFINITION,
+            "rows": comparison.table.drop(columns="source").to_dict("records"),
+            "only_in_one": comparison.examples.drop(columns="source").to_dict("records")}
 
 
 def _stage_rank(funnel: pd.DataFrame) -> dict[str, int]:
@@ -219,5 +256,8 @@ def write_audit(result: AuditResult, out_dir: Path, title: str) -> list[Path]:
         result.originals_removed.to_csv(tmp / "originals_removed.csv", index=False)
         lsh = result.report["lsh"]
         plot_s_curve(result.bins, lsh["bands"], lsh["rows"], lsh["jaccard_threshold"], tmp / "s_curve.png", title)
+        if result.extractors is not None:
+            result.extractors.table.to_parquet(tmp / "extractors.parquet", index=False)
+            result.extractors.examples.to_csv(tmp / "extractor_lines.csv", index=False)
         (tmp / "report.json").write_text(json.dumps(result.report, indent=2, ensure_ascii=False))
     return sorted(out_dir.iterdir())

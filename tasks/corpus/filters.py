@@ -2,15 +2,19 @@
 
 sanitise (NUL bytes, lone surrogates) → extract (HTML main text) → repair (ftfy) → empty → langid → quality
 (optional C4 line rules, then Gopher or Chinese rules by the identified language) → pii (placeholders).
-Every removal is one ``Reason`` row in the ledger; ``funnel`` rows give documents and characters in/out per stage.
+
+Each stage is a block: an object with a ``name`` and ``apply(frame) -> Verdicts``, which says per row whether it is
+removed (a ``Reason``) and which columns the block sets. ``run_blocks`` runs the blocks in order and alone writes the
+ledger: every removal is one ``Reason`` row; ``funnel`` rows give documents and characters in/out per stage.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -62,32 +66,77 @@ class Ledger:
                 pd.DataFrame(self.funnel, columns=FUNNEL_COLUMNS))
 
 
+@dataclass(frozen=True)
+class Verdicts:
+    """What one block decided about the ``n`` rows of the frame it was given.
+
+    ``reasons``: ``n`` entries, None keeps the row and a ``Reason`` removes it; None when the block removes nothing.
+    ``columns``: the columns the block sets (added or replaced), ``n`` values each, as the kept rows carry them on.
+    ``drop``: columns the block consumes (extract turns ``content`` into ``text``).
+    """
+
+    reasons: Sequence[Reason | None] | None = None
+    columns: Mapping[str, Sequence] = field(default_factory=dict)
+    drop: tuple[str, ...] = ()
+
+
+class Block(Protocol):
+    """One per-document stage: ``apply`` reads a frame (``INPUT_COLUMNS`` plus what earlier blocks set) and writes
+    nothing; the ledger and the frame handed on are ``run_blocks``'s."""
+
+    name: str
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts: ...
+
+
 def filter_documents(docs: pd.DataFrame, cfg: CorpusConfig, ledger: Ledger, workers: int = 1,
                      tick: Tick | None = None) -> pd.DataFrame:
     """Run the per-document stages over ``docs`` (columns ``INPUT_COLUMNS``); returns survivors
-    (columns ``SURVIVOR_COLUMNS``) in input order. Removals and funnel rows go to ``ledger``."""
+    (columns ``SURVIVOR_COLUMNS``) in input order. Removals and funnel rows go to ``ledger``; ``tick`` is called
+    with each stage's name once it has run."""
     frame = docs[INPUT_COLUMNS].reset_index(drop=True)
     fixes = docs["fixes"].fillna("").astype(str).to_numpy() if "fixes" in docs else ""
     frame = frame.assign(content=frame.content.fillna("").astype(str), fixes=fixes, pii_replacements=0,
                          lines_dropped=0)
-    sanitised = sanitise(frame)
-    ledger.count("sanitise", frame.assign(text=frame.content), sanitised.assign(text=sanitised.content))
-    frame = sanitised
-    steps: list[tuple[str, Callable[[pd.DataFrame], pd.DataFrame]]] = [
-        ("extract", lambda f: _extract(f, ledger, workers)),
-        ("repair", _repair if cfg.unicode_repair else (lambda f: f)),
-        ("empty", lambda f: _empty(f, ledger)),
-        ("langid", lambda f: _langid(f, ledger, cfg)),
-        ("quality", lambda f: _quality(f, ledger, cfg)),
-        ("pii", lambda f: _pii(f) if cfg.pii else f),
-    ]
-    for stage, step in steps:
-        after = step(frame).reset_index(drop=True)
-        ledger.count(stage, frame.assign(text=frame.content) if stage == "extract" else frame, after)
+    return run_blocks(frame, blocks_for(cfg, workers), ledger, tick)[SURVIVOR_COLUMNS]
+
+
+def blocks_for(cfg: CorpusConfig, workers: int = 1) -> list[Block]:
+    """The blocks of ``DOC_STEPS`` for ``cfg``, in order; a stage switched off stays in place and changes nothing,
+    so the funnel always has a row per stage."""
+    return [Sanitise(), Extract(cfg.extractor, workers), Repair() if cfg.unicode_repair else Unchanged("repair"),
+            Empty(), Langid(cfg), Quality(cfg), Pii() if cfg.pii else Unchanged("pii")]
+
+
+def run_blocks(frame: pd.DataFrame, blocks: Sequence[Block], ledger: Ledger,
+               tick: Tick | None = None) -> pd.DataFrame:
+    """Apply ``blocks`` in order: each sees what the previous kept, with the columns it set. For each block, log a
+    removal for every row it gave a reason (in row order) and the funnel rows of what went in and out, counting
+    characters of ``text``, or of ``content`` before extraction has made a text.
+
+    Raises:
+        ValueError: a block returned a number of verdicts or column values other than its frame's row count.
+    """
+    for block in blocks:
+        verdicts = block.apply(frame)
+        for name, values in {"reasons": verdicts.reasons, **verdicts.columns}.items():
+            if values is not None and len(values) != len(frame):
+                raise ValueError(f"block {block.name!r} returned {len(values)} {name} for {len(frame)} rows")
+        after = frame.assign(**verdicts.columns) if verdicts.columns else frame
+        if verdicts.drop:
+            after = after.drop(columns=list(verdicts.drop))
+        if verdicts.reasons is not None:
+            after = _keep(after, ledger, block.name, verdicts.reasons)
+        after = after.reset_index(drop=True)
+        ledger.count(block.name, _measured(frame), _measured(after))
         frame = after
         if tick is not None:
-            tick(stage)
-    return frame[SURVIVOR_COLUMNS]
+            tick(block.name)
+    return frame
+
+
+def _measured(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame if "text" in frame.columns else frame.assign(text=frame.content)
 
 
 def _keep(frame: pd.DataFrame, ledger: Ledger, stage: str, verdicts: list[Reason | None]) -> pd.DataFrame:
@@ -110,41 +159,82 @@ def sanitise(frame: pd.DataFrame) -> pd.DataFrame:
     """
     if "fixes" not in frame:
         frame = frame.assign(fixes="")
-    contents, fixes = [], []
-    for content, fix in zip(frame.content.tolist(), frame.fixes.tolist()):
-        content = content if isinstance(content, str) else ""
-        if "\x00" in content:
-            content, fix = content.replace("\x00", ""), _add_fix(fix, "sanitise:nul_removed")
-        if _SURROGATE_RE.search(content):
-            content, fix = _SURROGATE_RE.sub("\ufffd", content), _add_fix(fix, "sanitise:lone_surrogate_replaced")
-        contents.append(content)
-        fixes.append(fix)
-    return frame.assign(content=contents, fixes=fixes)
+    return frame.assign(**Sanitise().apply(frame).columns)
 
 
-def _extract(frame: pd.DataFrame, ledger: Ledger, workers: int) -> pd.DataFrame:
-    is_html = (frame.content_type == "html").to_numpy()
-    texts: list[str | None] = frame.content.tolist()
-    for i, text in zip(is_html.nonzero()[0], extract_many(frame.content[is_html].tolist(), workers)):
-        texts[i] = text
-    no_text = Reason("extract.no_main_text", NAN, NAN, "trafilatura found no main text in the HTML")
-    reasons = [None if isinstance(t, str) else no_text for t in texts]
-    frame = frame.assign(text=[tidy(t) if isinstance(t, str) else "" for t in texts]).drop(columns="content")
-    return _keep(frame, ledger, "extract", reasons)
+@dataclass(frozen=True)
+class Sanitise:
+    """``content`` without NUL bytes and lone surrogates; each fix named in ``fixes`` (see ``sanitise``)."""
+
+    name: str = "sanitise"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        contents, fixes = [], []
+        for content, fix in zip(frame.content.tolist(), frame.fixes.tolist()):
+            content = content if isinstance(content, str) else ""
+            if "\x00" in content:
+                content, fix = content.replace("\x00", ""), _add_fix(fix, "sanitise:nul_removed")
+            if _SURROGATE_RE.search(content):
+                content, fix = _SURROGATE_RE.sub("\ufffd", content), _add_fix(fix, "sanitise:lone_surrogate_replaced")
+            contents.append(content)
+            fixes.append(fix)
+        return Verdicts(columns={"content": contents, "fixes": fixes})
 
 
-def _repair(frame: pd.DataFrame) -> pd.DataFrame:
-    texts, fixes = [], []
-    for text, fix in zip(frame.text, frame.fixes):
-        repaired, applied = repair(text)
-        texts.append(repaired)
-        fixes.append(_add_fix(fix, applied) if applied else fix)
-    return frame.assign(text=texts, fixes=fixes)
+@dataclass(frozen=True)
+class Extract:
+    """``text`` from ``content``: the main text of HTML pages with ``extractor`` (``tasks.corpus.extract``), other
+    content as it is, tidied; a page without main text is removed (``extract.no_main_text``)."""
+
+    extractor: str = "trafilatura"
+    workers: int = 1
+    name: str = "extract"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        is_html = (frame.content_type == "html").to_numpy()
+        texts: list[str | None] = frame.content.tolist()
+        pages = extract_many(frame.content[is_html].tolist(), self.workers, self.extractor)
+        for i, text in zip(is_html.nonzero()[0], pages):
+            texts[i] = text
+        no_text = Reason("extract.no_main_text", NAN, NAN, f"{self.extractor} found no main text in the HTML")
+        return Verdicts(reasons=[None if isinstance(t, str) else no_text for t in texts],
+                        columns={"text": [tidy(t) if isinstance(t, str) else "" for t in texts]}, drop=("content",))
 
 
-def _empty(frame: pd.DataFrame, ledger: Ledger) -> pd.DataFrame:
-    blank = Reason("empty.whitespace", 0.0, NAN, "no visible characters after extraction and repair")
-    return _keep(frame, ledger, "empty", [None if _visible(t) else blank for t in frame.text])
+@dataclass(frozen=True)
+class Repair:
+    """``text`` repaired by ftfy; each fix named in ``fixes``."""
+
+    name: str = "repair"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        texts, fixes = [], []
+        for text, fix in zip(frame.text, frame.fixes):
+            repaired, applied = repair(text)
+            texts.append(repaired)
+            fixes.append(_add_fix(fix, applied) if applied else fix)
+        return Verdicts(columns={"text": texts, "fixes": fixes})
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """A stage switched off in the config: every row passes as it is."""
+
+    name: str
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        return Verdicts()
+
+
+@dataclass(frozen=True)
+class Empty:
+    """Removes a text with nothing visible (``empty.whitespace``)."""
+
+    name: str = "empty"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        blank = Reason("empty.whitespace", 0.0, NAN, "no visible characters after extraction and repair")
+        return Verdicts(reasons=[None if _visible(t) else blank for t in frame.text])
 
 
 def _visible(text: str) -> bool:
@@ -156,10 +246,17 @@ def _visible(text: str) -> bool:
 _INVISIBLE = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e")
 
 
-def _langid(frame: pd.DataFrame, ledger: Ledger, cfg: CorpusConfig) -> pd.DataFrame:
-    found = [language_of(one_line(t), hint, cfg) for t, hint in zip(frame.text, frame.language_hint)]
-    frame = frame.assign(language=[f[0] for f in found], lang_score=[f[1] for f in found])
-    return _keep(frame, ledger, "langid", [f[2] for f in found])
+@dataclass(frozen=True)
+class Langid:
+    """``language`` and ``lang_score`` of each text (``language_of``); removes what ``cfg`` does not keep."""
+
+    cfg: CorpusConfig
+    name: str = "langid"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        found = [language_of(one_line(t), hint, self.cfg) for t, hint in zip(frame.text, frame.language_hint)]
+        return Verdicts(reasons=[f[2] for f in found],
+                        columns={"language": [f[0] for f in found], "lang_score": [f[1] for f in found]})
 
 
 def language_of(line: str, hint: object, cfg: CorpusConfig) -> tuple[str, float, Reason | None]:
@@ -187,23 +284,37 @@ def language_of(line: str, hint: object, cfg: CorpusConfig) -> tuple[str, float,
     return label, score, None
 
 
-def _quality(frame: pd.DataFrame, ledger: Ledger, cfg: CorpusConfig) -> pd.DataFrame:
-    rules = {source: cfg.rules_for(source) for source in frame.source.unique()}
-    c4 = cfg.c4
-    texts, dropped, verdicts = [], [], []
-    for text, lang, src, n in zip(frame.text, frame.language, frame.source, frame.lines_dropped):
-        reason = None
-        if c4.enabled:
-            text, n_dropped, reason = c4_lines(text, c4, language=lang)
-            n += n_dropped
-        if reason is None:
-            reason = quality(text, lang, *rules[src])[1]
-        texts.append(text)
-        dropped.append(n)
-        verdicts.append(reason)
-    return _keep(frame.assign(text=texts, lines_dropped=dropped), ledger, "quality", verdicts)
+@dataclass(frozen=True)
+class Quality:
+    """The optional C4 line rules (lines cut, counted in ``lines_dropped``), then the Gopher or Chinese rules of the
+    text's language with its source's thresholds; the first rule that fires removes the text."""
+
+    cfg: CorpusConfig
+    name: str = "quality"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        rules = {source: self.cfg.rules_for(source) for source in frame.source.unique()}
+        c4 = self.cfg.c4
+        texts, dropped, verdicts = [], [], []
+        for text, lang, src, n in zip(frame.text, frame.language, frame.source, frame.lines_dropped):
+            reason = None
+            if c4.enabled:
+                text, n_dropped, reason = c4_lines(text, c4, language=lang)
+                n += n_dropped
+            if reason is None:
+                reason = quality(text, lang, *rules[src])[1]
+            texts.append(text)
+            dropped.append(n)
+            verdicts.append(reason)
+        return Verdicts(reasons=verdicts, columns={"text": texts, "lines_dropped": dropped})
 
 
-def _pii(frame: pd.DataFrame) -> pd.DataFrame:
-    redacted = [redact(t) for t in frame.text]
-    return frame.assign(text=[t for t, _ in redacted], pii_replacements=[n for _, n in redacted])
+@dataclass(frozen=True)
+class Pii:
+    """E-mail, phone and IP replaced by placeholders in ``text``; their count in ``pii_replacements``."""
+
+    name: str = "pii"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        redacted = [redact(t) for t in frame.text]
+        return Verdicts(columns={"text": [t for t, _ in redacted], "pii_replacements": [n for _, n in redacted]})
