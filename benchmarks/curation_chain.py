@@ -230,7 +230,7 @@ def our_config(repair: bool = False):
 
     return CorpusConfig(languages=["en"], pii=False, unicode_repair=repair, near_dedup={"enabled": False},
                         boilerplate={"enabled": False}, decontamination={"enabled": False},
-                        execution={"task_runner": "sequential", "workers": 1, "shard_docs": 100_000})
+                        execution={"engine": "sequential", "workers": 1, "shard_docs": 100_000})
 
 
 def run_ours(docs: list[str], work: Path, repair: bool = False) -> tuple[int, float, Counter, str]:

@@ -13,6 +13,7 @@ This module must be imported after ``RunsLayout.prepare_environment()`` (Prefect
 import subprocess
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from flows.publish import PublishTarget, publish
 from flows.registry import STAGES, downstream, get_stage, stage_names
 from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
-from infra.shard_map import prefect_shard_map
+from infra.shard_map import RAY_CALLS_FILE, shard_map_for
 from infra.runs import RunsLayout
 from infra.stage import Stage, StageContext
 from infra.threads import ThreadPolicy, thread_policy
@@ -91,7 +92,7 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
         torch_threads=env.threads.torch_threads, threads=env.threads, progress=env.progress,
         log_metrics=lambda metrics, step: env.tracker.log_metrics(meta["mlflow_run_id"], metrics, step),
         log_child=lambda child, params, rows: _log_child(env, meta["mlflow_run_id"], child, params, rows),
-        shard_map_for=prefect_shard_map,
+        shard_map_for=partial(shard_map_for, record=tmp / RAY_CALLS_FILE),  # Ray records where calls ran
     )
     started = time.perf_counter()
     try:

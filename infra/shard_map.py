@@ -1,25 +1,41 @@
-"""Shard maps: run one function over many shards as Prefect tasks on a chosen task runner.
+"""Shard maps: run one function over many shards, locally as Prefect tasks or on a Ray cluster.
 
-A stage function receives a ``shard_map(fn, calls, label)`` and never imports Prefect itself. Each call becomes one
-Prefect task run named ``{label}-{i}`` (visible in the Prefect UI, with its own state), submitted to:
+A stage function receives a ``shard_map(fn, calls, label)`` and never imports Prefect or Ray itself. The engine
+(``infra.execution.ExecutionConfig.engine``) says where the calls run:
 
-- ``threads``: Prefect's ThreadPoolTaskRunner; the work runs in the task's thread (good for I/O-bound shards).
-- ``processes``: the same thread runner, each task handing its work to a shared pool of worker processes, so
-  CPU-bound shards run in parallel without each worker process starting its own Prefect API.
-- ``dask`` / ``ray``: prefect-dask's DaskTaskRunner / prefect-ray's RayTaskRunner, for a cluster.
 - ``sequential``: a plain loop in the calling process, no Prefect tasks (library use and tests).
+- ``threads``: each call one Prefect task run named ``{label}-{i}`` (visible in the Prefect UI, with its own state)
+  on Prefect's ThreadPoolTaskRunner; the work runs in the task's thread (good for I/O-bound shards).
+- ``processes``: the same Prefect tasks, each handing its work to a shared pool of worker processes, so
+  CPU-bound shards run in parallel without each worker process starting its own Prefect API.
+- ``ray``: each call one Ray task (``num_cpus=1``) on the cluster at ``address``, submitted from inside the stage;
+  the stage itself stays one Prefect task. Every node must see the runs folder at the same path.
 
-``fn`` must be a module-level function and its keyword arguments picklable (strings and numbers).
+``fn`` must be a module-level function and its keyword arguments picklable (strings and numbers); every engine
+returns the results in call order and, when calls fail, raises the first failure in call order once the other
+submitted calls have finished, so no shard is left half-written by a call still running.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 from infra.errors import ConfigError
+from infra.execution import ENGINES, RAY_INSTALL_HINT, ExecutionConfig
+from infra.threads import thread_policy, worker_environment
 
 ShardMap = Callable[[Callable[..., Any], list[dict[str, Any]], str], list[Any]]
 
@@ -41,19 +57,8 @@ def _task_runner(kind: str, workers: int):
         from prefect.task_runners import ThreadPoolTaskRunner
 
         return ThreadPoolTaskRunner(max_workers=workers)
-    if kind == "dask":
-        try:
-            from prefect_dask import DaskTaskRunner
-        except ImportError as err:
-            raise ConfigError("task_runner='dask' needs prefect-dask: pip install prefect-dask") from err
-        return DaskTaskRunner(cluster_kwargs={"n_workers": workers})
-    if kind == "ray":
-        try:
-            from prefect_ray import RayTaskRunner
-        except ImportError as err:
-            raise ConfigError("task_runner='ray' needs prefect-ray: pip install prefect-ray") from err
-        return RayTaskRunner()
-    raise ConfigError(f"unknown task_runner {kind!r}; use sequential, threads, processes, dask or ray")
+    raise ConfigError(f"unknown engine {kind!r} for Prefect tasks; use sequential, threads or processes "
+                      f"(shard_map_for gives engine 'ray' a Ray shard map; engines: {', '.join(ENGINES)})")
 
 
 def process_pool(workers: int, fn: Callable[..., Any]) -> ProcessPoolExecutor:
@@ -83,12 +88,13 @@ def _call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 
 
 def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | None = None) -> ShardMap:
-    """A shard map running each call as a Prefect task on the ``kind`` task runner with ``workers`` slots.
+    """A shard map running each call as a Prefect task on the ``kind`` engine (sequential, threads or processes)
+    with ``workers`` slots.
 
     ``on_done`` is called (in the submitting thread) after each finished shard, for progress bars.
 
     Raises:
-        ConfigError: ``kind`` is unknown or its integration package is not installed.
+        ConfigError: ``kind`` is unknown.
         Exception: the first shard failure, re-raised after the other submitted shards finish.
     """
     if kind == "sequential":
@@ -135,3 +141,194 @@ def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | Non
                 pool.shutdown()
 
     return run
+
+
+# --------------------------------------------------------------------------- Ray
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the folder holding the flows/, tasks/ and infra/ packages
+RAY_CALLS_FILE = "ray_calls.jsonl"
+log = logging.getLogger(__name__)
+
+
+def ray_worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables of every Ray task a shard map starts (its ``runtime_env``'s ``env_vars``).
+
+    - ``PYTHONPATH``: this checkout, so a worker started by a ``ray start`` in another folder imports the project
+      (it replaces that worker's own PYTHONPATH; the worker must run the same Python environment, with the
+      project's dependencies installed).
+    - ``OMP_NUM_THREADS`` and ``OMP_WAIT_POLICY`` (``infra.threads``): one thread per task, since each task holds
+      one CPU, and passive waiting, unless the user exported them here; ``TOKENIZERS_PARALLELISM`` as here
+      (``false`` in the pipeline), so a task does not start a thread per core.
+
+    Raises:
+        ConfigError: an exported OMP_NUM_THREADS or OMP_WAIT_POLICY is invalid.
+    """
+    environ = os.environ if environ is None else environ
+    threads = worker_environment(thread_policy(1, environ), environ={})
+    return {"PYTHONPATH": str(PROJECT_ROOT), **threads,
+            "TOKENIZERS_PARALLELISM": environ.get("TOKENIZERS_PARALLELISM", "false")}
+
+
+def _call_on_node(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Runs inside a Ray worker: the call's result and where it ran."""
+    import ray
+
+    started = time.perf_counter()
+    result = fn(**kwargs)
+    where = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+             "seconds": round(time.perf_counter() - started, 3)}
+    return result, where
+
+
+def _connect(address: str, workers: int) -> bool:
+    """Initialise Ray unless it already is; True when this call started the connection (or the local instance)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    try:
+        if address == "local":
+            ray.init(address="local", num_cpus=workers or None, include_dashboard=False,
+                     logging_level=logging.WARNING)
+        else:
+            _check_reachable(address)
+            ray.init(address=address, logging_level=logging.WARNING)
+    except ConnectionError as err:
+        raise ConfigError(f"no Ray cluster at address = {address!r} ({err}); start one with `ray start --head`, "
+                          f'export RAY_ADDRESS=HOST:PORT, or write address = "local" for an in-process Ray') from None
+    return True
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Raise ConnectionError at once when nothing listens at the GCS address Ray would use (``ray.init`` itself
+    retries an unreachable address for minutes). Ray client addresses (``ray://``) are left to Ray."""
+    if "://" in address:
+        return
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # another Ray layout: let ray.init find out
+        return
+    resolved = canonicalize_bootstrap_address(address)  # RAY_ADDRESS, "auto" discovery; ConnectionError if none
+    if resolved is None:
+        return
+    host, _, port = resolved.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as err:
+        raise ConnectionError(f"nothing answers at {resolved}: {err}") from None
+
+
+def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], None] | None = None,
+                  record: Path | None = None) -> ShardMap:
+    """A shard map running each call as a Ray task (``num_cpus=1``) with at most ``workers`` in flight.
+
+    Each map call connects with ``ray.init(address=...)`` unless Ray is already initialised in this process, and
+    shuts down only a connection it made (``address = "local"``: the private instance it started). Tasks get
+    :func:`ray_worker_env` through their ``runtime_env``. Every node must see the paths in the calls' keyword
+    arguments (on a multi-node cluster the runs folder on a shared filesystem, at the same path everywhere).
+
+    Args:
+        workers: calls in flight at once; 0 = the cluster's CPUs when the map starts.
+        address: ``"auto"``, ``"local"`` or ``"HOST:PORT"`` (``infra.execution.ExecutionConfig``).
+        on_done: called in the submitting thread after each finished call (progress bars).
+        record: a JSON-lines file to append one line to per successful call: label, call index, Ray node id,
+            host, worker pid and seconds.
+
+    Raises:
+        ConfigError: the ray package is missing, or no cluster answers at ``address``.
+        Exception: the first failed call's own exception (in call order), raised after every submitted call has
+            finished; no further calls are submitted after a failure. The Ray error with the remote traceback is
+            its ``__cause__``.
+    """
+
+    def run(fn: Callable[..., Any], calls: list[dict[str, Any]], label: str) -> list[Any]:
+        if not calls:
+            return []
+        try:
+            import ray
+        except ImportError as err:
+            raise ConfigError(f'engine = "ray" needs the ray package: {RAY_INSTALL_HINT}') from err
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
+        started = False
+        try:
+            started = _connect(address, workers)
+            return _run_tasks(ray, fn, calls, label, workers, on_done, record)
+        finally:
+            if started:
+                ray.shutdown()
+            if main and signal.getsignal(signal.SIGTERM) is not sigterm:  # ray.init installs one that exits
+                signal.signal(signal.SIGTERM, sigterm)
+
+    return run
+
+
+def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], label: str, workers: int,
+               on_done: Callable[[], None] | None, record: Path | None) -> list[Any]:
+    limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    task, runtime_env = ray.remote(_call_on_node), {"env_vars": ray_worker_env()}
+    results: list[Any] = [None] * len(calls)
+    failures: dict[int, tuple[BaseException, BaseException]] = {}
+    pending: dict[Any, int] = {}
+    nodes: Counter[str] = Counter()
+    submitted = 0
+    try:
+        while pending or (submitted < len(calls) and not failures):
+            while submitted < len(calls) and len(pending) < limit and not failures:
+                ref = task.options(num_cpus=1, runtime_env=runtime_env,
+                                   name=f"{label}-{submitted}").remote(fn, calls[submitted])
+                pending[ref] = submitted
+                submitted += 1
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(ref)
+            try:
+                results[i], where = ray.get(ref)
+            except ray.exceptions.RayTaskError as err:
+                cause = err.cause if isinstance(err.cause, BaseException) else err
+                failures[i] = (cause, err)
+            except ray.exceptions.RayError as err:  # the worker or its node died
+                failures[i] = (err, err)
+            else:
+                nodes[where["node_id"]] += 1
+                if record is not None:
+                    _append(record, {"label": label, "call": i, **where})
+            if on_done:
+                on_done()
+    except BaseException:
+        for ref in pending:  # interrupted: do not leave the cluster writing shards nobody waits for
+            with suppress(Exception):
+                ray.cancel(ref)
+        raise
+    log.info("%s: %d calls on %d Ray node(s) %s", label, len(calls), len(nodes), dict(nodes))
+    if failures:
+        cause, err = failures[min(failures)]
+        raise cause from (err if err is not cause else None)
+    return results
+
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------- choosing one
+
+
+def shard_map_for(execution: ExecutionConfig, on_done: Callable[[], None] | None = None, *,
+                  record: Path | None = None) -> ShardMap:
+    """The shard map of an ``[<stage>.execution]`` section: :func:`ray_shard_map` for ``engine = "ray"``
+    (``record``: its per-call JSON lines), else :func:`prefect_shard_map`.
+
+    Raises:
+        ConfigError: as those functions.
+    """
+    if execution.engine == "ray":
+        return ray_shard_map(execution.workers, execution.address, on_done=on_done, record=record)
+    return prefect_shard_map(execution.engine, execution.workers, on_done=on_done)
+
+
+def sequential_map_for(execution: ExecutionConfig, on_done: Callable[[], None] | None = None,
+                       **_: Any) -> ShardMap:
+    """The shard map outside the pipeline (library use, tests): a loop in this process whatever the engine."""
+    return prefect_shard_map("sequential", 1, on_done=on_done)

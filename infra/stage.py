@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from infra.shard_map import ShardMap, sequential_map
+from infra.shard_map import ShardMap, sequential_map_for
 from infra.runs import RunsLayout, ensure_folder
 from infra.threads import ThreadPolicy
 
@@ -54,8 +54,9 @@ class StageContext:
         log_metrics: metrics at an explicit step to this stage's MLflow run (step unit stated by the caller).
         log_child: one nested MLflow run under this stage (name, params, metric rows each with a "step").
         progress: progress bars.
-        shard_map_for: ``(task_runner, workers) → shard map`` running shard functions in parallel (Prefect task
-            runners in the pipeline; a sequential loop by default).
+        shard_map_for: ``(execution, on_done=None) → shard map`` for an ``infra.execution.ExecutionConfig``,
+            running shard functions where its engine says (Prefect tasks or Ray tasks in the pipeline; a loop in
+            this process by default); ``on_done()`` is called after each finished call (progress bars).
     """
 
     out: Path
@@ -70,7 +71,7 @@ class StageContext:
     log_metrics: MetricsFn = field(default=lambda metrics, step: None)
     log_child: ChildFn = field(default=lambda name, params, rows: None)
     progress: ProgressReporter = field(default_factory=ProgressReporter)
-    shard_map_for: Callable[[str, int], ShardMap] = field(default=lambda kind, workers: sequential_map)
+    shard_map_for: Callable[..., ShardMap] = field(default=sequential_map_for)
 
     @property
     def scratch(self) -> Path:

@@ -5,13 +5,13 @@ Defaults are the published values: language-ID threshold 0.65 (FineWeb), Gopher 
 with 112 permutations as 14 bands × 8 rows over 5-gram shingles (FineWeb).
 """
 
-import importlib.util
 import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from infra.errors import ConfigError, ConfigWarning
+from infra.execution import ExecutionConfig
 from infra.languages import LID176_LABELS
 from infra.section import NOT_IN_KEY, Section
 
@@ -299,27 +299,12 @@ class DecontaminationConfig(Section):
     eval_files: list[str] = []
 
 
-class ExecutionConfig(Section):
-    """How the corpus build is executed; never part of the cache key (results do not depend on it).
-
-    ``shard_docs``: documents per shard (memory is bounded by shard size, not corpus size);
-    ``task_runner``: where shards run — ``sequential`` (in the stage's process), ``threads`` (Prefect
-    ThreadPoolTaskRunner), ``processes`` (Prefect tasks whose work runs in a pool of ``workers`` processes),
-    ``dask`` or ``ray`` (Prefect's prefect-dask / prefect-ray integrations, for a cluster).
-    """
+class CorpusExecutionConfig(ExecutionConfig):
+    """How the corpus build is executed (``engine``, ``workers``, ``address``: see ``infra.execution``); never part
+    of the cache key (results do not depend on it). ``shard_docs``: documents per shard (memory is bounded by shard
+    size, not corpus size)."""
 
     shard_docs: int = Field(default=2000, ge=1)
-    task_runner: Literal["sequential", "threads", "processes", "dask", "ray"] = "processes"
-    workers: int = Field(default=2, ge=1)
-
-    @field_validator("task_runner")
-    @classmethod
-    def _check_runner(cls, v: str) -> str:
-        extra = {"dask": "prefect_dask", "ray": "prefect_ray"}.get(v)
-        if extra and importlib.util.find_spec(extra) is None:
-            raise ConfigError(f"task_runner={v!r} needs the {extra.replace('_', '-')} package: "
-                              f"pip install {extra.replace('_', '-')}")
-        return v
 
 
 class CorpusConfig(Section):
@@ -329,14 +314,16 @@ class CorpusConfig(Section):
     (``{"fortunes": {"gopher": {"min_words": 5}}}``) or flat (``{"fortunes": {"min_words": 5}}``: a flat key is
     applied to every rule set that has it). Overrides are validated by building the merged rule sets.
 
-    Other fields: ``languages`` kept (lid.176 labels); ``langid_threshold`` (FineWeb 0.65) and per-language
+    Other fields: ``languages`` kept (lid.176 labels); ``extractor``, the HTML main-text extractor for every source
+    (``tasks.corpus.extract``); ``langid_threshold`` (FineWeb 0.65) and per-language
     ``langid_thresholds``; ``langid_min_chars``, below which the source's hint is used or the language is
     ``unknown`` (``unknown_language``: remove or keep); ``unicode_repair`` (ftfy), ``pii``, ``exact_dedup`` switches;
-    ``c4``, ``near_dedup``, ``boilerplate``, ``decontamination`` sections; ``execution`` (shards, task runner),
+    ``c4``, ``near_dedup``, ``boilerplate``, ``decontamination`` sections; ``execution`` (shards, engine),
     which is never part of the cache key.
     """
 
     languages: list[str] = ["en", "zh"]
+    extractor: Literal["trafilatura", "resiliparse"] = "trafilatura"
     langid_threshold: float = 0.65
     langid_thresholds: dict[str, float] = {}
     langid_min_chars: int = 20
@@ -351,8 +338,8 @@ class CorpusConfig(Section):
     near_dedup: MinHashConfig = MinHashConfig()
     boilerplate: BoilerplateConfig = BoilerplateConfig()
     decontamination: DecontaminationConfig = DecontaminationConfig()
-    # Results do not depend on shard size, runner or workers.
-    execution: ExecutionConfig = Field(default=ExecutionConfig(), json_schema_extra=NOT_IN_KEY)
+    # Results do not depend on shard size, engine or workers.
+    execution: CorpusExecutionConfig = Field(default=CorpusExecutionConfig(), json_schema_extra=NOT_IN_KEY)
 
     @field_validator("languages")
     @classmethod

@@ -7,10 +7,22 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from infra.section import Section
+from infra.execution import ExecutionConfig
+from infra.section import NOT_IN_KEY, Section
 
 from tasks.train.shards import EOS_TOKEN  # noqa: E402  (the shard format ends documents with it)
 NUM_BYTE_TOKENS = 256  # byte-level BPE starts from every byte value (docs/methods.md §8)
+
+
+class TokenizerExecutionConfig(ExecutionConfig):
+    """Where the tokenizer stage encodes its shards (``engine``, ``workers``, ``address``: see
+    ``infra.execution``); never part of the cache key (the shards are byte-identical whatever these settings).
+    ``part_docs``: documents per encode call; each (source, split) is cut into parts of this many documents,
+    encoded as shard-map calls, then joined in order into one shard, so memory per call is bounded by the part.
+    The calls read ``tokenizer.json`` from the artifact being written and their documents from the stage's
+    scratch folder, so with ``ray`` every node must see the runs folder at the same path."""
+
+    part_docs: int = Field(default=10_000, ge=1)
 
 
 class TokenizerConfig(Section):
@@ -32,6 +44,7 @@ class TokenizerConfig(Section):
         max_pretoken_chars: longer runs of non-space (or space) characters are cut into pieces this long before
             BPE, so base64 blobs and repeated characters cost what ordinary text costs.
         domain_terms: terms whose fragmentation (tokens per term, the pieces) is reported (docs/methods.md §11).
+        execution: where the shards are encoded (:class:`TokenizerExecutionConfig`); not part of the cache key.
 
     Raises:
         pydantic.ValidationError: a field is invalid; the message names the field and the fix.
@@ -49,6 +62,7 @@ class TokenizerConfig(Section):
     fit_weights: dict[str, float] = {}
     max_pretoken_chars: int = Field(default=64, ge=4, le=4096)
     domain_terms: list[str] = []
+    execution: TokenizerExecutionConfig = Field(default=TokenizerExecutionConfig(), json_schema_extra=NOT_IN_KEY)
 
     @field_validator("fit_weights")
     @classmethod

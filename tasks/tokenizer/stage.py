@@ -14,6 +14,7 @@ characters drawn per source).
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer, padded_vocab_size, sample_texts, tokenizer_hash
 from tasks.train.packing import POLICIES, plan_rows
 from tasks.tokenizer.report import fragmentation, tokenizer_reports
-from tasks.train.shards import encode_documents, read_shard, write_shard
+from tasks.tokenizer.encode import pack_shards
 from tasks.tokenizer.split import assign_splits
 from tasks.train.data import TokenStream
 
@@ -62,7 +63,7 @@ def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
         "fit_weights": weights, "fit_sample_chars": sample_chars, "fit_sample_docs": len(sample),
         "manifest_hash": manifest_hash(ctx.inputs["corpus"]),
     }
-    headers = _pack(ctx, tok, kept, meta)
+    headers = _pack(ctx, cfg, tok, kept, meta)
     (ctx.out / "tokenizer.meta.json").write_text(json.dumps(meta, indent=2))
     report = pd.concat([tokenizer_reports(tok, part).assign(split=split)
                         for split, part in kept.groupby("split", sort=True)])
@@ -92,22 +93,16 @@ def fit_weights(cfg: TokenizerConfig, train_chars: dict[str, int]) -> dict[str, 
 
 
 
-def _pack(ctx: StageContext, tok: Tokenizer, kept: pd.DataFrame, meta: dict) -> pd.DataFrame:
-    rows = []
+def _pack(ctx: StageContext, cfg: TokenizerConfig, tok: Tokenizer, kept: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """Encode every (source, split) in parts of ``cfg.execution.part_docs`` documents where ``cfg.execution``
+    says, and join each into its shard (``tasks.tokenizer.encode``); writes ``shards.parquet``."""
     groups = list(kept.groupby(["source", "split"], sort=True))
-    with ctx.progress.task("tokenizer: packing shards", len(groups)) as advance:
-        for (source, split), group in groups:
-            tokens, offsets = encode_documents(tok, list(group["text"]))
-            path = ctx.out / "shards" / source / split
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_shard(path, tokens, vocab_size=meta["padded_vocab_size"], eos_id=meta["eos_id"],
-                        tokenizer_hash=meta["tokenizer_hash"], n_bytes=int(group["n_bytes"].sum()),
-                        doc_offsets=offsets,
-                        extra={"source": source, "split": split, "manifest_hash": meta["manifest_hash"]})
-            rows.append({"source": source, "split": split, "n_tokens": int(len(tokens)), "n_docs": len(group),
-                         "n_bytes": int(group["n_bytes"].sum()), "vocab_size": meta["padded_vocab_size"],
-                         "dtype": str(tokens.dtype)})
-            advance(1)
-    headers = pd.DataFrame(rows)
+    n_calls = sum(-(-len(group) // cfg.execution.part_docs) for _, group in groups)
+    with ctx.progress.task("tokenizer: packing shards", n_calls + len(groups)) as advance:
+        shard_map = ctx.shard_map_for(cfg.execution, lambda: advance(1))
+        headers = pack_shards(groups, tokenizer_path=ctx.out / "tokenizer.json", out=ctx.out,
+                              work=ctx.scratch / "encode", part_docs=cfg.execution.part_docs, meta=meta,
+                              tokenizer_vocab=tok.get_vocab_size(), shard_map=shard_map, advance=advance)
+    shutil.rmtree(ctx.scratch, ignore_errors=True)
     headers.to_parquet(ctx.out / "shards.parquet", index=False)
     return headers

@@ -205,3 +205,60 @@ def shard_facts(path: Path) -> dict:
             "tokens_in_file": len(tokens), "offsets_in_file": len(offsets),
             "max_token_id": int(tokens.max()) if len(tokens) else -1,
             "eos_count": int(np.count_nonzero(tokens == header["eos_id"]))}
+
+
+def join_shards(path: Path, parts: Sequence[Path], *, n_bytes: int, extra: dict | None = None,
+                chunk_bytes: int = 1 << 24) -> Path:
+    """Write the shards ``parts`` end to end as one shard at ``path``, streaming.
+
+    The result is the shard :func:`write_shard` writes for the parts' tokens concatenated in order and their
+    document offsets shifted by the tokens before each part, byte for byte: the ``.bin`` is copied in chunks of
+    ``chunk_bytes``, the offsets part by part, so memory is bounded by one part's offsets (n_docs × 8 bytes), not the
+    shard. The ids were checked when each part was written; the parts' own ``n_bytes`` and ``extra`` are ignored.
+
+    Args:
+        path: the joined shard (suffix replaced, as for :func:`write_shard`).
+        parts: part shards (any of their paths or the stem), in document order; at least one.
+        n_bytes: UTF-8 size of all the documents' text (:func:`text_bytes`).
+        extra: the joined header's ``extra``.
+
+    Returns:
+        the ``.bin`` path.
+
+    Raises:
+        DataError: no parts, a part is incomplete or truncated (:func:`read_shard`), or the parts disagree on
+            dtype, vocab_size, eos_id or tokenizer_hash.
+    """
+    if not parts:
+        raise DataError(f"no part shards to join into {path}")
+    headers = [read_shard(p).header for p in parts]
+    same = ("dtype", "vocab_size", "eos_id", "tokenizer_hash")
+    first = headers[0]
+    for part, header in zip(parts, headers):
+        differ = [k for k in same if header[k] != first[k]]
+        if differ:
+            raise DataError(f"part shard {part} differs from {parts[0]} in {differ}: re-encode every part with one "
+                            "tokenizer and vocab_size")
+    n_tokens = sum(h["n_tokens"] for h in headers)
+    n_docs = sum(h["n_docs"] for h in headers)
+    bin_path, idx_path, header_path = _paths(path)
+    bin_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(bin_path) as f:
+        for part in parts:
+            with open(_paths(part)[0], "rb") as src:
+                while chunk := src.read(chunk_bytes):
+                    f.write(chunk)
+    with atomic_file(idx_path) as f:
+        # The header np.save writes for an (n_docs,) int64 array, then the data as np.save writes it.
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)),
+                                                 "fortran_order": False, "shape": (n_docs,)})
+        before = 0
+        for part, header in zip(parts, headers):
+            offsets = np.load(_paths(part)[1], allow_pickle=False).astype(np.int64, copy=False)
+            (offsets + before).tofile(f)
+            before += header["n_tokens"]
+    joined = dict(dtype=first["dtype"], vocab_size=first["vocab_size"], eos_id=first["eos_id"],
+                  tokenizer_hash=first["tokenizer_hash"], n_tokens=int(n_tokens), n_docs=int(n_docs),
+                  n_bytes=int(n_bytes), extra=extra or {})
+    atomic_write_bytes(header_path, json.dumps(joined, indent=2, sort_keys=True).encode("utf-8"))
+    return bin_path

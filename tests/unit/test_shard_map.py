@@ -25,7 +25,7 @@ def test_sequential_map_keeps_order():
 
 
 def test_unknown_runner_is_a_config_error():
-    with pytest.raises(ConfigError, match="unknown task_runner"):
+    with pytest.raises(ConfigError, match="unknown engine"):
         prefect_shard_map("cluster", 2)(square, [{"x": 1}], "sq")
 
 
