@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import random
-import re
 import resource
 import subprocess
 import sys
@@ -35,41 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-_TEXT_RE = re.compile(r">([^<]+)<")
+from benchmarks.real_text import WORD_RE, demo_documents, edited  # noqa: E402
+
 WORKER_TARGET_BYTES = 16.0
-_WORD_RE = re.compile(r"[A-Za-z]{3,}")
-
-
-def _edit(text: str, rng: random.Random, rate: float, vocab: list[str]) -> str:
-    return _WORD_RE.sub(lambda m: rng.choice(vocab) if rng.random() < rate else m.group(0), text)
-
-
-def edited(content: str, content_type: str, rng: random.Random, rate: float, vocab: list[str]) -> str:
-    """``content`` with words replaced at ``rate``; in HTML only text between tags is touched."""
-    if content_type == "html":
-        return _TEXT_RE.sub(lambda m: ">" + _edit(m.group(1), rng, rate, vocab) + "<", content)
-    return _edit(content, rng, rate, vocab)
-
-
-def demo_documents(runs_dir: Path, base_docs: int | None):
-    import pandas as pd
-
-    from flows.config import load_config
-    from tasks.sources.deb import fetch_deb
-    from tasks.sources.read import read_source
-
-    cfg = load_config(ROOT / "configs" / "demo.toml")
-    cache = runs_dir / "cache" / "sources"
-    frames = []
-    for src in cfg.sources.values():
-        if src.kind == "deb":
-            fetch_deb(src.package, cache)
-        frames.append(read_source(src, cache).docs)
-    docs = pd.concat(frames, ignore_index=True)
-    if base_docs and base_docs < len(docs):
-        share = base_docs / len(docs)
-        docs = pd.concat([g.iloc[:max(1, round(len(g) * share))] for _, g in docs.groupby("source", sort=False)])
-    return docs.reset_index(drop=True)
 
 
 def write_scaled(docs, scale: int, path: Path, rate: float, seed: int) -> int:
@@ -78,7 +45,7 @@ def write_scaled(docs, scale: int, path: Path, rate: float, seed: int) -> int:
     import pyarrow.parquet as pq
 
     rng = random.Random(seed)
-    vocab = sorted({w.lower() for t in docs.content.head(200) for w in _WORD_RE.findall(t)})[:5000] or ["word"]
+    vocab = sorted({w.lower() for t in docs.content.head(200) for w in WORD_RE.findall(t)})[:5000] or ["word"]
     writer = None
     for copy in range(scale):
         part = docs if copy == 0 else docs.assign(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
@@ -65,41 +66,108 @@ def _summarise(result: Any) -> dict[str, Any]:
     return {"expectation": config.type, "kwargs": kwargs, "success": bool(result.success), "observed": observed}
 
 
-def check_kept_corpus(kept: pd.DataFrame, sources: Sequence[str], languages: Sequence[str],
+BATCH_ROWS = 262_144  # rows per Great Expectations batch when a table is validated from its Parquet file
+
+
+def _batches(table: pd.DataFrame | Path, columns: list[str]) -> Iterator[pd.DataFrame]:
+    """The table itself, or its Parquet file read ``BATCH_ROWS`` rows at a time (bounded memory)."""
+    if isinstance(table, pd.DataFrame):
+        yield table[columns]
+        return
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(table).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        yield batch.to_pandas()
+
+
+def _repeated(table: pd.DataFrame | Path, column: str) -> tuple[int, list]:
+    """How many values of ``column`` occur more than once, and a few of them, counted by DuckDB out of core."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        if isinstance(table, pd.DataFrame):
+            con.register("t", table[[column]])
+        else:
+            con.register("t", con.read_parquet(str(table)))
+        rows = con.execute(f'SELECT "{column}" FROM t GROUP BY ALL HAVING count(*) > 1 ORDER BY 1').fetchall()
+    return len(rows), [r[0] for r in rows[:3]]
+
+
+def _distinct(table: pd.DataFrame | Path, column: str) -> set:
+    import duckdb
+
+    with duckdb.connect() as con:
+        if isinstance(table, pd.DataFrame):
+            con.register("t", table[[column]])
+        else:
+            con.register("t", con.read_parquet(str(table)))
+        return {r[0] for r in con.execute(f'SELECT DISTINCT "{column}" FROM t').fetchall()}
+
+
+def _validate_batches(name: str, table: pd.DataFrame | Path, columns: list[str], expectations: Sequence[Any],
+                      unique: str | None = None) -> SuiteResult:
+    """``validate_frame`` on each batch of ``table`` (a frame, or a Parquet file read in batches); ``unique`` names
+    a column whose values must be unique across the whole table, checked by DuckDB beside the batches.
+
+    Raises:
+        DataError: any expectation fails in any batch, the table is empty, or ``unique`` has repeated values.
+    """
+    results: list[dict[str, Any]] = []
+    n_rows = 0
+    for batch in _batches(table, columns):
+        n_rows += len(batch)
+        if len(batch):
+            results += validate_frame(name, batch, expectations).results
+    if not n_rows:
+        raise DataError(f"expectation suite '{name}' failed: the table has no rows")
+    if unique is not None:
+        count, examples = _repeated(table, unique)
+        if count:
+            raise DataError(f"expectation suite '{name}' failed: expect_column_values_to_be_unique(column={unique!r}) "
+                            f"observed {count} repeated values e.g. {examples}")
+        results.append({"expectation": "expect_column_values_to_be_unique", "kwargs": {"column": unique},
+                        "success": True, "observed": 0})
+    return SuiteResult(name, True, results)
+
+
+def check_kept_corpus(kept: pd.DataFrame | Path, sources: Sequence[str], languages: Sequence[str],
                       why_removed: dict[str, str] | None = None) -> SuiteResult:
     """Kept-corpus suite: every source non-empty, no empty text, only configured languages, unique ids.
 
-    ``kept`` needs columns doc_id, source, language and n_chars (the text itself is not loaded);
-    ``why_removed`` maps a source to its removal counts by rule, quoted when that source kept nothing.
+    ``kept``: a frame or the kept Parquet file (validated in batches of ``BATCH_ROWS``, with the source and id
+    checks over the whole file by DuckDB); it needs columns doc_id, source, language and n_chars (the text itself
+    is not loaded). ``why_removed`` maps a source to its removal counts by rule, quoted when that source kept
+    nothing.
+
+    Raises:
+        DataError: a source kept nothing, or an expectation fails.
     """
     import great_expectations as gx
 
     E = gx.expectations
-    empty = sorted(set(sources) - set(kept["source"]))
+    empty = sorted(set(sources) - _distinct(kept, "source"))
     if empty:
         why = "; ".join(f"{s}: {(why_removed or {}).get(s) or 'no documents read'}" for s in empty)
         raise DataError(f"expectation suite 'kept_corpus' failed: sources with no kept document: {empty} ({why}). "
                         "Fix the inputs (empty or unreadable files), relax the rule that removed them with "
                         "[corpus.source_overrides.<source>], or drop the source.")
-    return validate_frame(
-        "kept_corpus",
-        kept[["doc_id", "source", "language", "n_chars"]],
-        [
-            E.ExpectTableRowCountToBeBetween(min_value=1),
-            E.ExpectColumnValuesToNotBeNull(column="n_chars"),
-            E.ExpectColumnValuesToBeBetween(column="n_chars", min_value=1),
-            E.ExpectColumnValuesToBeInSet(column="language", value_set=list(languages)),
-            E.ExpectColumnDistinctValuesToContainSet(column="source", value_set=list(sources)),
-            E.ExpectColumnValuesToBeUnique(column="doc_id"),
-        ],
-    )
+    return _validate_batches("kept_corpus", kept, ["doc_id", "source", "language", "n_chars"], [
+        E.ExpectColumnValuesToNotBeNull(column="n_chars"),
+        E.ExpectColumnValuesToBeBetween(column="n_chars", min_value=1),
+        E.ExpectColumnValuesToBeInSet(column="language", value_set=list(languages)),
+        E.ExpectColumnValuesToBeUnique(column="doc_id"),
+    ], unique="doc_id")
 
 
-def check_ledger(per_source: pd.DataFrame, removals: pd.DataFrame) -> SuiteResult:
+def check_ledger(per_source: pd.DataFrame, removals: pd.DataFrame | Path) -> SuiteResult:
     """Removal-ledger suite: per source, documents in = kept + removed; one removal row per removed document,
     each naming its stage and rule.
 
-    ``per_source``: columns source, docs_in, docs_out, removed (one row per source).
+    ``per_source``: columns source, docs_in, docs_out, removed (one row per source). ``removals``: a frame or the
+    ledger's Parquet file (validated in batches, ids checked for repeats over the whole file by DuckDB).
+
+    Raises:
+        DataError: an expectation fails.
     """
     import great_expectations as gx
 
@@ -109,11 +177,19 @@ def check_ledger(per_source: pd.DataFrame, removals: pd.DataFrame) -> SuiteResul
         E.ExpectTableRowCountToBeBetween(min_value=1),
         E.ExpectColumnPairValuesToBeEqual(column_A="docs_in", column_B="kept_plus_removed"),
     ])
-    return validate_frame("removals", removals[["doc_id", "stage", "rule"]], [
+    if isinstance(removals, pd.DataFrame) and not len(removals):
+        return validate_frame("removals", removals[["doc_id", "stage", "rule"]], [
+            E.ExpectColumnValuesToBeUnique(column="doc_id")])
+    if not isinstance(removals, pd.DataFrame):
+        import pyarrow.parquet as pq
+
+        if not pq.ParquetFile(removals).metadata.num_rows:
+            return SuiteResult("removals", True, [])
+    return _validate_batches("removals", removals, ["doc_id", "stage", "rule"], [
         E.ExpectColumnValuesToBeUnique(column="doc_id"),
         E.ExpectColumnValuesToNotBeNull(column="stage"),
         E.ExpectColumnValuesToNotBeNull(column="rule"),
-    ])
+    ], unique="doc_id")
 
 
 def check_shards(headers: pd.DataFrame, vocab_size: int) -> SuiteResult:

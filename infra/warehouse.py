@@ -7,7 +7,8 @@ be inspected with ``duckdb runs/results.duckdb`` between runs.
 
 Tables: manifest, removals, funnel, decontamination, boilerplate, tokenizer_report, tokenizer_fragmentation,
 packing_report, mixture_trials, sweep_trials, heldout_loss,
-cloze_results, gates, gate_decisions, stage_runs, train_events, stability_runs, audit_crosstab (``TABLES``).
+cloze_results, gates, gate_decisions, stage_runs, train_events, stability_runs, audit_crosstab, audit_extractors
+(``TABLES``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import pandas as pd
 from infra.runs import ensure_folder
 
 TABLES = (
-    "manifest", "removals", "funnel", "boilerplate", "decontamination", "audit_crosstab", "tokenizer_report",
+    "manifest", "removals", "funnel", "boilerplate", "decontamination", "audit_crosstab", "audit_extractors",
+    "tokenizer_report",
     "tokenizer_fragmentation", "packing_report", "train_events", "stability_runs",
     "mixture_trials", "sweep_trials", "heldout_loss", "cloze_results", "gates", "gate_decisions", "stage_runs",
 )
@@ -53,20 +55,26 @@ class Warehouse:
         finally:
             con.close()
 
-    def replace(self, table: str, frame: pd.DataFrame, artifact_key: str) -> int:
+    def replace(self, table: str, frame: pd.DataFrame | Path, artifact_key: str) -> int:
         """Replace the rows of ``table`` written from ``artifact_key`` with ``frame``; returns rows written.
+
+        ``frame`` is a DataFrame, or the path of a Parquet file that DuckDB reads itself (out of core: a corpus's
+        removal ledger never has to fit in memory).
 
         Raises:
             ValueError: ``table`` is not one of ``TABLES``.
         """
         _check_table(table)
-        frame = frame.assign(artifact_key=artifact_key)
         with self.connect() as con:
-            con.register("frame", frame)
+            if isinstance(frame, Path):
+                con.execute("CREATE TEMP VIEW frame AS SELECT *, " + _literal(artifact_key) + " AS artifact_key "
+                            "FROM read_parquet(" + _literal(str(frame)) + ")")
+            else:
+                con.register("frame", frame.assign(artifact_key=artifact_key))
             _ensure_table(con, table)
             con.execute(f"DELETE FROM {table} WHERE artifact_key = ?", [artifact_key])
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM frame")
-        return len(frame)
+            return int(con.execute("SELECT count(*) FROM frame").fetchone()[0])
 
     def append(self, table: str, frame: pd.DataFrame) -> None:
         """Append rows (for logs such as ``gates`` and ``stage_runs`` that are never replaced).
@@ -131,6 +139,11 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
 
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _COLUMN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal (a view definition cannot take parameters)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _check_table(table: str) -> None:

@@ -39,22 +39,27 @@ def run_corpus(ctx: StageContext, cfg: Any) -> dict[str, Any]:
 
 
 def check_corpus(out: Path, cfg: Any) -> None:
-    """Great Expectations on the kept table (sources, languages) and the ledger (in = kept + removed)."""
-    import pandas as pd
+    """Great Expectations on the kept table (sources, languages) and the ledger (in = kept + removed), read from
+    their Parquet files in batches (DuckDB aggregates the rest), so a corpus of any size is checked in bounded
+    memory."""
+    import duckdb
 
     from infra.expectations import check_kept_corpus, check_ledger
     from tasks.corpus.stage import manifest_rows
 
     languages = cfg.corpus.languages + (["unknown"] if cfg.corpus.unknown_language == "keep" else [])
-    kept = pd.read_parquet(out / "kept.parquet", columns=["doc_id", "source", "language", "n_chars"])
-    removals = pd.read_parquet(out / "removals.parquet", columns=["doc_id", "source", "stage", "rule"])
-    counts = removals.groupby(["source", "rule"]).size()
-    why = {str(src): "removed by " + ", ".join(f"{rule} ×{n}" for rule, n in rows.droplevel(0).nlargest(4).items())
-           for src, rows in counts.groupby(level=0)}
-    check_kept_corpus(kept, list(cfg.sources), languages, why)
+    with duckdb.connect() as con:
+        counts = con.execute("SELECT source, rule, count(*) AS n FROM read_parquet(?) GROUP BY source, rule "
+                             "ORDER BY source, n DESC, rule", [str(out / "removals.parquet")]).fetchall()
+    why: dict[str, list[str]] = {}
+    removed: dict[str, int] = {}
+    for source, rule, n in counts:
+        why.setdefault(str(source), []).append(f"{rule} ×{n}")
+        removed[str(source)] = removed.get(str(source), 0) + int(n)
+    check_kept_corpus(out / "kept.parquet", list(cfg.sources), languages,
+                      {src: "removed by " + ", ".join(rules[:4]) for src, rules in why.items()})
     rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
-    removed = removals["source"].value_counts()
-    check_ledger(rows.assign(removed=[int(removed.get(s, 0)) for s in rows["source"]]), removals)
+    check_ledger(rows.assign(removed=[removed.get(s, 0) for s in rows["source"]]), out / "removals.parquet")
 
 
 STAGE = Stage(name="corpus", inputs=("sources",), code="tasks.corpus", run=run_corpus,

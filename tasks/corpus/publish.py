@@ -18,7 +18,7 @@ def publish(ctx: PublishContext) -> Published:
     docs = {r["source"]: int(r["docs_out"]) for r in manifest.to_dict("records")}
     near = body["near_dedup"]
     return Published(
-        tables={"manifest": manifest, "removals": pd.read_parquet(path / "removals.parquet"),
+        tables={"manifest": manifest, "removals": path / "removals.parquet",  # read by DuckDB, out of core
                 "funnel": pd.read_parquet(path / "funnel.parquet"),
                 "decontamination": pd.read_parquet(path / "decontamination.parquet"),
                 "boilerplate": pd.read_parquet(path / "boilerplate.parquet").astype({"unit_hash": "string"})},

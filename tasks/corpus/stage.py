@@ -38,11 +38,15 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
     work = ctx.scratch
     n_shards = split_sources([src / "docs" / f"{name}.parquet" for name in described], work,
                              cfg.execution.shard_docs)
-    with ctx.progress.task(f"corpus: {n_shards} shards × 2 passes", 2 * n_shards + 1) as advance:
-        shard_map = ctx.shard_map_for(cfg.execution.task_runner, cfg.execution.workers)
+    # Five shard passes (filter, key, shingle, verify, write; shingle and verify only when there are candidate
+    # pairs) and the output join.
+    total = 5 * n_shards + 1
+    with ctx.progress.task(f"corpus: {n_shards} shards × 5 passes", total) as advance:
+        shard_map = ctx.shard_map_for(cfg.execution)
+        done = [0]
         result = curate(work, ctx.out, cfg, eval_items=eval_items,
-                        shard_map=_counting(shard_map, advance))
-        advance(1)
+                        shard_map=_counting(shard_map, advance, done))
+        advance(total - done[0])
     rejects_path = src / "rejects.parquet"
     _prepend_rejects(rejects_path, ctx.out / "removals.parquet")
     docs_paths = [src / "docs" / f"{name}.parquet" for name in described]
@@ -58,10 +62,11 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
             "shards": n_shards, "manifest_hash": manifest["manifest_hash"], "warnings": warnings}
 
 
-def _counting(shard_map, advance):
+def _counting(shard_map, advance, done: list[int]):
     def run(fn, calls, label):
         results = shard_map(fn, calls, label)
         advance(len(calls))
+        done[0] += len(calls)
         return results
     return run
 

@@ -47,3 +47,28 @@ def test_heldout_rejects_non_finite_loss():
 def test_empty_source_message_quotes_its_removal_rules():
     with pytest.raises(DataError, match=r"c: removed by dedup.boilerplate ×30.*d: no documents read"):
         check_kept_corpus(_kept(), ["a", "b", "c", "d"], ["en", "zh"], {"c": "removed by dedup.boilerplate ×30"})
+
+
+def test_kept_and_ledger_files_are_validated_in_batches_with_ids_checked_across_them(tmp_path, monkeypatch):
+    import infra.expectations as expectations
+
+    monkeypatch.setattr(expectations, "BATCH_ROWS", 2)
+    kept = pd.DataFrame({"doc_id": ["x1", "x2", "x3", "x4", "x5"], "source": ["a", "b", "a", "b", "a"],
+                         "language": ["en"] * 5, "n_chars": [3, 4, 5, 6, 7]})
+    kept.to_parquet(tmp_path / "kept.parquet", row_group_size=2)
+    result = check_kept_corpus(tmp_path / "kept.parquet", ["a", "b"], ["en"])
+    assert result.success and sum(r["expectation"] == "expect_column_values_to_be_in_set" for r in result.results) == 3
+    # A repeat in another batch is invisible to each batch alone; the file-wide check catches it.
+    kept.assign(doc_id=["x1", "x2", "x3", "x4", "x1"]).to_parquet(tmp_path / "dup.parquet", row_group_size=2)
+    with pytest.raises(DataError, match="unique.*1 repeated values e.g. \\['x1'\\]"):
+        check_kept_corpus(tmp_path / "dup.parquet", ["a", "b"], ["en"])
+    kept.assign(language=["en", "en", "en", "en", "fr"]).to_parquet(tmp_path / "fr.parquet", row_group_size=2)
+    with pytest.raises(DataError, match="in_set"):
+        check_kept_corpus(tmp_path / "fr.parquet", ["a", "b"], ["en"])
+    removals = pd.DataFrame({"doc_id": ["r1", "r2", "r3", "r1"], "stage": ["s"] * 4, "rule": ["q"] * 4})
+    removals.to_parquet(tmp_path / "removals.parquet", row_group_size=2)
+    per_source = pd.DataFrame({"source": ["a"], "docs_in": [9], "docs_out": [5], "removed": [4]})
+    with pytest.raises(DataError, match="removals.*repeated"):
+        check_ledger(per_source, tmp_path / "removals.parquet")
+    removals.iloc[:3].to_parquet(tmp_path / "ok.parquet", row_group_size=2)
+    assert check_ledger(per_source.assign(docs_in=8, removed=3), tmp_path / "ok.parquet").success
