@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import duckdb
+import numba
 import numpy as np
 import pyarrow as pa
 from scipy.sparse import coo_matrix
@@ -90,28 +91,38 @@ def leaders(batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int
 
     Returns ``(removed, leader, similarity)``, ascending by ``removed``: document ``j`` is removed as a near duplicate
     of the first (lowest) ``i`` it is verified against among the documents kept so far. Memory: one byte per
-    position (``n``) plus the removed documents.
+    position (``n``) plus 24 bytes per removed document; the scan is a compiled loop (numba).
 
     Raises:
         ValueError: the pairs are not sorted by ``(j, i)`` (the decision would depend on their order).
     """
-    gone = np.zeros(n, dtype=bool)
-    out_j: list[int] = []
-    out_i: list[int] = []
-    out_s: list[float] = []
+    gone = np.zeros(n, dtype=np.bool_)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     last = (-1, -1)
     for i_arr, j_arr, s_arr in batches:
-        for i, j, s in zip(i_arr.tolist(), j_arr.tolist(), s_arr.tolist()):
-            if (j, i) < last:
-                raise ValueError("verified pairs must come sorted by (j, i)")
-            last = (j, i)
-            if not gone[j] and not gone[i]:
-                gone[j] = True
-                out_j.append(j)
-                out_i.append(i)
-                out_s.append(s)
-    return (np.asarray(out_j, dtype=np.int64), np.asarray(out_i, dtype=np.int64),
-            np.asarray(out_s, dtype=np.float64))
+        i_arr, j_arr = np.asarray(i_arr, dtype=np.int64), np.asarray(j_arr, dtype=np.int64)
+        if not len(i_arr):
+            continue
+        step_j, step_i = np.diff(j_arr), np.diff(i_arr)
+        if (j_arr[0], i_arr[0]) < last or np.any((step_j < 0) | ((step_j == 0) & (step_i < 0))):
+            raise ValueError("verified pairs must come sorted by (j, i)")
+        last = (int(j_arr[-1]), int(i_arr[-1]))
+        taken = _leader_scan(i_arr, j_arr, gone)
+        parts.append((j_arr[taken], i_arr[taken], np.asarray(s_arr, dtype=np.float64)[taken]))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    return tuple(np.concatenate(cols) for cols in zip(*parts))  # type: ignore[return-value]
+
+
+@numba.njit(cache=True)
+def _leader_scan(i: np.ndarray, j: np.ndarray, gone: np.ndarray) -> np.ndarray:
+    """Marks, in order, each pair whose two documents are both still kept; removes its ``j`` (in place)."""
+    taken = np.zeros(len(i), dtype=np.bool_)
+    for k in range(len(i)):
+        if not gone[j[k]] and not gone[i[k]]:
+            gone[j[k]] = True
+            taken[k] = True
+    return taken
 
 
 def families(i: np.ndarray, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
