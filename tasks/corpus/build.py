@@ -57,7 +57,7 @@ from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, REMO
 from tasks.corpus.normalise import normal_form
 from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count
 
-__all__ = ["build_corpus", "curate", "CorpusResult", "CURATION_STEPS", "KEPT_COLUMNS", "DUCKDB_MEMORY_LIMIT"]
+__all__ = ["build_corpus", "curate", "CorpusResult", "CURATION_STEPS", "KEPT_COLUMNS"]
 
 CURATION_STEPS = DOC_STEPS + ["boilerplate", "dedup_exact", "dedup_near", "decontam"]
 GLOBAL_STEPS = ["dedup_exact", "dedup_near", "decontam"]
@@ -66,8 +66,6 @@ KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars",
 HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
 _HIT_TYPES = {"doc_id": "string", "source": "string", "ngram": "string", "eval_set": "string", "item_id": "string",
               "common": "bool"}
-# What the main process's DuckDB may hold in memory before it spills to the work directory.
-DUCKDB_MEMORY_LIMIT = "1GB"
 _BATCH_ROWS = 65_536  # rows per batch streamed out of DuckDB
 ShardProgress = Callable[[str, int, int], None]
 
@@ -189,7 +187,7 @@ def _check_columns(columns: Sequence[str], where: Path | None = None) -> None:
         raise DataError(f"corpus input {where or ''} lacks columns {missing}; pass the sources stage's documents")
 
 
-def _duckdb(work: Path, name: str | None = None) -> duckdb.DuckDBPyConnection:
+def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
     """A DuckDB connection whose memory is capped and whose spill files go under ``work`` (a file database when
     ``name`` is given, so its tables are buffer-managed on disk too)."""
     spill = work / "duckdb_tmp"
@@ -200,7 +198,7 @@ def _duckdb(work: Path, name: str | None = None) -> duckdb.DuckDBPyConnection:
         for stale in (Path(path), Path(path + ".wal")):
             stale.unlink(missing_ok=True)
     con = duckdb.connect(path)
-    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
+    con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET preserve_insertion_order = false")
     return con
@@ -241,7 +239,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
     offsets = _offsets(work, names)
     np.save(work / "offsets.npy", offsets)
     tick("candidates", 0, 1)
-    with _duckdb(work, "decide.duckdb") as con:
+    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit) as con:
         _load_keys(con, work, names, offsets, cfg.near_dedup.bands)
         n_pairs = _candidates(con, work, cfg)
     tick("candidates", 1, 1)
@@ -256,7 +254,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
                                              threshold=cfg.near_dedup.jaccard_threshold)
                                         for i, name in enumerate(names)] if near_on else [])
     tick("decide", 0, 1)
-    with _duckdb(work, "decide.duckdb") as con:
+    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit) as con:
         _load_keys(con, work, names, offsets, cfg.near_dedup.bands)
         near_stats = _decide(con, work, names, cfg, index, n_pairs)
     tick("decide", 1, 1)
@@ -265,7 +263,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
                                            out_path=str(work / "kept" / f"{name}.parquet"))
                                       for i, name in enumerate(names)])
     out.mkdir(parents=True, exist_ok=True)
-    _write_outputs(work, names, out)
+    _write_outputs(work, names, out, cfg.execution.memory_limit)
     frequent.to_parquet(out / "boilerplate.parquet", index=False)
     return CorpusResult(out=out, near=near_stats, boilerplate=frequent)
 
@@ -298,7 +296,9 @@ def filter_shard(slices: str, out_dir: str, cfg_json: str) -> bool:
         occurrences.to_parquet(tmp / "units.parquet", index=False)
         examples.to_parquet(tmp / "unit_examples.parquet", index=False)
 
-    return _atomic_dir(Path(out_dir), write)
+    done = _atomic_dir(Path(out_dir), write)
+    release_memory()  # a worker runs many shards: give their freed pages back
+    return done
 
 
 def _frequent(work: Path, cfg: CorpusConfig) -> pd.DataFrame:
@@ -307,7 +307,7 @@ def _frequent(work: Path, cfg: CorpusConfig) -> pd.DataFrame:
     if not cfg.boilerplate.enabled or not list((work / "filtered").glob("*/units.parquet")):
         frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
     else:
-        with _duckdb(work) as con:
+        with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
             frame = con.execute(
                 "WITH counts AS (SELECT unit_hash, count(DISTINCT doc_hash)::BIGINT AS n_docs "
                 "  FROM read_parquet(?) GROUP BY unit_hash HAVING count(DISTINCT doc_hash) >= ?), "
@@ -357,7 +357,9 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: 
             {"row": "int32", "k": "int32", "length": "int64", "hash": "uint64"}).assign(
             shard=np.int32(shard)).to_parquet(tmp / "hits.parquet", index=False)
 
-    return _atomic_dir(Path(out_dir), write)
+    done = _atomic_dir(Path(out_dir), write)
+    release_memory()
+    return done
 
 
 def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
@@ -456,26 +458,42 @@ def shingle_shard(keyed_dir: str, wanted: str, out_dir: str, cfg_json: str) -> b
         np.save(tmp / "starts.npy", starts)
         np.save(tmp / "hashes.npy", np.concatenate(sets).astype(np.uint64) if sets else np.zeros(0, np.uint64))
 
-    return _atomic_dir(Path(out_dir), write)
+    done = _atomic_dir(Path(out_dir), write)
+    release_memory()
+    return done
 
 
 class _Shingles:
-    """Shingle hashes of candidate documents by corpus position, memory-mapped from every shard's pass-6 output."""
+    """Shingle hashes of candidate documents by corpus position, read from the shards' pass-6 outputs.
 
-    def __init__(self, work: Path, names: list[str]):
-        self.work, self.names = work, names
+    A shard's small row index is kept for the last ``keep`` shards used (callers visit the pairs grouped by shard);
+    the hashes of a document are read from the file at their offset, so no memory map lingers in the process and
+    its memory does not grow with the number of shards it has read.
+    """
+
+    def __init__(self, work: Path, names: list[str], keep: int = 4):
+        self.work, self.names, self.keep = work, names, keep
         self.offsets = np.load(work / "offsets.npy")
-        self.open: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.index: dict[int, tuple[np.ndarray, np.ndarray, Path, int]] = {}
+
+    def _shard(self, shard: int) -> tuple[np.ndarray, np.ndarray, Path, int]:
+        if shard not in self.index:
+            if len(self.index) >= self.keep:
+                self.index.pop(next(iter(self.index)))
+            folder = self.work / "shingles" / self.names[shard]
+            hashes = np.load(folder / "hashes.npy", mmap_mode="r")
+            header = hashes.offset  # where the .npy payload starts
+            del hashes
+            self.index[shard] = (np.load(folder / "rows.npy"), np.load(folder / "starts.npy"),
+                                 folder / "hashes.npy", header)
+        return self.index[shard]
 
     def __call__(self, pos: int) -> np.ndarray:
         shard = int(np.searchsorted(self.offsets, pos, side="right") - 1)
-        if shard not in self.open:
-            folder = self.work / "shingles" / self.names[shard]
-            self.open[shard] = tuple(np.load(folder / f"{name}.npy", mmap_mode="r")
-                                     for name in ("rows", "starts", "hashes"))
-        rows, starts, hashes = self.open[shard]
+        rows, starts, path, header = self._shard(shard)
         k = int(np.searchsorted(rows, pos - self.offsets[shard]))
-        return np.asarray(hashes[starts[k]:starts[k + 1]])
+        lo, hi = int(starts[k]), int(starts[k + 1])
+        return np.fromfile(path, dtype=np.uint64, count=hi - lo, offset=header + 8 * lo)
 
 
 def verify_shard(pairs: str, work: str, names: str, out_dir: str, threshold: float) -> bool:
@@ -485,14 +503,24 @@ def verify_shard(pairs: str, work: str, names: str, out_dir: str, threshold: flo
     def write(tmp: Path) -> None:
         found = _read_partition(Path(pairs), ["i", "j"])
         arr = found[["i", "j"]].to_numpy(dtype=np.int64) if found is not None else np.zeros((0, 2), np.int64)
+        arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]  # by i: each earlier shard is read in one stretch
         hashes = _Shingles(Path(work), names.split(","))
-        verified, sims = near_dedup.verify(arr, lambda i, j: minhash.jaccard_hashes(hashes(i), hashes(j)), threshold)
+        own: dict[int, np.ndarray] = {}  # the shard's own candidates, each read once
+
+        def mine(pos: int) -> np.ndarray:
+            if pos not in own:
+                own[pos] = hashes(pos)
+            return own[pos]
+
+        verified, sims = near_dedup.verify(arr, lambda i, j: minhash.jaccard_hashes(hashes(i), mine(j)), threshold)
         order = np.lexsort((verified[:, 0], verified[:, 1]))
         pd.DataFrame({"i": verified[order, 0], "j": verified[order, 1], "sim": sims[order]}).to_parquet(
             tmp / "verified.parquet", index=False)
         (tmp / "count.json").write_text(json.dumps({"compared": int(len(arr))}))
 
-    return _atomic_dir(Path(out_dir), write)
+    done = _atomic_dir(Path(out_dir), write)
+    release_memory()
+    return done
 
 
 def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig, index: EvalIndex,
@@ -657,10 +685,12 @@ def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str) -> bo
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(out) as f:
         pq.write_table(pa.Table.from_pandas(kept, schema=_KEPT_SCHEMA, preserve_index=False), f)
+    del docs, kept
+    release_memory()
     return True
 
 
-def _write_outputs(work: Path, names: list[str], out: Path) -> None:
+def _write_outputs(work: Path, names: list[str], out: Path, memory_limit: str) -> None:
     """kept.parquet joined from the shards' parts row group by row group (corpus order); removals.parquet sorted by
     curation step, then by input position (so it does not depend on the shard size); the funnel summed over every
     pass; the decontamination hits."""
@@ -670,7 +700,7 @@ def _write_outputs(work: Path, names: list[str], out: Path) -> None:
             for group in range(part.num_row_groups):
                 kept_out.write_table(part.read_row_group(group))
             release_memory()
-    _write_removals(work, names, out / "removals.parquet")
+    _write_removals(work, names, out / "removals.parquet", memory_limit)
     funnels = [pd.read_parquet(work / pass_ / name / "funnel.parquet")
                for name in names for pass_ in ("filtered", "keyed")]
     funnel = pd.concat([*funnels, pd.read_parquet(work / "decisions" / "funnel.parquet")], ignore_index=True)
@@ -681,7 +711,7 @@ def _write_outputs(work: Path, names: list[str], out: Path) -> None:
     shutil.copyfile(work / "decisions" / "decontamination.parquet", out / "decontamination.parquet")
 
 
-def _write_removals(work: Path, names: list[str], path: Path) -> None:
+def _write_removals(work: Path, names: list[str], path: Path, memory_limit: str) -> None:
     """Every removal row of every pass, one per removed document, sorted out of core by DuckDB."""
     plan = json.loads((work / "shards.json").read_text())
     inputs = [Path(f) for f in plan["files"]]
@@ -690,7 +720,7 @@ def _write_removals(work: Path, names: list[str], path: Path) -> None:
              if pq.ParquetFile(f).metadata.num_rows]
     parts.append(str(work / "decisions" / "removals.parquet"))
     starts = np.concatenate([[0], np.cumsum(plan["rows"])])[:-1]
-    with _duckdb(work) as con:
+    with _duckdb(work, memory_limit=memory_limit) as con:
         con.register("_inputs", pa.table({"filename": [str(f) for f in inputs], "start": starts.astype(np.int64)}))
         con.register("_steps", pa.table({"stage": CURATION_STEPS, "step": np.arange(len(CURATION_STEPS))}))
         if not inputs:

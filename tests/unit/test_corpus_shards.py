@@ -59,11 +59,12 @@ def one_shard(tmp_path_factory):
     return build_corpus(docs_frame(60), cfg, out=tmp_path_factory.mktemp("one"))
 
 
-@pytest.mark.parametrize("shard_docs, workers", [(7, 0), (5, 2)])
-def test_result_does_not_depend_on_shard_size_or_workers(one_shard, tmp_path, shard_docs, workers):
+@pytest.mark.parametrize("shard_docs, workers, memory_limit", [(7, 0, "1GB"), (5, 2, "1GB"), (6, 0, "48MB")])
+def test_result_does_not_depend_on_shard_size_workers_or_memory_limit(one_shard, tmp_path, shard_docs, workers,
+                                                                        memory_limit):
     shard_map = process_map(workers) if workers else sequential_map
-    small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution={"shard_docs": shard_docs}), out=tmp_path,
-                         shard_map=shard_map)
+    execution = {"shard_docs": shard_docs, "memory_limit": memory_limit}
+    small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution=execution), out=tmp_path, shard_map=shard_map)
     assert len(json.loads((tmp_path / "_work" / "shards.json").read_text())["shards"]) > 8
     for name in ("kept", "removals", "funnel", "hits"):
         pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(small, name))
@@ -222,6 +223,11 @@ def test_common_ngrams_do_not_decontaminate(tmp_path):
     res = build_corpus(docs, cfg, eval_items=[EvalItem("eval", "e1", phrase)], out=tmp_path)
     assert len(res.kept) == 4
     assert res.hits.common.all() and res.hits.doc_id.nunique() == 4
+
+
+def test_memory_limit_is_checked_at_load():
+    with pytest.raises(Exception, match="memory_limit"):
+        CorpusConfig(execution={"memory_limit": "lots"})
 
 
 def test_shard_input_errors(tmp_path):
