@@ -161,20 +161,28 @@ def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
     return len(shards)
 
 
-def read_slices(slices: Sequence[Sequence[Any]], columns: Sequence[str] = INPUT_COLUMNS) -> pd.DataFrame:
-    """The documents of (file, first row, rows) slices, in order, reading only the row groups each slice overlaps."""
+def read_slices(slices: Sequence[Sequence[Any]], columns: Sequence[str] = INPUT_COLUMNS,
+                batch_rows: int = 512) -> pd.DataFrame:
+    """The documents of (file, first row, rows) slices, in order. Only the row groups a slice overlaps are read,
+    ``batch_rows`` rows at a time, so memory holds the slice plus one batch, not a whole row group."""
     frames = []
     for path, start, count in slices:
         pf = pq.ParquetFile(path, pre_buffer=False)
-        lo = 0
+        lo, stop = 0, start + count
         for group in range(pf.num_row_groups):
             n = pf.metadata.row_group(group).num_rows
-            if lo + n > start and lo < start + count:
-                table = pf.read_row_group(group, columns=list(columns), use_threads=False)
-                first = max(start - lo, 0)
-                frames.append(table.slice(first, min(start + count, lo + n) - lo - first).to_pandas())
+            if lo + n > start and lo < stop:
+                at = lo
+                for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns),
+                                             use_threads=False):
+                    first, last = max(start - at, 0), min(stop - at, batch.num_rows)
+                    if first < last:
+                        frames.append(batch.slice(first, last - first).to_pandas())
+                    at += batch.num_rows
+                    if at >= stop:
+                        break
             lo += n
-            if lo >= start + count:
+            if lo >= stop:
                 break
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype="str") for c in columns})

@@ -284,3 +284,16 @@ def test_jsonl_eval_files_split_at_newline_only(tmp_path):
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     assert [(i.item_id, i.text) for i in load_eval_files([str(path)])] == [("a", "one\u2028two"),
                                                                          ("b", "three\u2029four")]
+
+
+def test_read_slices_returns_exactly_the_rows_of_each_slice_across_row_groups_and_files(tmp_path):
+    from tasks.corpus.build import read_slices
+
+    docs = docs_frame(30)
+    docs.iloc[:20].to_parquet(tmp_path / "a.parquet", index=False, row_group_size=7)
+    docs.iloc[20:].to_parquet(tmp_path / "b.parquet", index=False, row_group_size=4)
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    got = read_slices([[a, 5, 15], [b, 0, 3]], batch_rows=3)
+    assert got.doc_id.tolist() == docs.doc_id.iloc[5:23].tolist()
+    assert read_slices([[b, 9, 3]], batch_rows=2).doc_id.tolist() == docs.doc_id.iloc[29:32].tolist()
+    assert read_slices([]).empty
