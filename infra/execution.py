@@ -8,13 +8,16 @@ functions it maps over its shards run (``infra.shard_map``). They never change a
 from __future__ import annotations
 
 import importlib.util
+import re
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, ConfigWarning
 from infra.section import Section
 
+_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}")
 Engine = Literal["sequential", "threads", "processes", "ray"]
 ENGINES: tuple[str, ...] = Engine.__args__  # type: ignore[attr-defined]
 RAY_INSTALL_HINT = "pip install 'ray==2.60.0' (it is in the test extra: pip install -e '.[test]')"
@@ -80,7 +83,18 @@ class ExecutionConfig(Section):
     @field_validator("address")
     @classmethod
     def _address_given(cls, address: str) -> str:
-        if not address.strip():
+        address = address.strip()
+        if not address:
             raise ConfigError('address is empty: write "auto" (a running cluster), "local" (an in-process Ray) or '
                               '"HOST:PORT" of the head node')
-        return address.strip()
+        if address not in ("auto", "local") and "://" not in address and not _HOST_PORT.fullmatch(address):
+            raise ConfigError(f'address = "{address}" is not "auto", "local", "HOST:PORT" (the head node\'s GCS '
+                              'port, e.g. "10.0.0.1:6379") or a "ray://HOST:PORT" client address')
+        return address
+
+    @model_validator(mode="after")
+    def _address_needs_ray(self) -> "ExecutionConfig":
+        if self.engine != "ray" and self.address != "auto":
+            warnings.warn(f'address = "{self.address}" is used only by engine = "ray"; with engine = '
+                          f'"{self.engine}" the shard work runs on this machine', ConfigWarning, stacklevel=2)
+        return self

@@ -192,7 +192,20 @@ def _connect(address: str, workers: int) -> bool:
                      logging_level=logging.WARNING)
         else:
             _check_reachable(address)
-            ray.init(address=address, logging_level=logging.WARNING)
+            try:
+                ray.init(address=address, logging_level=logging.WARNING)
+            except ConnectionError as err:
+                # Something answers at the address, yet Ray could not join it: most often token authentication
+                # (on by default for `ray start` in this Ray version) without RAY_AUTH_MODE=token here.
+                if os.environ.get("RAY_AUTH_MODE") != "token":
+                    raise ConfigError(f"the Ray cluster at address = {address!r} answers but refused the connection "
+                                      f"({err}); a cluster started by `ray start` uses token authentication: "
+                                      "export RAY_AUTH_MODE=token (the token is read from ~/.ray/auth_token or "
+                                      "RAY_AUTH_TOKEN) and run again") from None
+                raise
+    except ValueError as err:  # Ray's parser of "HOST:PORT"
+        raise ConfigError(f"address = {address!r} is not a Ray address ({err}); write \"auto\", \"local\" or "
+                          "\"HOST:PORT\" of the head node") from None
     except ConnectionError as err:
         raise ConfigError(f"no Ray cluster at address = {address!r} ({err}); start one with `ray start --head`, "
                           f'export RAY_ADDRESS=HOST:PORT, or write address = "local" for an in-process Ray') from None

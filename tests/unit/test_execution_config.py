@@ -54,3 +54,15 @@ def test_execution_settings_change_no_cache_key(monkeypatch):
     moved = _smoke(corpus={"engine": "ray", "workers": 0, "address": "127.0.0.2:6379", "shard_docs": 7},
                    tokenizer={"engine": "threads", "workers": 3, "part_docs": 5})
     assert {name: k.key for name, k in chain_keys(parse_config(moved), until="tokenizer").items()} == base
+
+
+def test_a_malformed_address_is_refused_at_load_and_an_unused_one_warns():
+    from infra.errors import ConfigError, ConfigWarning
+    from infra.execution import ExecutionConfig
+
+    with pytest.raises(ConfigError, match='address = "nonsense" is not'):
+        ExecutionConfig(engine="processes", address="nonsense")
+    for ok in ("auto", "local", "10.0.0.1:6379", "head-node.example:6379", "[::1]:6379", "ray://10.0.0.1:10001"):
+        assert ExecutionConfig(address=ok).address == ok
+    with pytest.warns(ConfigWarning, match='used only by engine = "ray"'):
+        ExecutionConfig(engine="processes", address="10.0.0.1:6379")
