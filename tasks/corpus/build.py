@@ -195,16 +195,18 @@ def _check_columns(columns: Sequence[str], where: Path | None = None) -> None:
         raise DataError(f"corpus input {where or ''} lacks columns {missing}; pass the sources stage's documents")
 
 
-def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
+def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB",
+            fresh: bool = True) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection whose memory is capped and whose spill files go under ``work`` (a file database when
-    ``name`` is given, so its tables are buffer-managed on disk too)."""
+    ``name`` is given, so its tables are buffer-managed on disk too; ``fresh`` removes an earlier one first)."""
     spill = work / "duckdb_tmp"
     spill.mkdir(parents=True, exist_ok=True)
     path = ":memory:"
     if name is not None:
         path = str(work / name)
-        for stale in (Path(path), Path(path + ".wal")):
-            stale.unlink(missing_ok=True)
+        if fresh:
+            Path(path).unlink(missing_ok=True)
+            Path(path + ".wal").unlink(missing_ok=True)
     con = duckdb.connect(path)
     con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute(f"SET temp_directory = '{spill}'")
@@ -262,8 +264,8 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
                                              threshold=cfg.near_dedup.jaccard_threshold)
                                         for i, name in enumerate(names)] if near_on else [])
     tick("decide", 0, 1)
-    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit) as con:
-        _load_keys(con, work, names, offsets, cfg.near_dedup.bands)
+    # The same database: its keys and exact tables were built by the candidates pass of this call.
+    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit, fresh=False) as con:
         near_stats = _decide(con, work, names, cfg, index, n_pairs)
     tick("decide", 1, 1)
     shard_pass("write", write_shard, [dict(keyed_dir=str(work / "keyed" / name),
@@ -537,7 +539,6 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
     rows and family ids partitioned by shard, the global funnel rows, the hit table). Returns near-dedup statistics
     per source."""
     nd = cfg.near_dedup
-    _exact_table(con, cfg)
     n = int(con.execute("SELECT count(*) FROM keys").fetchone()[0])
     con.execute("CREATE TABLE removed (pos BIGINT, step INTEGER, rule VARCHAR, value DOUBLE, threshold DOUBLE, "
                 "detail VARCHAR)")
