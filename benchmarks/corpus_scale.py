@@ -173,7 +173,8 @@ def child(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     cfg = load_config(job["config"]).corpus
-    execution = cfg.execution.model_copy(update={"workers": job["workers"], "shard_docs": job["shard_docs"]})
+    execution = cfg.execution.model_copy(update={"workers": job["workers"], "shard_docs": job["shard_docs"],
+                                                 "memory_limit": job["memory_limit"]})
     cfg = cfg.model_copy(update={"execution": execution})
     ray_start = 0.0
     address = job.get("ray_address", "local")
@@ -367,7 +368,7 @@ class TreePoller:
 # One build, from the parent.
 
 def run_build(files: list[Path], engine: str, workers: int, config: Path, shard_docs: int, work_root: Path,
-              poll: float, log: Path, ray_address: str = "local") -> dict:
+              poll: float, log: Path, ray_address: str = "local", memory_limit: str = "1GB") -> dict:
     """Build ``files`` in a fresh child process and return its timeline, the peaks of its processes and its
     outputs' counts (the build folder is deleted afterwards).
 
@@ -377,7 +378,7 @@ def run_build(files: list[Path], engine: str, workers: int, config: Path, shard_
     build_dir = Path(tempfile.mkdtemp(prefix=f"build-{engine}-", dir=work_root))
     job = {"files": [str(f) for f in files], "work": str(build_dir / "_work"), "out": str(build_dir / "out"),
            "engine": engine, "workers": workers, "config": str(config), "shard_docs": shard_docs,
-           "result": str(build_dir / "result.json"), "ray_address": ray_address}
+           "result": str(build_dir / "result.json"), "ray_address": ray_address, "memory_limit": memory_limit}
     (build_dir / "job.json").write_text(json.dumps(job))
     code = os.environ[CODE_ENV]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([code, str(BENCH)])}
@@ -761,6 +762,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ray-address", default="local",
                         help="Ray cluster of --engine ray ('local': a private one per build, in its process tree)")
     parser.add_argument("--shard-docs", type=int, default=None, help="documents per shard (default: the config's)")
+    parser.add_argument("--memory-limit", default=None,
+                        help="DuckDB memory_limit of the main process's global passes, e.g. 256MB "
+                             "(default: the config's [corpus.execution] memory_limit)")
     parser.add_argument("--code", type=Path, default=None, help="checkout whose project is measured (default: this)")
     parser.add_argument("--config", type=Path, default=None, help="config whose [corpus] is used "
                         "(default: configs/demo.toml of --code)")
@@ -817,10 +821,12 @@ def run(argv: list[str] | None = None) -> dict:
     corpus_cfg = load_config(config).corpus
     workers = args.workers or corpus_cfg.execution.workers
     shard_docs = args.shard_docs or corpus_cfg.execution.shard_docs
+    memory_limit = args.memory_limit or corpus_cfg.execution.memory_limit
     engines = _engines(args.engine)
     calibrate = min(args.sizes) if args.calibrate_docs is None else args.calibrate_docs
     print(f"measuring {code} ({_git(code)['commit'][:12] or 'not a git checkout'}), config {config}, "
-          f"{workers} workers, {shard_docs} documents per shard, engines {', '.join(engines)}, "
+          f"{workers} workers, {shard_docs} documents per shard, DuckDB memory_limit {memory_limit}, "
+          f"engines {', '.join(engines)}, "
           f"{os.cpu_count()} CPUs")
 
     pool = crawl.load_pool(args.text, args.runs_dir)
@@ -832,7 +838,8 @@ def run(argv: list[str] | None = None) -> dict:
     log = work_root / "builds.log"
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "code": _git(code),
               "config": str(config), "machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()},
-              "workers": workers, "shard_docs": shard_docs, "text_origin": pool.origin, "crawls": {}, "builds": []}
+              "workers": workers, "shard_docs": shard_docs, "memory_limit": memory_limit, "text_origin": pool.origin,
+              "crawls": {}, "builds": []}
 
     def crawl_for(docs: int, html_share: float, name: str) -> tuple[dict, list[Path]]:
         spec = crawl.CrawlSpec(docs=docs, seed=args.seed, near_share=args.near_share, exact_share=args.exact_share,
@@ -845,7 +852,8 @@ def run(argv: list[str] | None = None) -> dict:
 
     def build(engine: str, report: dict, files: list[Path], name: str) -> dict:
         started = time.perf_counter()
-        b = run_build(files, engine, workers, config, shard_docs, work_root, args.poll, log, args.ray_address)
+        b = run_build(files, engine, workers, config, shard_docs, work_root, args.poll, log, args.ray_address,
+                      memory_limit)
         row = {"engine": engine, "crawl": name, **figures(b, report, workers), "processes": b["processes"],
                "outputs": b["outputs"], "timeline": b["timeline"], "poll_samples": b["poll_samples"]}
         if not b["timeline"]["build_module"].startswith(str(code)):

@@ -76,14 +76,19 @@ class CorpusResult:
 
     ``kept``: kept.parquet (``KEPT_COLUMNS``); ``removals``: removals.parquet (``REMOVAL_COLUMNS``, exactly one row per
     removed document); ``funnel``: funnel.parquet (docs and characters in/out per source and stage);
-    ``boilerplate``: the frequent units cut; ``hits``: decontamination hits (``HIT_COLUMNS``); ``near``: near-dedup
-    statistics per source. The frames are read from disk on access: a large corpus's ``kept`` does not fit memory,
-    so callers that aggregate should query the files (DuckDB) instead.
+    ``boilerplate``: boilerplate.parquet, the frequent units cut (``COUNT_COLUMNS``, ``boilerplate_units`` rows);
+    ``hits``: decontamination hits (``HIT_COLUMNS``); ``near``: near-dedup statistics per source. The frames are read
+    from disk on access: a large corpus's ``kept`` does not fit memory, so callers that aggregate should query the
+    files (DuckDB) instead.
     """
 
     out: Path
     near: dict[str, dict[str, Any]]
-    boilerplate: pd.DataFrame
+    boilerplate_units: int
+
+    @property
+    def boilerplate(self) -> pd.DataFrame:
+        return pd.read_parquet(self.out / "boilerplate.parquet")
 
     @property
     def kept(self) -> pd.DataFrame:
@@ -241,7 +246,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
 
     shard_pass("filter", filter_shard, [dict(slices=json.dumps(spec), out_dir=str(work / "filtered" / name),
                                              cfg_json=cfg_json) for name, spec in zip(names, plan["shards"])])
-    frequent = _frequent(work, cfg)
+    n_frequent = _frequent(work, cfg, names)
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
     index.save(work / "eval_index.npz")
     shard_pass("key", key_shard, [dict(filtered_dir=str(work / "filtered" / name), out_dir=str(work / "keyed" / name),
@@ -274,8 +279,8 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
                                       for i, name in enumerate(names)])
     out.mkdir(parents=True, exist_ok=True)
     _write_outputs(work, names, out, cfg.execution.memory_limit)
-    frequent.to_parquet(out / "boilerplate.parquet", index=False)
-    return CorpusResult(out=out, near=near_stats, boilerplate=frequent)
+    shutil.copyfile(work / "frequent_units.parquet", out / "boilerplate.parquet")
+    return CorpusResult(out=out, near=near_stats, boilerplate_units=n_frequent)
 
 
 def _atomic_dir(out_dir: Path, write: Callable[[Path], None]) -> bool:
@@ -311,25 +316,34 @@ def filter_shard(slices: str, out_dir: str, cfg_json: str) -> bool:
     return done
 
 
-def _frequent(work: Path, cfg: CorpusConfig) -> pd.DataFrame:
-    """Units in ``min_docs`` or more distinct documents over all shards, counted by DuckDB out of core."""
+def _frequent(work: Path, cfg: CorpusConfig, names: list[str]) -> int:
+    """Units in ``min_docs`` or more distinct documents over all shards, counted by DuckDB out of core; writes the
+    table (``COUNT_COLUMNS``, most frequent first) to ``work/frequent_units.parquet`` and, for each shard, the
+    frequent units its survivors contain to ``work/frequent/shard=I`` (what the shard's key pass cuts, so no worker
+    holds the corpus-wide set). Returns the number of frequent units."""
     path = work / "frequent_units.parquet"
-    if not cfg.boilerplate.enabled or not list((work / "filtered").glob("*/units.parquet")):
-        frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
-    else:
-        with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
-            frame = con.execute(
-                "WITH counts AS (SELECT unit_hash, count(DISTINCT doc_hash)::BIGINT AS n_docs "
-                "  FROM read_parquet(?) GROUP BY unit_hash HAVING count(DISTINCT doc_hash) >= ?), "
-                "examples AS (SELECT unit_hash, first(example) AS example FROM read_parquet(?) "
-                "  WHERE unit_hash IN (SELECT unit_hash FROM counts) GROUP BY unit_hash) "
-                "SELECT c.unit_hash, c.n_docs, e.example FROM counts c JOIN examples e USING (unit_hash) "
-                "ORDER BY n_docs DESC, unit_hash",
-                [str(work / "filtered" / "*" / "units.parquet"), cfg.boilerplate.min_docs,
-                 str(work / "filtered" / "*" / "unit_examples.parquet")]).df()
-        frame = frame.astype({"unit_hash": "uint64"})
-    frame.to_parquet(path, index=False)
-    return frame
+    files = [str(f) for name in names for f in [work / "filtered" / name / "units.parquet"] if f.exists()]
+    with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
+        if not cfg.boilerplate.enabled or not files:
+            frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
+            frame.astype({"unit_hash": "uint64"}).to_parquet(path, index=False)
+            return 0
+        shard_of = {f: i for i, name in enumerate(names) for f in [str(work / "filtered" / name / "units.parquet")]}
+        con.register("_shard_of", pa.table({"filename": list(shard_of), "shard": list(shard_of.values())}))
+        con.execute("CREATE TABLE units AS SELECT s.shard, u.unit_hash, u.doc_hash "
+                    "FROM read_parquet(?, filename = true) u JOIN _shard_of s USING (filename)", [files])
+        con.execute("CREATE TABLE counts AS SELECT unit_hash, count(DISTINCT doc_hash)::BIGINT AS n_docs FROM units "
+                    "GROUP BY unit_hash HAVING count(DISTINCT doc_hash) >= ?", [cfg.boilerplate.min_docs])
+        examples = [str(work / "filtered" / name / "unit_examples.parquet") for name in names]
+        con.execute(f"COPY (SELECT c.unit_hash, c.n_docs, e.example FROM counts c JOIN ("
+                    f"  SELECT unit_hash, first(example) AS example FROM read_parquet(?) "
+                    f"  WHERE unit_hash IN (SELECT unit_hash FROM counts) GROUP BY unit_hash) e USING (unit_hash) "
+                    f"ORDER BY n_docs DESC, unit_hash) TO '{path}' (FORMAT parquet)", [examples])
+        with atomic_dir(work / "frequent", replace=True) as tmp:
+            con.execute(f"COPY (SELECT DISTINCT u.shard, u.unit_hash FROM units u SEMI JOIN counts c "
+                        f"USING (unit_hash) ORDER BY u.shard, u.unit_hash) TO '{tmp}' "
+                        f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
+        return int(con.execute("SELECT count(*) FROM counts").fetchone()[0])
 
 
 def _by_chars(languages: Sequence[str]) -> list[bool]:
@@ -339,7 +353,8 @@ def _by_chars(languages: Sequence[str]) -> list[bool]:
 def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: int) -> bool:
     """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys and evaluation n-gram hits."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
-    frequent = set(pd.read_parquet(Path(work) / "frequent_units.parquet").unit_hash.astype("uint64").tolist())
+    part = Path(work) / "frequent" / f"shard={shard}"
+    frequent = set(pd.read_parquet(part).unit_hash.astype("uint64").tolist()) if part.exists() else set()
     index = EvalIndex.load(Path(work) / "eval_index.npz")
 
     def write(tmp: Path) -> None:
@@ -551,20 +566,19 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
         files = [str(f) for name in names for f in [work / "verified" / name / "verified.parquet"] if f.exists()]
         if files and n_pairs:
             con.execute("INSERT INTO verified SELECT i, j, sim FROM read_parquet(?)", [files])
-        reader = con.sql("SELECT i, j, sim FROM verified ORDER BY j, i").to_arrow_reader(_BATCH_ROWS)
+        # A second connection streams the sorted pairs while this one inserts the removals.
+        reader = _stream(con, "SELECT i, j, sim FROM verified ORDER BY j, i")
         batches = ((b.column("i").to_numpy(), b.column("j").to_numpy(), b.column("sim").to_numpy()) for b in reader)
-        removed_j, leader_i, sims = near_dedup.leaders(batches, n)
-        for lo in range(0, len(removed_j), _BATCH_ROWS):
-            part = slice(lo, lo + _BATCH_ROWS)
-            con.register("_near_part", pa.table({"j": removed_j[part], "i": leader_i[part], "sim": sims[part],
-                                                 "shown": [f"{s:.3f}" for s in sims[part].tolist()]}))
+        for removed_j, leader_i, sims in near_dedup.iter_leaders(batches, n):
+            con.register("_near_part", pa.table({"j": removed_j, "i": leader_i, "sim": sims,
+                                                 "shown": [f"{s:.3f}" for s in sims.tolist()]}))
             con.execute("INSERT INTO near SELECT j, i, sim FROM _near_part")
             con.execute(f"INSERT INTO removed SELECT p.j, 1, 'dedup.near', p.sim, {nd.jaccard_threshold}, "
                         f"'near duplicate of ' || k.doc_id || ' (Jaccard ' || p.shown || ')' "
                         f"FROM _near_part p JOIN keys k ON k.pos = p.i")
             con.unregister("_near_part")
         near_stats = _near_stats(con, n_pairs, nd.max_removal_share)
-    _families(con, work)
+    _families(con, n)
     hits = _decontaminate(con, work, names, cfg, index)
     funnel = _global_funnel(con)
     with atomic_dir(work / "decisions", replace=True) as tmp:
@@ -614,14 +628,25 @@ def _near_stats(con: duckdb.DuckDBPyConnection, n_pairs: int, warn_share: float)
     return stats
 
 
-def _families(con: duckdb.DuckDBPyConnection, work: Path) -> None:
-    """Table ``families`` (pos, family_id): the doc_id of each paired document's family root."""
-    pairs = con.execute("SELECT i, j FROM verified").fetchnumpy()
-    members, roots = near_dedup.families(pairs["i"], pairs["j"])
-    con.register("_fam", pa.table({"pos": members, "root": roots}))
-    con.execute("CREATE TABLE families AS SELECT f.pos, k.doc_id AS family_id FROM _fam f JOIN keys k "
-                "ON k.pos = f.root")
-    con.unregister("_fam")
+def _stream(con: duckdb.DuckDBPyConnection, sql: str) -> pa.RecordBatchReader:
+    """Batches of ``sql``'s result read through a cursor of its own, so ``con`` stays free for other statements."""
+    return con.cursor().sql(sql).to_arrow_reader(_BATCH_ROWS)
+
+
+def _families(con: duckdb.DuckDBPyConnection, n: int) -> None:
+    """Table ``families`` (pos, family_id): the doc_id of the family root of each document whose root is another
+    document (:func:`near_dedup.family_roots` over the verified pairs, streamed; 4 bytes per position)."""
+    reader = _stream(con, "SELECT i, j FROM verified")
+    roots = near_dedup.family_roots(((b.column("i").to_numpy(), b.column("j").to_numpy()) for b in reader), n)
+    con.execute("CREATE TABLE families (pos BIGINT, family_id VARCHAR)")
+    for lo in range(0, n, _BATCH_ROWS):
+        part = roots[lo:lo + _BATCH_ROWS]
+        moved = np.flatnonzero(part != np.arange(lo, lo + len(part)))
+        if len(moved):
+            con.register("_fam", pa.table({"pos": moved.astype(np.int64) + lo, "root": part[moved].astype(np.int64)}))
+            con.execute("INSERT INTO families SELECT f.pos, k.doc_id FROM _fam f JOIN keys k ON k.pos = f.root")
+            con.unregister("_fam")
+    del roots
 
 
 def _decontaminate(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig,

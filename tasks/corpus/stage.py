@@ -197,7 +197,7 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
             sources[name]["warnings"].append(f"source {name} has no kept document")
     body = {
         "version": MANIFEST_VERSION, "stages": CURATION_STEPS, "sources": sources,
-        "boilerplate_units": int(len(result.boilerplate)),
+        "boilerplate_units": int(result.boilerplate_units),
         "near_dedup": {**result.near.get("_all", {}),
                        **cfg.near_dedup.lsh_figures(), "warnings": cfg.near_dedup.lsh_warnings(),
                        "s_curve": [[s, p] for s, p in s_curve(cfg.near_dedup.bands, cfg.near_dedup.rows)]},

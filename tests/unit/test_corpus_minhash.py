@@ -373,7 +373,7 @@ def test_manifest_records_the_lsh_figures_and_warnings():
     with pytest.warns(UserWarning):
         cfg = CorpusConfig(near_dedup=MinHashConfig(bands=10, rows=8, jaccard_threshold=0.6))
     empty = pd.DataFrame()
-    result = SimpleNamespace(funnel=empty, hits=empty, near={}, boilerplate=[])
+    result = SimpleNamespace(funnel=empty, hits=empty, near={}, boilerplate_units=0)
     near = build_manifest({}, empty, empty, empty, empty, result, cfg, [])["near_dedup"]
     assert near["unused_permutations"] == 32
     assert near["implied_threshold"] == pytest.approx(0.1 ** (1 / 8))

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.corpus.config import MinHashConfig
 from tasks.corpus.minhash import EMPTY, band_keys, jaccard, shingles, signatures
-from tasks.corpus.near_dedup import MAX_LINKS, candidate_pairs, families, leaders, near_duplicates
+from tasks.corpus.near_dedup import MAX_LINKS, candidate_pairs, family_roots, iter_leaders, leaders, near_duplicates
 
 FAMILIES = ["oph", "universal"]
 
@@ -159,6 +159,43 @@ def test_leaders_refuse_unsorted_pairs_and_keep_the_first_kept_leader():
 
 
 def test_families_are_connected_components_rooted_at_their_first_member():
-    members, roots = families(np.array([5, 1, 7]), np.array([9, 5, 8]))
-    assert dict(zip(members.tolist(), roots.tolist())) == {1: 1, 5: 1, 9: 1, 7: 7, 8: 7}
-    assert families(np.zeros(0), np.zeros(0))[0].shape == (0,)
+    roots = family_roots([(np.array([5, 1]), np.array([9, 5])), (np.array([7]), np.array([8]))], 11)
+    assert roots.tolist() == [0, 1, 2, 3, 4, 1, 6, 7, 7, 1, 10]
+    assert family_roots([], 3).tolist() == [0, 1, 2]
+
+
+def test_family_roots_match_scipy_components_in_any_batch_order():
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(3)
+    n = 2_000
+    i = rng.integers(0, n, 1_500)
+    j = rng.integers(0, n, 1_500)
+    _, labels = connected_components(coo_matrix((np.ones(len(i)), (i, j)), shape=(n, n)), directed=False)
+    lowest = np.full(labels.max() + 1, n)
+    np.minimum.at(lowest, labels, np.arange(n))
+    expected = lowest[labels]
+    order = rng.permutation(len(i))
+    batches = [(i[order[k:k + 97]], j[order[k:k + 97]]) for k in range(0, len(i), 97)]
+    assert np.array_equal(family_roots(batches, n), expected)
+    assert np.array_equal(family_roots([(j, i)], n), expected)
+
+
+def test_iter_leaders_streams_the_same_decisions_as_one_batch():
+    rng = np.random.default_rng(5)
+    j = np.sort(rng.integers(1, 500, 800))
+    i = np.array([rng.integers(0, x) for x in j])
+    order = np.lexsort((i, j))
+    i, j = i[order], j[order]
+    keep = np.ones(len(i), bool)
+    keep[1:] = (np.diff(j) != 0) | (np.diff(i) != 0)
+    i, j = i[keep], j[keep]
+    s = rng.random(len(i))
+    whole = leaders([(i, j, s)], 500)
+    parts = list(iter_leaders([(i[k:k + 50], j[k:k + 50], s[k:k + 50]) for k in range(0, len(i), 50)], 500))
+    for got, want in zip((np.concatenate(c) for c in zip(*parts)), whole):
+        assert np.array_equal(got, want)
+    assert len(whole[0]) > 50
+
+

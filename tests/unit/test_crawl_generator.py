@@ -125,7 +125,7 @@ def test_harness_end_to_end_on_300_documents(tmp_path, monkeypatch):
     out = tmp_path / "scale.json"
     result = corpus_scale.run(["--sizes", "300", "--text", "fixtures", "--workers", "2", "--shard-docs", "100",
                                "--calibrate-docs", "0", "--verify-pairs", "20", "--work-dir", str(tmp_path),
-                               "--out", str(out)])
+                               "--memory-limit", "48MB", "--out", str(out)])
     (row,) = result["builds"]
     assert row["engine"] == "processes" and row["docs"] == 300 and row["timeline"]["build_module"].startswith(
         str(ROOT))
@@ -146,4 +146,5 @@ def test_harness_end_to_end_on_300_documents(tmp_path, monkeypatch):
     assert outputs["fate_by_kind"]["exact"].get("dedup_exact", 0) > 0
     ext = result["extrapolation"]["processes"]["mixed"]
     assert ext["machines"][1]["total_h"] > ext["machines"][64]["total_h"] > 0
-    assert json.loads(out.read_text())["builds"][0]["docs"] == 300
+    saved = json.loads(out.read_text())
+    assert saved["builds"][0]["docs"] == 300 and saved["memory_limit"] == "48MB"
