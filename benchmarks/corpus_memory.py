@@ -73,7 +73,7 @@ def child(parquet: str, out: str) -> None:
     from infra.shard_map import process_map
 
     cfg = load_config(ROOT / "configs" / "demo.toml").corpus
-    pool_map = process_map(cfg.execution.workers)
+    pool_map = process_map(cfg.execution.workers, cfg.execution.recycle_after)
     worker_peaks = [0.0]
 
     def shard_map(fn, calls, label):

@@ -122,9 +122,10 @@ class Timed:
                                              "hwm_kb": _hwm_kb()}}
 
 
-def engine_map(engine: str, workers: int, ray_address: str = "local"):
+def engine_map(engine: str, workers: int, ray_address: str = "local", recycle_after: int = 0):
     """The shard map of ``engine`` from the imported ``infra.shard_map``; a Ray map connects to ``ray_address``
-    ("local": a private instance started in this process) when it takes an address.
+    ("local": a private instance started in this process) when it takes an address; ``recycle_after`` (the
+    config's ``[corpus.execution] recycle_after``) is passed where the map takes it.
 
     Raises:
         SystemExit: ``engine`` is unknown, or ``ray`` is asked for and the module has no Ray shard map.
@@ -133,8 +134,11 @@ def engine_map(engine: str, workers: int, ray_address: str = "local"):
 
     import infra.shard_map as shard_map
 
+    def recycling(make) -> dict:
+        return {"recycle_after": recycle_after} if "recycle_after" in inspect.signature(make).parameters else {}
+
     if engine == "processes":
-        return shard_map.process_map(workers)
+        return shard_map.process_map(workers, **recycling(shard_map.process_map))
     if engine == "ray":
         make = _ray_map_factory()
         if make is None:
@@ -145,7 +149,7 @@ def engine_map(engine: str, workers: int, ray_address: str = "local"):
         # The wrapper class by value: a Ray task's PYTHONPATH may name only the project.
         ray.cloudpickle.register_pickle_by_value(sys.modules[Timed.__module__])
         kwargs = {"address": ray_address} if "address" in inspect.signature(make).parameters else {}
-        return make(workers, **kwargs)
+        return make(workers, **kwargs, **recycling(make))
     sys.exit(f"unknown engine {engine!r}; use {', '.join(ENGINES)}")
 
 
@@ -186,7 +190,7 @@ def child(job_path: str) -> None:
         started = time.time()  # one private instance for the whole build, as a cluster would be
         ray.init(address="local", num_cpus=job["workers"], include_dashboard=False, logging_level=logging.WARNING)
         ray_start = time.time() - started
-    inner = engine_map(job["engine"], job["workers"], address)
+    inner = engine_map(job["engine"], job["workers"], address, getattr(cfg.execution, "recycle_after", 0))
     maps, timers, ticks = [], [], []
 
     def shard_map(fn, calls, label):
@@ -428,7 +432,12 @@ def _processes(poller: TreePoller, t: dict) -> list[dict]:
 
 
 def _outputs(out: Path, files: list[Path]) -> dict:
-    """Kept documents, removals by stage, and the crawl's ground truth against them (kind → where it went)."""
+    """Kept documents, removals by stage, and the crawl's ground truth against them (kind → where it went).
+
+    A kept document is ``kept_origin_filtered`` when it is a near copy whose original a per-document rule removed
+    (nothing kept to be a duplicate of), ``kept_boilerplate_cut`` when the boilerplate pass cut lines from it (a
+    family of ``min_docs`` or more copies makes its shared lines boilerplate, so what is left may no longer match),
+    else ``kept``."""
     import duckdb
     import pyarrow.parquet as pq
 
@@ -440,9 +449,16 @@ def _outputs(out: Path, files: list[Path]) -> dict:
         fates: dict[str, dict[str, int]] = {}
         if labels.exists():
             for kind, stage, n in con.execute(
-                    "SELECT l.kind, coalesce(r.stage, 'kept'), count(*) FROM read_parquet(?) l "
-                    "LEFT JOIN read_parquet(?) r USING (doc_id) GROUP BY ALL ORDER BY ALL",
-                    [str(labels), str(out / "removals.parquet")]).fetchall():
+                    "SELECT l.kind, CASE WHEN r.stage IS NOT NULL THEN r.stage "
+                    "  WHEN l.kind = 'near' AND o.stage NOT IN ('dedup_exact', 'dedup_near') "
+                    "    THEN 'kept_origin_filtered' "
+                    "  WHEN k.lines_dropped > 0 THEN 'kept_boilerplate_cut' ELSE 'kept' END, count(*) "
+                    "FROM read_parquet(?) l LEFT JOIN read_parquet(?) r USING (doc_id) "
+                    "LEFT JOIN read_parquet(?) o ON o.doc_id = l.origin_id "
+                    "LEFT JOIN (SELECT doc_id, lines_dropped FROM read_parquet(?)) k USING (doc_id) "
+                    "GROUP BY ALL ORDER BY ALL",
+                    [str(labels), str(out / "removals.parquet"), str(out / "removals.parquet"),
+                     str(out / "kept.parquet")]).fetchall():
                 fates.setdefault(kind, {})[stage] = n
     return {"kept": kept, "removed_by_stage": stages, "fate_by_kind": fates}
 

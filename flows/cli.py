@@ -42,7 +42,15 @@ app.add_typer(gate_app, name="gate")
 # Piped output (CI logs, `| tee`) is not a terminal: rich would wrap tables at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
-RunsDir = typer.Option(None, "--runs-dir", help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
+def _runs_dir(value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise typer.BadParameter("is empty; name a folder (it is created if missing), or leave the option out for "
+                                 "$PRETRAIN_RUNS_DIR or ./runs")
+    return value
+
+
+RunsDir = typer.Option(None, "--runs-dir", callback=_runs_dir,
+                       help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
 TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking server, e.g. http://127.0.0.1:5000 (default: "
                            "$PRETRAIN_TRACKING_URI, else the SQLite file in the runs folder)")
 
@@ -79,7 +87,7 @@ def _fail(err: PretrainError) -> None:
 @app.command()
 def run(
     config: Path = typer.Argument(..., help="experiment TOML"),
-    runs_dir: Optional[Path] = RunsDir,
+    runs_dir: Optional[str] = RunsDir,
     refresh: list[str] = typer.Option([], "--refresh", help="recompute this stage and everything downstream"),
     until: Optional[str] = typer.Option(None, "--until", help="stop after this stage (e.g. tokenizer)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
@@ -127,7 +135,7 @@ def serve(
     until: Optional[str] = typer.Option(None, "--until", help="scheduled runs stop after this stage"),
     limit: int = typer.Option(1, "--limit", help="flow runs this process executes at once"),
     port: int = typer.Option(4200, "--port", help="port of the local Prefect server (when PREFECT_API_URL is unset)"),
-    runs_dir: Optional[Path] = RunsDir,
+    runs_dir: Optional[str] = RunsDir,
     tracking_uri: Optional[str] = TrackingUri,
 ) -> None:
     """Serve the pipeline as a scheduled Prefect deployment (pretrain-pipeline/NAME) until interrupted.
@@ -162,7 +170,7 @@ def _dry_run(cfg, layout: RunsLayout) -> None:
 
 
 @app.command()
-def fetch(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
+def fetch(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
     """Download and unpack the config's Debian sources into the runs folder's source cache."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -181,7 +189,7 @@ def fetch(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
 def audit(
     config: Path = typer.Argument(..., help="experiment TOML"),
     source: list[str] = typer.Option([], "--source", help="source to audit (repeatable; default: every source)"),
-    runs_dir: Optional[Path] = RunsDir,
+    runs_dir: Optional[str] = RunsDir,
     originals: Optional[int] = typer.Option(None, "--originals", help="first N documents per source (default 5000)"),
     review: Optional[int] = typer.Option(None, "--review", help="removed documents listed per rule (default 5)"),
 ) -> None:
@@ -208,7 +216,7 @@ def audit(
 
 
 @app.command()
-def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[Path] = RunsDir) -> None:
+def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir) -> None:
     """stability grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's shards."""
     from rich.table import Table
 
@@ -259,7 +267,7 @@ def plan(
 
 
 @gate_app.command("declare")
-def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
+def gate_declare(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
     """Record the config's \\[gate] as the experiment's gate from now on (earlier declarations are kept)."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -279,7 +287,7 @@ def gate_declare(config: Path, runs_dir: Optional[Path] = RunsDir) -> None:
 
 
 @app.command()
-def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[Path] = RunsDir,
+def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir,
            explain: bool = typer.Option(False, "--explain", help="for stages that would run: what differs from "
                                         "the nearest stored artifact"),
            as_json: bool = typer.Option(False, "--json", help="print the statuses as JSON")) -> None:
@@ -309,7 +317,7 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
 
 
 @app.command()
-def gc(runs_dir: Optional[Path] = RunsDir,
+def gc(runs_dir: Optional[str] = RunsDir,
        dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed; remove nothing")) -> None:
     """Remove artifacts that no active MLflow run and no registered model version refers to."""
     layout = RunsLayout.resolve(runs_dir)
@@ -331,7 +339,7 @@ def gc(runs_dir: Optional[Path] = RunsDir,
 
 
 @gate_app.command("show")
-def gate_show(config: Path, runs_dir: Optional[Path] = RunsDir,
+def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
               as_json: bool = typer.Option(False, "--json", help="print the rows as JSON")) -> None:
     """The experiment's gate declarations and, for the one in force, the decision table with intervals."""
     layout = RunsLayout.resolve(runs_dir)
@@ -363,7 +371,7 @@ def gate_show(config: Path, runs_dir: Optional[Path] = RunsDir,
 
 
 @app.command()
-def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[Path] = RunsDir,
+def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir,
            out: Optional[Path] = typer.Option(None, "--out", help="folder for the report (default: "
                                               "<runs>/reports/<experiment>/)"),
            fmt: Optional[str] = typer.Option(None, "--format", help="md or html (default: both)")) -> None:
@@ -399,7 +407,7 @@ def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
 @app.command("eval")
 def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json)"),
              config: Path = typer.Argument(..., help="experiment TOML: its tokenizer, sources and cloze sets"),
-             runs_dir: Optional[Path] = RunsDir,
+             runs_dir: Optional[str] = RunsDir,
              as_json: bool = typer.Option(False, "--json", help="print the results as JSON")) -> None:
     """Score any checkpoint on the experiment's held-out splits and cloze sets, without training.
 

@@ -45,6 +45,9 @@ class ExecutionConfig(Section):
             (``RAY_ADDRESS`` if set, else the latest ``ray start`` on this machine); ``"local"``: a private Ray
             instance started in-process for the stage and stopped after it; ``"HOST:PORT"``: that cluster's
             head (the GCS port of ``ray start --head``).
+        recycle_after: shard calls a worker process runs before a fresh process replaces it (``processes``: a new
+            pool after every ``recycle_after × workers`` calls; ``ray``: Ray's ``max_calls``), so a worker's memory
+            does not creep with the number of shards; 0 = never replaced.
 
     Raises:
         ConfigError: the old ``task_runner`` key (names what to write instead), ``engine = "ray"`` without the
@@ -54,6 +57,7 @@ class ExecutionConfig(Section):
     engine: Engine = "processes"
     workers: int = Field(default=2, ge=0)
     address: str = "auto"
+    recycle_after: int = Field(default=16, ge=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ def _run_here(f: Callable[..., Any], kw: dict[str, Any]) -> Any:
     return f(**kw)
 
 
-def _run_in(pool: Executor, f: Callable[..., Any], kw: dict[str, Any]) -> Any:
+def _run_in(pool: RecyclingPool, f: Callable[..., Any], kw: dict[str, Any]) -> Any:
     return pool.submit(f, **kw).result()
 
 
@@ -65,31 +65,72 @@ def process_pool(workers: int, fn: Callable[..., Any]) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes started by a forkserver that preloads ``fn``'s module.
 
     forkserver, not fork: the submitting process runs Prefect's event-loop threads; the preloaded server makes each
-    worker start in milliseconds. Workers are not recycled (``max_tasks_per_child`` can deadlock the pool on
-    Python 3.11).
+    worker start in milliseconds.
     """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([fn.__module__])
     return ProcessPoolExecutor(max_workers=workers, mp_context=context)
 
 
-def process_map(workers: int) -> ShardMap:
-    """A shard map over a local process pool without Prefect (library use, benchmarks); results in order."""
+class RecyclingPool:
+    """A process pool (:func:`process_pool`) replaced by a fresh one after every ``recycle_after × workers``
+    submitted calls, so no worker process lives through more than about ``recycle_after`` shards.
+
+    A long-lived worker's memory creeps with the shards it has run (allocator fragmentation, library caches); a
+    fresh process starts from the forkserver's preloaded image. The replaced pool finishes the calls it was given and
+    its processes then exit. ``ProcessPoolExecutor(max_tasks_per_child=...)`` would do the same per process but can
+    hang the pool on Python 3.11. Safe to submit from several threads.
+    """
+
+    def __init__(self, workers: int, fn: Callable[..., Any], recycle_after: int = 0):
+        self.workers, self.fn, self.recycle_after = workers, fn, recycle_after
+        self._lock = threading.Lock()
+        self._pool = process_pool(workers, fn)
+        self._retired: list[ProcessPoolExecutor] = []
+        self._submitted = 0
+        self.pools_started = 1
+
+    def submit(self, f: Callable[..., Any], /, **kwargs: Any) -> Future:
+        with self._lock:
+            if self.recycle_after and self._submitted >= self.recycle_after * self.workers:
+                self._pool.shutdown(wait=False)  # its queued calls still run; then its processes exit
+                self._retired.append(self._pool)
+                self._pool = process_pool(self.workers, self.fn)
+                self._submitted = 0
+                self.pools_started += 1
+            self._submitted += 1
+            return self._pool.submit(f, **kwargs)
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._lock:
+            for pool in [*self._retired, self._pool]:
+                pool.shutdown(wait=wait)
+            self._retired = []
+
+    def __enter__(self) -> "RecyclingPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def process_map(workers: int, recycle_after: int = 0) -> ShardMap:
+    """A shard map over a local :class:`RecyclingPool` without Prefect (library use, benchmarks); results in
+    order."""
     def run(fn: Callable[..., Any], calls: list[dict[str, Any]], label: str) -> list[Any]:
         if not calls:
             return []
-        with process_pool(workers, fn) as pool:
-            return list(pool.map(_call, [fn] * len(calls), calls))
+        with RecyclingPool(workers, fn, recycle_after) as pool:
+            futures = [pool.submit(fn, **kwargs) for kwargs in calls]
+            return [future.result() for future in futures]
     return run
 
 
-def _call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    return fn(**kwargs)
-
-
-def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | None = None) -> ShardMap:
+def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | None = None,
+                      recycle_after: int = 0) -> ShardMap:
     """A shard map running each call as a Prefect task on the ``kind`` engine (sequential, threads or processes)
-    with ``workers`` slots.
+    with ``workers`` slots; ``processes`` runs the work in a :class:`RecyclingPool` (``recycle_after`` calls per
+    worker process, 0 = never replaced).
 
     ``on_done`` is called (in the submitting thread) after each finished shard, for progress bars.
 
@@ -117,7 +158,7 @@ def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | Non
         if kind == "processes":
             # forkserver, not fork: the submitting process runs Prefect's event-loop threads. The server
             # preloads the shard function's module once, so each pass's workers start in milliseconds.
-            pool = process_pool(workers, fn)
+            pool = RecyclingPool(workers, fn, recycle_after)
         try:
             body = (lambda f, kw: _run_in(pool, f, kw)) if pool is not None else _run_here
             shard_task = task(body, name=label, cache_policy=NO_CACHE, persist_result=False)
@@ -232,7 +273,7 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
 
 
 def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], None] | None = None,
-                  record: Path | None = None) -> ShardMap:
+                  record: Path | None = None, recycle_after: int = 0) -> ShardMap:
     """A shard map running each call as a Ray task (``num_cpus=1``) with at most ``workers`` in flight.
 
     Each map call connects with ``ray.init(address=...)`` unless Ray is already initialised in this process, and
@@ -246,6 +287,8 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
         on_done: called in the submitting thread after each finished call (progress bars).
         record: a JSON-lines file to append one line to per successful call: label, call index, Ray node id,
             host, worker pid and seconds.
+        recycle_after: calls a Ray worker process runs before it exits and Ray starts a fresh one (Ray's
+            ``max_calls``; 0 = Ray's default for tasks, reuse).
 
     Raises:
         ConfigError: the ray package is missing, or no cluster answers at ``address``.
@@ -266,7 +309,7 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
         started = False
         try:
             started = _connect(address, workers)
-            return _run_tasks(ray, fn, calls, label, workers, on_done, record)
+            return _run_tasks(ray, fn, calls, label, workers, on_done, record, recycle_after)
         finally:
             if started:
                 ray.shutdown()
@@ -277,9 +320,11 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
 
 
 def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], label: str, workers: int,
-               on_done: Callable[[], None] | None, record: Path | None) -> list[Any]:
+               on_done: Callable[[], None] | None, record: Path | None, recycle_after: int = 0) -> list[Any]:
     limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    task, runtime_env = ray.remote(_call_on_node), {"env_vars": ray_worker_env()}
+    # max_calls is a ray.remote argument only (Ray refuses it in .options()).
+    task = ray.remote(max_calls=recycle_after)(_call_on_node) if recycle_after else ray.remote(_call_on_node)
+    runtime_env = {"env_vars": ray_worker_env()}
     results: list[Any] = [None] * len(calls)
     failures: dict[int, tuple[BaseException, BaseException]] = {}
     pending: dict[Any, int] = {}
@@ -337,8 +382,10 @@ def shard_map_for(execution: ExecutionConfig, on_done: Callable[[], None] | None
         ConfigError: as those functions.
     """
     if execution.engine == "ray":
-        return ray_shard_map(execution.workers, execution.address, on_done=on_done, record=record)
-    return prefect_shard_map(execution.engine, execution.workers, on_done=on_done)
+        return ray_shard_map(execution.workers, execution.address, on_done=on_done, record=record,
+                             recycle_after=execution.recycle_after)
+    return prefect_shard_map(execution.engine, execution.workers, on_done=on_done,
+                             recycle_after=execution.recycle_after)
 
 
 def sequential_map_for(execution: ExecutionConfig, on_done: Callable[[], None] | None = None,

@@ -300,9 +300,9 @@ class DecontaminationConfig(Section):
 
 
 class CorpusExecutionConfig(ExecutionConfig):
-    """How the corpus build is executed (``engine``, ``workers``, ``address``: see ``infra.execution``); never part
-    of the cache key (results do not depend on it). ``shard_docs``: documents per shard (a worker's memory is
-    bounded by it, not by the corpus size). ``memory_limit``: what the main process's DuckDB (the global passes)
+    """How the corpus build is executed (``engine``, ``workers``, ``address``, ``recycle_after``: see
+    ``infra.execution``); never part of the cache key (results do not depend on it). ``shard_docs``: documents per
+    shard (a worker's memory is bounded by it, not by the corpus size). ``memory_limit``: what the main process's DuckDB (the global passes)
     may hold in memory before it spills to the scratch folder, in DuckDB's notation ("1GB", "512MB")."""
 
     shard_docs: int = Field(default=2000, ge=1)

@@ -15,7 +15,7 @@ NUM_BYTE_TOKENS = 256  # byte-level BPE starts from every byte value (docs/metho
 
 
 class TokenizerExecutionConfig(ExecutionConfig):
-    """Where the tokenizer stage encodes its shards (``engine``, ``workers``, ``address``: see
+    """Where the tokenizer stage encodes its shards (``engine``, ``workers``, ``address``, ``recycle_after``: see
     ``infra.execution``); never part of the cache key (the shards are byte-identical whatever these settings).
     ``part_docs``: documents per encode call; each (source, split) is cut into parts of this many documents,
     encoded as shard-map calls, then joined in order into one shard, so memory per call is bounded by the part.

@@ -144,6 +144,9 @@ def test_harness_end_to_end_on_300_documents(tmp_path, monkeypatch):
     outputs = row["outputs"]
     assert 0 < outputs["kept"] < 300 and outputs["kept"] + sum(outputs["removed_by_stage"].values()) == 300
     assert outputs["fate_by_kind"]["exact"].get("dedup_exact", 0) > 0
+    assert sum(n for fate in outputs["fate_by_kind"].values() for n in fate.values()) == 300
+    kept_fates = {f for fate in outputs["fate_by_kind"].values() for f in fate if f.startswith("kept")}
+    assert kept_fates <= {"kept", "kept_origin_filtered", "kept_boilerplate_cut"} and "kept" in kept_fates
     ext = result["extrapolation"]["processes"]["mixed"]
     assert ext["machines"][1]["total_h"] > ext["machines"][64]["total_h"] > 0
     saved = json.loads(out.read_text())

@@ -79,3 +79,21 @@ def test_local_process_map_keeps_order():
     calls = [{"x": i} for i in range(12)]
     assert process_map(2)(square, calls, "sq") == [i * i for i in range(len(calls))]
     assert process_map(2)(square, [], "sq") == []
+
+
+def pid(i: int) -> int:
+    return os.getpid()
+
+
+def test_process_map_replaces_its_workers_after_recycle_after_calls_each():
+    from collections import Counter
+
+    from infra.shard_map import process_map
+
+    calls = [{"i": i} for i in range(12)]
+    reused = Counter(process_map(2)(pid, calls, "pid"))
+    assert len(reused) <= 2  # never replaced: two processes ran everything
+    recycled = Counter(process_map(2, recycle_after=2)(pid, calls, "pid"))
+    assert os.getpid() not in recycled
+    assert max(recycled.values()) <= 4  # a pool takes 2 × 2 calls, however its two processes share them
+    assert len(recycled) >= 3  # three pools at least

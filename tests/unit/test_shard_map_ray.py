@@ -160,3 +160,11 @@ def test_tokenizer_parts_encoded_on_ray_join_into_the_serial_bytes(shared_ray, t
                 out=tmp_path / "ray", work=tmp_path / "work", part_docs=2, meta=meta,
                 tokenizer_vocab=tok.get_vocab_size(), shard_map=ray_shard_map(2, "auto"))
     assert_same_files(tmp_path / "serial" / "shards", tmp_path / "ray" / "shards")
+
+
+def test_recycle_after_gives_each_ray_worker_process_at_most_that_many_calls(shared_ray):
+    from collections import Counter
+
+    rows = ray_shard_map(2, "auto", recycle_after=2)(worker_env, [{} for _ in range(8)], "env")
+    per_process = Counter(r["pid"] for r in rows)
+    assert max(per_process.values()) <= 2 and len(per_process) >= 4

@@ -63,3 +63,16 @@ def test_dry_run_and_status_commands_leave_no_runs_folder(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
     assert "would run" in done.stdout and "no artifact of this stage exists yet" in done.stdout
     assert not runs.exists()
+
+
+
+def test_an_empty_runs_dir_is_refused_not_taken_as_the_current_folder(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", " "):
+        done = CliRunner().invoke(app, ["status", str(ROOT / "configs" / "smoke.toml"), "--runs-dir", empty])
+        assert done.exit_code == 2 and "is empty" in done.output
+    assert list(tmp_path.iterdir()) == []
