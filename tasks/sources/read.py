@@ -1,7 +1,10 @@
 """Turn a source's files into a Parquet file of documents, with a reject row for every input that could not be one.
 
 Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → html, .warc/.warc.gz → warc,
-.jsonl → jsonl, .parquet → parquet, anything else → text):
+.jsonl → jsonl, .parquet → parquet, anything else → text). A single file compressed with gzip, bzip2 or xz
+(``.gz``, ``.bz2``, ``.xz`` after its own extension, e.g. ``data.jsonl.gz``) is decompressed while it is read
+(the standard library's ``gzip``, ``bz2`` and ``lzma``), its format chosen by the extension before; a damaged
+stream ends the file with one ``read.bad_compression`` reject row naming where it broke.
 
 - html: one document per file, raw markup kept (``content_type="html"``) for the corpus extractor; decoded by
   BOM, UTF-8, declared charset, detection (``tasks.sources.encoding.decode_html``).
@@ -37,9 +40,12 @@ fallback) and the damage repaired: ``num_replaced`` (undecodable bytes and lone 
 document, one reject row (stage ``"read"``, with a rule and a detail naming the file) or a counted skip.
 """
 
+import bz2
 import glob
+import gzip
 import hashlib
 import json
+import lzma
 import os
 import re
 import tempfile
@@ -361,12 +367,24 @@ def _local_snapshot(files: list[tuple[str, Path]]) -> str:
     return "local-" + local_files_digest(files)[:12]
 
 
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+_STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError)  # gzip's BadGzipFile is an OSError
+
+
+def _opener(path: Path):
+    """How to open ``path`` for reading bytes: decompressing for .gz/.bz2/.xz (WARC files are warcio's)."""
+    if is_warc(path):
+        return open
+    return _OPENERS.get(path.suffix.lower(), open)
+
+
 def _format_of(cfg: SourceConfig, path: Path) -> str:
     if cfg.format != "auto":
         return cfg.format
     if is_warc(path):
         return "warc"
-    ext = path.suffix.lower()
+    name = Path(path.stem) if path.suffix.lower() in _OPENERS else path
+    ext = name.suffix.lower()
     return {".html": "html", ".htm": "html", ".jsonl": "jsonl", ".parquet": "parquet"}.get(ext, "text")
 
 
@@ -396,10 +414,18 @@ def _read_file(acc: _Acc, rel: str, path: Path) -> None:
 def _read_whole(acc: _Acc, doc_id: str, rel: str, path: Path) -> bytes | None:
     """The file's bytes, or None after a ``read.too_large`` reject when it has more than ``max_file_bytes``."""
     limit = acc.cfg.max_file_bytes
-    with open(path, "rb") as fh:
-        raw = fh.read(limit + 1)  # never more than the limit in memory, even if the file grows meanwhile
+    opener = _opener(path)
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read(limit + 1)  # never more than the limit in memory, even if the file grows meanwhile
+    except _STREAM_ERRORS as e:
+        if opener is open:
+            raise
+        acc.reject(doc_id, "read.bad_compression", f"{rel}: cannot decompress ({e})")
+        return None
     if len(raw) > limit:
-        acc.reject(doc_id, "read.too_large", f"{rel}: {path.stat().st_size:,} bytes, over max_file_bytes={limit:,}; "
+        size = f"{path.stat().st_size:,} bytes" if opener is open else "over that once decompressed"
+        acc.reject(doc_id, "read.too_large", f"{rel}: {size}, over max_file_bytes={limit:,}; "
                                              "split the file or raise max_file_bytes")
         return None
     return raw
@@ -471,33 +497,48 @@ def strip_ansi(text: str) -> str:
 def _read_jsonl(acc: _Acc, rel: str, path: Path) -> None:
     """One document per line, read one line at a time (``infra.jsonl.jsonl_file_lines``); ids ``#<line - 1>``."""
     field_name, limit = acc.cfg.text_field, acc.cfg.max_file_bytes
-    with open(path, "rb") as fh:
-        for line_no, raw, num_bytes in jsonl_file_lines(fh, limit):
-            if acc.full():
-                return
-            doc_id = f"{acc.cfg.name}/{rel}#{line_no - 1}"
-            if raw is None:
-                acc.reject(doc_id, "read.too_large",
-                           f"{rel} line {line_no}: {num_bytes:,} bytes, over max_file_bytes={limit:,}")
-                continue
-            try:
-                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM can only open the file
-            except UnicodeDecodeError as e:
-                acc.reject(doc_id, "read.undecodable",
-                           f"{rel} line {line_no}: not UTF-8 at byte {e.start} of the line: {e.reason}")
-                continue
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                acc.reject(doc_id, "read.bad_json", f"{rel} line {line_no}: {e.msg} at column {e.colno}")
-                continue
-            value = record.get(field_name) if isinstance(record, dict) else None
-            if not isinstance(value, str):
-                acc.reject(doc_id, "read.missing_field", f"{rel} line {line_no}: no string field {field_name!r}")
-                continue
-            acc.doc(doc_id, rel, scrub(value), "text")  # JSON "\ud800" escapes give lone surrogates
+    opener, line_no = _opener(path), 0
+    try:
+        with opener(path, "rb") as fh:
+            for line_no, raw, num_bytes in jsonl_file_lines(fh, limit):
+                if not _jsonl_line(acc, rel, field_name, limit, line_no, raw, num_bytes):
+                    return
+    except _STREAM_ERRORS as e:
+        if opener is open:
+            raise
+        acc.reject(f"{acc.cfg.name}/{rel}#{line_no}", "read.bad_compression",
+                   f"{rel}: cannot decompress after line {line_no} ({e}); the lines before it were read")
+
+
+def _jsonl_line(acc: _Acc, rel: str, field_name: str, limit: int, line_no: int, raw: bytes | None,
+                num_bytes: int) -> bool:
+    """One JSONL line as a document or a reject row; False when the source is full (stop reading)."""
+    if acc.full():
+        return False
+    doc_id = f"{acc.cfg.name}/{rel}#{line_no - 1}"
+    if raw is None:
+        acc.reject(doc_id, "read.too_large", f"{rel} line {line_no}: {num_bytes:,} bytes, over max_file_bytes={limit:,}")
+        return True
+    try:
+        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM can only open the file
+    except UnicodeDecodeError as e:
+        hint = ("; the file starts like gzip data: name it .gz" if line_no == 1 and raw[:2] == b"\x1f\x8b" else "")
+        acc.reject(doc_id, "read.undecodable",
+                   f"{rel} line {line_no}: not UTF-8 at byte {e.start} of the line: {e.reason}{hint}")
+        return True
+    if not line.strip():
+        return True
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        acc.reject(doc_id, "read.bad_json", f"{rel} line {line_no}: {e.msg} at column {e.colno}")
+        return True
+    value = record.get(field_name) if isinstance(record, dict) else None
+    if not isinstance(value, str):
+        acc.reject(doc_id, "read.missing_field", f"{rel} line {line_no}: no string field {field_name!r}")
+        return True
+    acc.doc(doc_id, rel, scrub(value), "text")  # JSON "\ud800" escapes give lone surrogates
+    return True
 
 
 def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:

@@ -3,6 +3,7 @@
 import gzip
 import hashlib
 import io
+import json
 import os
 import zlib
 from pathlib import Path
@@ -65,6 +66,39 @@ def test_jsonl_bad_lines_become_rejects(tmp_path):
     assert list(out.rejects.columns) == REJECT_COLUMNS
     assert out.rejects.rule.tolist() == ["read.bad_json", "read.missing_field"]
     assert out.rejects.doc_id.tolist() == ["src/a.jsonl#1", "src/a.jsonl#3"] and (out.rejects.stage == "read").all()
+
+
+@pytest.mark.parametrize("suffix, opener", [(".gz", "gzip"), (".bz2", "bz2"), (".xz", "lzma")])
+def test_compressed_single_files_are_read_as_the_format_before_the_suffix(tmp_path, suffix, opener):
+    import importlib
+
+    module = importlib.import_module(opener)
+    lines = "".join(json.dumps({"text": f"record {i} " + "é" * i}) + "\n" for i in range(50))
+    with module.open(tmp_path / f"a.jsonl{suffix}", "wb") as fh:
+        fh.write(lines.encode())
+    with module.open(tmp_path / f"b.txt{suffix}", "wb") as fh:
+        fh.write("plain text, compressed".encode())
+    out = read_small_source(local(tmp_path, [f"*{suffix}"]), tmp_path)
+    assert out.docs.content.tolist() == [f"record {i} " + "é" * i for i in range(50)] + ["plain text, compressed"]
+    assert out.docs.doc_id.tolist()[0] == f"src/a.jsonl{suffix}#0" and out.docs.doc_id.tolist()[-1] == f"src/b.txt{suffix}"
+    assert out.rejects.empty
+
+
+def test_a_damaged_or_misnamed_compressed_file_is_a_reject_naming_where_it_broke(tmp_path):
+    import gzip
+
+    data = gzip.compress("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(2000)).encode())
+    (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "fake.txt.gz").write_bytes(b"not gzip at all")
+    (tmp_path / "unnamed.jsonl").write_bytes(gzip.compress(b'{"text": "hidden"}\n'))
+    out = read_small_source(local(tmp_path, ["*.gz", "*.jsonl"]), tmp_path)
+    rows = dict(zip(out.rejects.rule + ":" + out.rejects.doc_id.str.split("#").str[0], out.rejects.detail))
+    cut = rows["read.bad_compression:src/cut.jsonl.gz"]
+    assert "cannot decompress after line" in cut and "the lines before it were read" in cut
+    n_read = int(cut.split("after line ")[1].split(" ")[0])
+    assert 0 < n_read < 2000 and (out.docs.doc_id.str.startswith("src/cut.jsonl.gz#")).sum() == n_read
+    assert "cannot decompress" in rows["read.bad_compression:src/fake.txt.gz"]
+    assert "starts like gzip data: name it .gz" in rows["read.undecodable:src/unnamed.jsonl"]
 
 
 def test_jsonl_records_split_at_newline_only_keep_raw_line_separators_inside_strings(tmp_path):
