@@ -33,7 +33,9 @@ def summary(ctx: SummaryContext) -> list[Any]:
                    f"{t['tau']:.2f} ({flips}; {len(t['flipped_pairs'])} pair(s) swap order)")
     run = json.loads((ctx.path / "meta.json").read_text()).get("summary", {})
     if "proxies_reused" in run:
-        out.append(f"  proxies trained {run['proxies_trained']}, reused from cache {run['proxies_reused']}")
+        # meta.json is the artifact's: a run that reuses the artifact shows how it was built, and says so.
+        out.append(f"  when this artifact was built: proxies trained {run['proxies_trained']}, reused from cache "
+                   f"{run['proxies_reused']}")
     return out
 
 

@@ -177,3 +177,16 @@ def test_selection_rejects_inconsistent_trials():
         select_mixture(trials, _cfg(), natural="natural")
     with pytest.raises(DataError, match="lack column"):
         select_mixture(trials.drop(columns="heldout_tokens"), _cfg(), natural="natural")
+
+
+def test_summary_says_the_proxy_counts_are_the_artifacts_build_not_this_run(tmp_path):
+    import json
+
+    from infra.runs import RunsLayout
+    from infra.stage import SummaryContext
+    from tasks.mixture.views import summary
+
+    (tmp_path / "choice.json").write_text(json.dumps({"name": "natural", "weights": {"a": 1.0}, "rule": "lowest"}))
+    (tmp_path / "meta.json").write_text(json.dumps({"summary": {"proxies_trained": 3, "proxies_reused": 0}}))
+    lines = summary(SummaryContext(path=tmp_path, paths={}, layout=RunsLayout(tmp_path)))
+    assert lines[-1] == "  when this artifact was built: proxies trained 3, reused from cache 0"
