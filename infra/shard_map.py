@@ -79,27 +79,37 @@ class RecyclingPool:
     A long-lived worker's memory creeps with the shards it has run (allocator fragmentation, library caches); a
     fresh process starts from the forkserver's preloaded image. The replaced pool finishes the calls it was given and
     its processes then exit. ``ProcessPoolExecutor(max_tasks_per_child=...)`` would do the same per process but can
-    hang the pool on Python 3.11. Safe to submit from several threads.
+    hang the pool on Python 3.11. At most ``workers`` calls are in flight across the pools: :meth:`submit` blocks
+    until one finishes, so a replaced pool's calls never run beside a full new pool. Safe to submit from several
+    threads.
     """
 
     def __init__(self, workers: int, fn: Callable[..., Any], recycle_after: int = 0):
         self.workers, self.fn, self.recycle_after = workers, fn, recycle_after
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(workers)
         self._pool = process_pool(workers, fn)
         self._retired: list[ProcessPoolExecutor] = []
         self._submitted = 0
         self.pools_started = 1
 
     def submit(self, f: Callable[..., Any], /, **kwargs: Any) -> Future:
-        with self._lock:
-            if self.recycle_after and self._submitted >= self.recycle_after * self.workers:
-                self._pool.shutdown(wait=False)  # its queued calls still run; then its processes exit
-                self._retired.append(self._pool)
-                self._pool = process_pool(self.workers, self.fn)
-                self._submitted = 0
-                self.pools_started += 1
-            self._submitted += 1
-            return self._pool.submit(f, **kwargs)
+        self._slots.acquire()
+        try:
+            with self._lock:
+                if self.recycle_after and self._submitted >= self.recycle_after * self.workers:
+                    self._pool.shutdown(wait=False)  # its running calls finish; then its processes exit
+                    self._retired.append(self._pool)
+                    self._pool = process_pool(self.workers, self.fn)
+                    self._submitted = 0
+                    self.pools_started += 1
+                self._submitted += 1
+                future = self._pool.submit(f, **kwargs)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _: self._slots.release())
+        return future
 
     def shutdown(self, wait: bool = True) -> None:
         with self._lock:

@@ -97,3 +97,23 @@ def test_process_map_replaces_its_workers_after_recycle_after_calls_each():
     assert os.getpid() not in recycled
     assert max(recycled.values()) <= 4  # a pool takes 2 × 2 calls, however its two processes share them
     assert len(recycled) >= 3  # three pools at least
+
+
+def span(i: int) -> tuple[float, float]:
+    import time
+
+    start = time.time()
+    time.sleep(0.3)  # long enough that a second pool's processes would overlap
+    return start, time.time()
+
+
+def test_a_recycling_pool_never_runs_more_than_workers_calls_at_once():
+    from infra.shard_map import process_map
+
+    spans = process_map(2, recycle_after=1)(span, [{"i": i} for i in range(12)], "span")
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
+    running, most = 0, 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    assert most <= 2
