@@ -11,7 +11,10 @@ Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
 - ``domain_loss_reduction_nats`` = base − candidate domain held-out loss (paired bootstrap over windows);
 - ``general_loss_rise_nats``     = candidate − base general held-out loss (paired bootstrap over windows);
 - ``cloze_accuracy``             = candidate cloze accuracy (Wilson interval, ``scipy.stats.binomtest``);
-- ``cloze_accuracy_delta``       = candidate − base accuracy (paired bootstrap over items, exact McNemar p).
+- ``cloze_accuracy_delta``       = candidate − base accuracy (paired bootstrap over items, exact McNemar p);
+- ``harness_accuracy``, ``harness_accuracy_delta``: the same two on the documents of an lm-evaluation-harness task
+  (``task``), each document correct when it scores 1 on the per-item metric ``task_metric`` of the harness's logged
+  samples (``evals.harness.per_item_correct``); paired by document as cloze criteria are by item.
 
 Lab-5 toy gate (docs/methods.md §11)::
 
@@ -30,24 +33,29 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 from scipy import stats
 
 from evals.stats import BootstrapCI, binomial_se, items_needed, mcnemar_exact, paired_bootstrap_ci
 from infra.errors import DataError
 from infra.section import Section
 
-Metric = Literal["domain_loss_reduction_nats", "general_loss_rise_nats", "cloze_accuracy", "cloze_accuracy_delta"]
+Metric = Literal["domain_loss_reduction_nats", "general_loss_rise_nats", "cloze_accuracy", "cloze_accuracy_delta",
+                 "harness_accuracy", "harness_accuracy_delta"]
 METRICS: tuple[str, ...] = ("domain_loss_reduction_nats", "general_loss_rise_nats", "cloze_accuracy",
                             "cloze_accuracy_delta")
 CLOZE_METRICS = frozenset({"cloze_accuracy", "cloze_accuracy_delta"})
+HARNESS_METRICS = frozenset({"harness_accuracy", "harness_accuracy_delta"})
+ITEM_METRICS = CLOZE_METRICS | HARNESS_METRICS  # judged on paired items (min_items applies)
+ACCURACY_METRICS = frozenset({"cloze_accuracy", "harness_accuracy"})
 
 
 class GateCriterion(Section):
     """One predeclared condition ``metric op threshold`` judged at ``confidence``.
 
     ``threshold`` is in the metric's unit (nats per token, or an accuracy fraction: -0.01 = one point).
-    ``min_items``: for cloze metrics, fewer items than this makes the criterion inconclusive.
+    ``min_items``: for cloze and harness metrics, fewer items than this makes the criterion inconclusive.
+    ``task``, ``task_metric``: for harness metrics only, the lm-evaluation-harness task and its per-item 0/1 metric.
     """
 
     name: str
@@ -56,6 +64,8 @@ class GateCriterion(Section):
     threshold: float
     confidence: float = 0.95
     min_items: int = 0
+    task: str = ""
+    task_metric: str = "acc"
 
     @field_validator("confidence")
     @classmethod
@@ -77,6 +87,25 @@ class GateCriterion(Section):
         if not math.isfinite(v):
             raise ValueError(f"threshold must be finite, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _task_with_harness_metrics(self) -> "GateCriterion":
+        if self.metric in HARNESS_METRICS and not (self.task.strip() and self.task_metric.strip()):
+            raise ValueError(f"metric {self.metric} needs task (an lm-evaluation-harness task name) and task_metric")
+        if self.metric not in HARNESS_METRICS and (self.task or self.task_metric != "acc"):
+            raise ValueError(f"task and task_metric apply to harness metrics only, not to {self.metric}")
+        return self
+
+    @property
+    def column(self) -> str:
+        """The decision table's column of this criterion's metric: the metric, or for a harness metric
+        ``<metric>.<task>.<task_metric>``."""
+        return f"{self.metric}.{self.harness_key}" if self.metric in HARNESS_METRICS else self.metric
+
+    @property
+    def harness_key(self) -> str:
+        """``<task>.<task_metric>``: the key of ``CandidateEval.harness_correct`` this criterion reads."""
+        return f"{self.task}.{self.task_metric}"
 
 
 class GateConfig(Section):
@@ -118,7 +147,10 @@ def gate_hash(cfg: GateConfig) -> str:
     threshold, op, metric, confidence, min_items, rule, select or item file changes it.
     """
     data = cfg.model_dump(mode="json")
-    data["criteria"] = sorted(data["criteria"], key=lambda c: c["name"])
+    # The harness fields enter only criteria that use them, so gates declared before they existed keep their hash.
+    criteria = [{k: v for k, v in c.items() if c["metric"] in HARNESS_METRICS or k not in ("task", "task_metric")}
+                for c in data["criteria"]]
+    data["criteria"] = sorted(criteria, key=lambda c: c["name"])
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -138,6 +170,8 @@ class CandidateEval:
 
     ``cloze_correct``: bool (M,) per cloze item, same items in the same order for every model; ``params``:
     what distinguishes the run (e.g. ``{"replay_fraction": 0.3, "peak_lr": 3e-4}``), copied into the table.
+    ``harness_correct``: ``<task>.<task_metric>`` → bool (M_t,) per document of that harness task, in document
+    order, the same documents for every model.
     """
 
     name: str
@@ -145,6 +179,7 @@ class CandidateEval:
     domain: HeldoutArrays
     cloze_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     params: dict = field(default_factory=dict)
+    harness_correct: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,9 +197,9 @@ class GateDecision:
         for _, row in self.table.iterrows():
             parts = []
             for c in self.criteria:
-                value = row[c.metric]
-                parts.append(f"{c.name} {value:+.3f} [{row[c.metric + '_ci_low']:+.3f}, "
-                             f"{row[c.metric + '_ci_high']:+.3f}] {c.op} {c.threshold:g}: {row['status_' + c.name]}")
+                value = row[c.column]
+                parts.append(f"{c.name} {value:+.3f} [{row[c.column + '_ci_low']:+.3f}, "
+                             f"{row[c.column + '_ci_high']:+.3f}] {c.op} {c.threshold:g}: {row['status_' + c.name]}")
             lines.append(f"  {row['candidate']}: {row['decision']}  (" + "; ".join(parts) + ")")
         lines.append(f"kept: {self.kept}")
         return "\n".join(lines)
@@ -203,7 +238,21 @@ def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float, seed: in
     return _Interval(ci.delta, ci.low, ci.high, int(base.size))
 
 
-def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence: float, seed: int) -> _Interval:
+def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence: float, seed: int,
+              harness_key: str = "") -> _Interval:
+    if metric in HARNESS_METRICS:
+        found = [m.harness_correct.get(harness_key) for m in (base, cand)]
+        if any(f is None for f in found):
+            missing = [m.name for m, f in zip((base, cand), found) if f is None]
+            raise DataError(f"{', '.join(missing)}: no harness results for {harness_key}; score the base and every "
+                            "candidate on that task with log_samples")
+        base_h, cand_h = (np.asarray(f, bool) for f in found)
+        if cand_h.size == 0 or base_h.shape != cand_h.shape:
+            raise DataError(f"{cand.name}: {harness_key} has {cand_h.size} documents vs the base's {base_h.size}; "
+                            "score base and candidates on the same non-empty documents (same limit)")
+        if metric == "harness_accuracy":
+            return _cloze_accuracy(cand_h, confidence)
+        return _cloze_delta(base_h, cand_h, confidence, seed)
     if metric == "domain_loss_reduction_nats":
         return _paired_loss(base.domain, cand.domain, rise=False, confidence=confidence, seed=seed,
                             what=f"{cand.name} domain")
@@ -223,7 +272,7 @@ def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence:
 
 def _status(c: GateCriterion, iv: _Interval) -> str:
     """pass / fail when the whole CI is on one side of the threshold; inconclusive when it straddles it."""
-    if c.metric in CLOZE_METRICS and iv.n < c.min_items:
+    if c.metric in ITEM_METRICS and iv.n < c.min_items:
         return "inconclusive"
     good_low, good_high = (iv.low, iv.high) if c.op == ">=" else (-iv.high, -iv.low)
     t = c.threshold if c.op == ">=" else -c.threshold
@@ -243,24 +292,24 @@ def _units_needed(c: GateCriterion, iv: _Interval) -> float:
     gap = abs(iv.point - c.threshold)
     if gap == 0:
         return math.inf
-    if c.metric == "cloze_accuracy":
+    if c.metric in ACCURACY_METRICS:
         needed = items_needed(iv.point, gap, c.confidence)
     else:
         half_width = (iv.high - iv.low) / 2.0
         needed = math.ceil(iv.n * (half_width / gap) ** 2)
     needed = max(needed, iv.n + 1)
-    if c.metric in CLOZE_METRICS:
+    if c.metric in ITEM_METRICS:
         needed = max(needed, c.min_items)
     return float(needed)
 
 
 def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, seed: int) -> dict:
-    cache: dict[tuple[str, float], _Interval] = {}
+    cache: dict[tuple[str, str, float], _Interval] = {}
 
-    def interval(metric: str, confidence: float) -> _Interval:
-        if (metric, confidence) not in cache:
-            cache[metric, confidence] = _interval(metric, base, cand, confidence, seed)
-        return cache[metric, confidence]
+    def interval(metric: str, confidence: float, harness_key: str = "") -> _Interval:
+        if (metric, harness_key, confidence) not in cache:
+            cache[metric, harness_key, confidence] = _interval(metric, base, cand, confidence, seed, harness_key)
+        return cache[metric, harness_key, confidence]
 
     row: dict = {"candidate": cand.name, **{f"param_{k}": v for k, v in cand.params.items()}}
     has_cloze = np.asarray(cand.cloze_correct).size > 0
@@ -276,7 +325,14 @@ def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, se
         row["cloze_accuracy_se_pts"] = 100.0 * binomial_se(float(cand_c.mean()), int(cand_c.size))
         row["cloze_accuracy_delta_mcnemar_p"] = mcnemar_exact(base_c, cand_c).p_value
     for c in cfg.criteria:
-        iv = interval(c.metric, c.confidence)
+        if c.metric in HARNESS_METRICS:
+            iv = interval(c.metric, c.confidence, c.harness_key)
+            row.update({c.column: iv.point, f"{c.column}_ci_low": iv.low, f"{c.column}_ci_high": iv.high})
+            if c.metric == "harness_accuracy_delta":
+                pair = (np.asarray(m.harness_correct[c.harness_key], bool) for m in (base, cand))
+                row[f"{c.column}_mcnemar_p"] = mcnemar_exact(*pair).p_value
+    for c in cfg.criteria:
+        iv = interval(c.metric, c.confidence, c.harness_key if c.metric in HARNESS_METRICS else "")
         status = _status(c, iv)
         row[f"status_{c.name}"] = status
         row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "inconclusive" else math.nan
@@ -293,15 +349,16 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
     ``<metric>``, ``<metric>_ci_low``, ``<metric>_ci_high`` (losses in nats/token, accuracies as fractions;
     interval at the confidence of the first criterion on that metric, else 0.95; NaN when no cloze results);
     ``cloze_accuracy_se_pts`` (binomial SE of the candidate's accuracy, points) and
-    ``cloze_accuracy_delta_mcnemar_p`` (exact McNemar vs base); per criterion ``status_<name>``
+    ``cloze_accuracy_delta_mcnemar_p`` (exact McNemar vs base); per harness criterion ``<metric>.<task>.<task_metric>``
+    with ``_ci_low``/``_ci_high`` at its confidence (and ``_mcnemar_p`` for a delta); per criterion ``status_<name>``
     (pass/fail/inconclusive) and ``needed_<name>`` (for inconclusive ones: estimated windows or items to
     resolve it, NaN otherwise); ``decision`` (pass only if every criterion passes; fail if any fails; else
     inconclusive) and ``kept`` (bool).
 
     ``kept`` is the passing candidate with the largest domain-loss reduction (``select=
     "max_domain_loss_reduction"``) or the smallest general-loss rise (``"min_general_loss_rise"``); "base"
-    when none passes. Raises DataError for no candidates, duplicate names or a candidate named "base", and
-    for windows or items that differ from the base's.
+    when none passes. Raises DataError for no candidates, duplicate names or a candidate named "base", for
+    windows or items that differ from the base's, and for a harness criterion whose task results a model lacks.
     """
     names = [c.name for c in candidates]
     if not names or len(set(names)) != len(names) or "base" in names:

@@ -10,6 +10,9 @@
     pretrain status configs/demo.toml --explain        # each stage's key, cached or not, and why not
     pretrain gc --dry-run                              # artifacts no MLflow run or registered version refers to
     pretrain eval runs/artifacts/main/<key>/checkpoint # held-out loss per source and cloze, no training
+    pretrain eval CHECKPOINT --harness TASKS           # lm-evaluation-harness tasks (names or local YAML)
+    pretrain export CHECKPOINT OUT                     # a verified Hugging Face folder (transformers loads it)
+    pretrain generate CHECKPOINT --prompt TEXT         # sample from a checkpoint, streamed (KV cache)
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
     pretrain stability configs/demo.toml               # stability grid: LR × interventions, attention-logit growth
@@ -404,16 +407,36 @@ def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
         console.print(f"[yellow]missing stages:[/] {', '.join(built.missing)} (reported what exists)")
 
 
+# `pretrain eval CHECKPOINT --harness TASKS` (flows/harness.py): options of the eval command.
+HarnessTasks = typer.Option(None, "--harness", help="comma list of lm-evaluation-harness task names or task YAML paths "
+                            "(e.g. pretrain_cloze_general,arc_easy)")
+HarnessTokenizer = typer.Option(None, "--tokenizer", help="with --harness: tokenizer folder (default: the one the "
+                                "checkpoint was trained with)")
+HarnessLimit = typer.Option(None, "--limit", help="with --harness: the first N documents of each task")
+HarnessFewshot = typer.Option(None, "--num-fewshot", help="with --harness: K examples in each prompt (default: the "
+                              "task's)")
+HarnessOut = typer.Option(None, "--out", help="with --harness: folder for results.json and the per-document samples "
+                          "(default: <runs>/harness/<key>/)")
+
+
 @app.command("eval")
 def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json)"),
-             config: Path = typer.Argument(..., help="experiment TOML: its tokenizer, sources and cloze sets"),
+             config: Optional[Path] = typer.Argument(None, help="experiment TOML: its tokenizer, sources and cloze "
+                                                     "sets (not with --harness)"),
              runs_dir: Optional[str] = RunsDir,
-             as_json: bool = typer.Option(False, "--json", help="print the results as JSON")) -> None:
-    """Score any checkpoint on the experiment's held-out splits and cloze sets, without training.
+             as_json: bool = typer.Option(False, "--json", help="print the results as JSON"),
+             harness: Optional[str] = HarnessTasks, tokenizer: Optional[Path] = HarnessTokenizer,
+             limit: Optional[int] = HarnessLimit, num_fewshot: Optional[int] = HarnessFewshot,
+             out: Optional[Path] = HarnessOut, tracking_uri: Optional[str] = TrackingUri) -> None:
+    """Score any checkpoint on the experiment's held-out splits and cloze sets, without training; with --harness,
+    on lm-evaluation-harness tasks instead (DuckDB harness_results, an MLflow run).
 
     Every cloze item and held-out window is scored; the gate instead leaves out those the CPT stage found in its
     training stream (13-gram overlap), so its figures for the same checkpoint can differ slightly.
     """
+    if harness is not None or config is None:
+        _eval_harness(checkpoint, config, harness, tokenizer, limit, num_fewshot, out, runs_dir, tracking_uri, as_json)
+        return
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)
@@ -431,6 +454,104 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
     console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})", soft_wrap=True)
     console.print(rich_table("Held-out loss per source", result["heldout"]))
     console.print(rich_table("Cloze accuracy (binomial SE in points, docs/methods.md §10)", result["cloze"]))
+
+
+@app.command("export")
+def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json)"),
+              out: Path = typer.Argument(..., help="new folder for the Hugging Face model (must not exist, or be "
+                                                   "empty)"),
+              tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer artifact folder "
+                                                       "(default: the one the checkpoint was trained with)"),
+              runs_dir: Optional[str] = RunsDir) -> None:
+    """Write a checkpoint and its tokenizer as a folder transformers loads, verified against the checkpoint
+    (logits within 1e-4 in fp32, equal greedy continuations, equal token ids); a failed check writes nothing."""
+    try:
+        from flows.export import export
+
+        record = export(checkpoint, out, tokenizer, RunsLayout.resolve(runs_dir))
+    except PretrainError as err:
+        _fail(err)
+    console.print(f"wrote {out} ({record['architecture']}, tokenizer {record['tokenizer_dir']}): max |logit "
+                  f"difference| {record['max_abs_logit_diff']:.2g} (tolerance {record['tolerance']:g}), greedy "
+                  "continuations equal; verification in export.json", soft_wrap=True)
+
+
+def _eval_harness(checkpoint: Path, config: Optional[Path], harness: Optional[str], tokenizer: Optional[Path],
+                  limit: Optional[int], num_fewshot: Optional[int], out: Optional[Path], runs_dir: Optional[str],
+                  tracking_uri: Optional[str], as_json: bool) -> None:
+    """`pretrain eval CHECKPOINT --harness TASKS`: harness tasks (flows/harness.py), results printed and recorded."""
+    _set_tracking(tracking_uri)
+    layout = RunsLayout.resolve(runs_dir)
+    try:
+        from infra.errors import ConfigError
+
+        if harness is None:
+            raise ConfigError("give an experiment CONFIG (held-out loss and cloze) or --harness TASKS")
+        if config is not None:
+            raise ConfigError(f"--harness scores lm-evaluation-harness tasks and takes no CONFIG ({config}); run the "
+                              "two evaluations as two commands")
+        _quiet_libraries()
+        from flows.harness import harness_eval
+
+        result = harness_eval(checkpoint, [t.strip() for t in harness.split(",")], layout, tokenizer=tokenizer,
+                              limit=limit, num_fewshot=num_fewshot, out=out)
+    except PretrainError as err:
+        _fail(err)
+    if as_json:
+        print(json.dumps({"results": result["results"].to_dict("records"), "out": str(result["out"]),
+                          "mlflow_run_id": result["mlflow_run_id"], "tokenizer": str(result["tokenizer"])},
+                         indent=2, default=str))
+        return
+    from infra.report_blocks import rich_table
+
+    console.print(f"checkpoint {checkpoint} (tokenizer {result['tokenizer']})", soft_wrap=True)
+    console.print(rich_table("Harness results (DuckDB harness_results)", result["results"]))
+    console.print(f"samples and results.json in {result['out']}; MLflow run {result['mlflow_run_id']} in experiment "
+                  f"'{result['experiment']}'", soft_wrap=True)
+
+
+@app.command()
+def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json) or "
+                                               "a stage artifact folder holding checkpoint/"),
+             prompt: list[str] = typer.Option([], "--prompt", help="text to continue (repeatable)"),
+             prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 file, one prompt a line"),
+             max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="most tokens generated per prompt"),
+             temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples from softmax(z/τ)"),
+             top_p: float = typer.Option(1.0, "--top-p", help="nucleus: smallest set of mass ≥ p (1 = off)"),
+             top_k: int = typer.Option(0, "--top-k", help="sample among the k most probable tokens (0 = off)"),
+             seed: int = typer.Option(0, "--seed", help="seed of the sampling generator"),
+             tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer folder or tokenizer.json "
+                                                      "(default: the one the checkpoint was trained with)"),
+             runs_dir: Optional[str] = RunsDir) -> None:
+    """Continue prompts with a checkpoint, streaming the text as it is generated (KV cache; greedy by default).
+
+    A context longer than the model's seq_len is cropped from the left. Each continuation stops at EOS or after
+    --max-new-tokens; the prompt and its continuation go to stdout, the token count and stop reason to stderr.
+    """
+    err = Console(stderr=True, width=console.width)
+    try:
+        from flows.generate import load_generator, read_prompts
+        from models.generate import Sampling
+
+        prompts = read_prompts(prompt, prompts_file)
+        sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                            seed=seed)
+        loaded = load_generator(checkpoint, tokenizer=tokenizer, runs_dir=runs_dir)
+        err.print(escape(f"checkpoint {loaded.checkpoint}, tokenizer {loaded.tokenizer_path}, {sampling.describe()}"),
+                  soft_wrap=True)
+        for i, text in enumerate(prompts):
+            if i:
+                sys.stdout.write("\n")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            done = loaded.complete(text, sampling, on_text=lambda chunk: (sys.stdout.write(chunk), sys.stdout.flush()))
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            reason = "EOS" if done.stop_reason == "eos" else "max_new_tokens"
+            cropped = f", prompt cropped by {done.cropped} tokens on the left" if done.cropped else ""
+            err.print(f"[dim]({len(done.tokens)} new tokens, stopped at {reason}{cropped})[/]", soft_wrap=True)
+    except PretrainError as error:
+        _fail(error)
 
 
 if __name__ == "__main__":

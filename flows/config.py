@@ -24,6 +24,7 @@ from tasks.stability.experiment import StabilityExperimentConfig
 from tasks.sweep.config import SweepConfig
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.train.packing import PackingConfig
+from tasks.train.samples import SampleConfig
 from tasks.train.sections import CptConfig, MainConfig, ProxyConfig
 
 
@@ -46,6 +47,7 @@ class ExperimentConfig(Section):
     cpt: CptConfig
     gate: GateConfig
     stability: StabilityExperimentConfig = StabilityExperimentConfig()
+    samples: SampleConfig = SampleConfig()
 
     @field_validator("sources", mode="before")
     @classmethod
@@ -82,8 +84,16 @@ class ExperimentConfig(Section):
                              "general text; the domain sources are the CPT stream itself)")
         if self.cpt.base_checkpoint and not Path(self.cpt.base_checkpoint).is_dir():
             raise ValueError(f"cpt.base_checkpoint: {self.cpt.base_checkpoint} is not a directory (give a checkpoint "
-                             "folder with model.safetensors and state.json; relative paths are read from the working "
-                             "directory)")
+                             "folder with model.safetensors and state.json, or a Hugging Face model folder with "
+                             "config.json and safetensors; relative paths are read from the working directory)")
+        if self.cpt.base_checkpoint:
+            from tasks.cpt.hf_base import check_hf_base, is_hf_folder
+
+            if is_hf_folder(self.cpt.base_checkpoint):
+                try:
+                    check_hf_base(self.cpt.base_checkpoint, self.tokenizer.pretrained)
+                except ConfigError as err:
+                    raise ValueError(f"cpt.base_checkpoint: {err}") from None
         dist = self.main.distributed
         if dist.launch == "accelerate":
             from tasks.main.launch import resolve_launch_config

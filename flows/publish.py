@@ -79,6 +79,8 @@ def _write(out: Published, artifact: Artifact, target: PublishTarget, run_id: st
         path = artifact.path / name
         if path.exists():
             tracker.log_artifact(run_id, path, None if path.is_file() else name)
+    for name, frame in ({} if cached else out.mlflow_tables).items():
+        tracker.log_table(run_id, frame, name)
     for reg in out.registrations:
         if reg.alias is None:
             tracker.register_version(reg.model, source=reg.source, run_id=run_id, identity=reg.identity,

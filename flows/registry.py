@@ -1,4 +1,5 @@
-"""The pipeline's stages in order, one line each: data flows one way, sources → … → gate (docs/methods.md §13).
+"""The pipeline's stages in order, one line each: data flows one way, sources → … → gate → export
+(docs/methods.md §13).
 
 A new stage is a package under ``tasks/`` exporting a ``STAGE`` (``infra.stage.Stage``) plus one line here.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from infra.stage import Stage
 from tasks.corpus.definition import STAGE as corpus
 from tasks.cpt.definition import STAGE as cpt
+from tasks.export.definition import STAGE as export
 from tasks.gate.definition import STAGE as gate
 from tasks.main.definition import STAGE as main
 from tasks.mixture.definition import STAGE as mixture
@@ -24,6 +26,7 @@ STAGES: list[Stage] = [
     main,
     cpt,
     gate,
+    export,
 ]
 
 

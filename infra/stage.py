@@ -131,6 +131,8 @@ class Published:
         params, tags: of the stage run.
         parent_tags, parent_metrics: of the pipeline's parent run (headline figures).
         files: artifact file names logged by the run that produced the artifact (not by cached runs).
+        mlflow_tables: MLflow tables (``MlflowClient.log_table``) by artifact file name (``.json``), logged like
+            ``files``.
         datasets: MLflow dataset inputs.
         registrations: model versions to register.
     """
@@ -144,6 +146,7 @@ class Published:
     parent_tags: dict[str, Any] = field(default_factory=dict)
     parent_metrics: dict[str, float] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    mlflow_tables: dict[str, Any] = field(default_factory=dict)
     datasets: list[Dataset] = field(default_factory=list)
     registrations: list[Registration] = field(default_factory=list)
 

@@ -100,6 +100,11 @@ class Tracker:
         else:
             self.client.log_artifact(run_id, str(path), artifact_path)
 
+    def log_table(self, run_id: str, frame: Any, artifact_file: str) -> None:
+        """A table (pandas DataFrame) as the run's JSON artifact ``artifact_file``, which the MLflow UI shows as a
+        table (``MlflowClient.log_table``: a file logged twice is appended to)."""
+        self.client.log_table(run_id, data=frame, artifact_file=artifact_file)
+
     def log_dataset(self, run_id: str, name: str, digest: str, source: Path, context: str, profile: dict) -> None:
         """Record a dataset input (name, digest = artifact key, local source path, row counts as profile)."""
         dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": str(source)}),

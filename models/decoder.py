@@ -2,6 +2,10 @@
 
 Shape legend: B batch, T sequence length, d model width, V vocabulary, n_h query heads, n_kv key/value
 heads, d_h head width, d_ff FFN hidden width.
+
+Incremental decoding: ``Decoder.forward(idx, cache=KVCache(...))`` keeps each layer's rotated keys and values, so
+a prompt is prefilled once and every later call feeds only the new tokens, at positions offset by what the cache
+already holds (``models/generate.py`` drives it). Without a cache, forward is the training path.
 """
 
 from __future__ import annotations
@@ -56,6 +60,66 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
+class LayerKV:
+    """One attention layer's cached keys and values: buffers (B, n_kv, T_max, d_h), filled up to ``length``.
+
+    The buffers are allocated at the first ``append``, with the dtype and device of the keys written then (the
+    autocast dtype under autocast).
+    """
+
+    def __init__(self, max_len: int):
+        self.max_len, self.length = max_len, 0
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, n_kv, T, d_h) at positions length..length+T-1; return every cached position's keys and
+        values, each (B, n_kv, length + T, d_h).
+
+        Raises:
+            DataError: the cache would hold more than ``max_len`` positions, or the batch size changed.
+        """
+        B, n_kv, T, d_h = k.shape
+        if self.length + T > self.max_len:
+            raise DataError(f"KV cache holds {self.length} positions; {T} more exceed its {self.max_len}")
+        if self.k is None:
+            self.k = k.new_zeros(B, n_kv, self.max_len, d_h)
+            self.v = v.new_zeros(B, n_kv, self.max_len, d_h)
+        elif self.k.shape[0] != B:
+            raise DataError(f"KV cache was filled for batch size {self.k.shape[0]}, not {B}")
+        end = self.length + T
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class KVCache:
+    """Per-layer key/value cache of one batch of sequences for incremental decoding (no document mask).
+
+    ``length`` positions are cached (0 before the prefill); the next ``Decoder.forward`` call places its tokens at
+    positions length, length + 1, ... in the RoPE tables. ``max_len`` defaults to cfg.seq_len, the positions the
+    RoPE tables cover; a context longer than that must be cropped by the caller.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_len: int | None = None):
+        self.max_len = cfg.seq_len if max_len is None else max_len
+        if not 1 <= self.max_len <= cfg.seq_len:
+            raise DataError(f"KV cache of {self.max_len} positions: must be 1..model.seq_len = {cfg.seq_len}")
+        self.layers = [LayerKV(self.max_len) for _ in range(cfg.n_layers)]
+
+    @property
+    def length(self) -> int:
+        """Positions cached so far (the same in every layer)."""
+        return self.layers[0].length
+
+
+def _offset_causal_mask(T: int, start: int, device: torch.device) -> torch.Tensor:
+    """bool (T, start + T): query t (at position start + t) may attend key s iff s ≤ start + t."""
+    keys = torch.arange(start + T, device=device)
+    return keys[None, :] <= (start + torch.arange(T, device=device))[:, None]
+
+
 class Attention(nn.Module):
     """Causal grouped-query attention; parameters 2·d² + 2·d·n_kv·d_h (docs/methods.md §2), plus 2·d_h with QK-norm."""
 
@@ -73,8 +137,13 @@ class Attention(nn.Module):
         self.probe_logits, self.max_logit = False, 0.0
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, d), cos/sin (T, d_h), mask None (causal) or bool (B, 1, T, T), True = may attend → (B, T, d)."""
+                mask: torch.Tensor | None = None, cache: LayerKV | None = None) -> torch.Tensor:
+        """x (B, T, d), cos/sin (T, d_h), mask None (causal) or bool (B, 1, T, T), True = may attend → (B, T, d).
+
+        With ``cache`` (no mask), x holds the tokens at positions cache.length..cache.length+T-1 (cos/sin are those
+        positions' rows); their keys and values are appended and the queries attend every cached position up to
+        their own.
+        """
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_h, d_h)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv, d_h)
@@ -83,6 +152,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, n, T, d_h)
+        if cache is not None:
+            return self._cached(q, k, v, cache)
         if self.probe_logits:
             self._record_max_logit(q, k, mask)
         gqa = self.n_kv_heads != self.n_heads
@@ -91,6 +162,21 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, n_h·d_h) → (B, T, d)
+
+    def _cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV) -> torch.Tensor:
+        """Attention of q (B, n_h, T, d_h) over the cache after appending k, v (B, n_kv, T, d_h) → (B, T, d)."""
+        B, _, T, _ = q.shape
+        start = cache.length
+        k, v = cache.append(k, v)  # (B, n_kv, start + T, d_h)
+        gqa = self.n_kv_heads != self.n_heads
+        if start == 0:  # prefill: plain causal
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif T == 1:  # one new token attends every cached position
+            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        else:  # several new tokens after a prefix: causal with the diagonal shifted by ``start``
+            mask = _offset_causal_mask(T, start, q.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
     @torch.no_grad()
@@ -129,19 +215,21 @@ class Block(nn.Module):
         self.recompute = False  # activation checkpointing, set through Decoder.activation_checkpointing
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, d) → (B, T, d); ``mask`` as in :meth:`Attention.forward`.
+                mask: torch.Tensor | None = None, cache: LayerKV | None = None) -> torch.Tensor:
+        """(B, T, d) → (B, T, d); ``mask`` and ``cache`` as in :meth:`Attention.forward`.
 
         With ``recompute`` (training only) the block keeps just its input and recomputes the rest in backward.
         The checkpoint sits inside the block so that, under FSDP, the unit's parameter gathering wraps it.
         """
+        if cache is not None:
+            return self._forward(x, cos, sin, None, cache)
         if self.recompute and self.training and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False)
         return self._forward(x, cos, sin, mask)
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
+                 mask: torch.Tensor | None, cache: LayerKV | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -188,16 +276,23 @@ class Decoder(nn.Module):
             else:
                 p.normal_(0.0, self.cfg.init_std)
 
-    def forward(self, idx: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, doc_ids: torch.Tensor | None = None, *,
+                cache: KVCache | None = None) -> torch.Tensor:
         """idx LongTensor (B, T) with T ≤ cfg.seq_len → logits (B, T, V) (autocast dtype under autocast).
 
         ``doc_ids`` (B, T), the document each position belongs to, turns on a block-diagonal causal mask: a
         position attends only to earlier positions of its own document (docs/methods.md §8 packing). None: plain causal.
 
+        ``cache``: incremental decoding; idx holds the tokens at positions cache.length..cache.length+T-1 (the
+        whole prompt on the first call, then the new tokens), their keys and values are appended to the cache,
+        and the logits equal those of the same positions in one uncached forward over the whole sequence.
+
         Raises:
             DataError: T exceeds cfg.seq_len (RoPE tables are built for seq_len positions), or doc_ids' shape
-                differs from idx's.
+                differs from idx's; with a cache: doc_ids given, or cache.length + T beyond the cache's positions.
         """
+        if cache is not None:
+            return self._forward_cached(idx, doc_ids, cache)
         T = idx.shape[1]
         if T > self.cfg.seq_len:
             raise DataError(f"input length T = {T} exceeds model.seq_len = {self.cfg.seq_len}; crop the batch")
@@ -210,6 +305,22 @@ class Decoder(nn.Module):
         x = self.tok_embeddings(idx)  # (B, T, d)
         for block in self.blocks:
             x = block(x, cos, sin, mask)
+        x = self.norm(x)
+        head = self.tok_embeddings.weight if self.lm_head is None else self.lm_head.weight  # (V, d)
+        return F.linear(x, head)  # (B, T, V)
+
+    def _forward_cached(self, idx: torch.Tensor, doc_ids: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
+        """``forward`` with a KV cache: idx (B, T) at positions cache.length.. → logits (B, T, V)."""
+        if doc_ids is not None:
+            raise DataError("doc_ids with a KV cache: incremental decoding continues one document; drop doc_ids")
+        start, T = cache.length, idx.shape[1]
+        if start + T > cache.max_len:
+            raise DataError(f"KV cache holds {start} positions; {T} more exceed its {cache.max_len} "
+                            f"(model.seq_len = {self.cfg.seq_len}): crop the context from the left")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]  # (T, d_h)
+        x = self.tok_embeddings(idx)  # (B, T, d)
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block(x, cos, sin, None, layer)
         x = self.norm(x)
         head = self.tok_embeddings.weight if self.lm_head is None else self.lm_head.weight  # (V, d)
         return F.linear(x, head)  # (B, T, V)

@@ -19,7 +19,7 @@ def run_cpt(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     from tasks.cpt.stage import run
 
     return run(ctx, cfg.cpt, general=cfg.general_sources, cloze_items=load_cloze_sets(cloze_files(cfg.gate.cloze_paths)),
-               packing=cfg.packing)
+               packing=cfg.packing, samples=cfg.samples)
 
 
 STAGE = Stage(name="cpt", inputs=("tokenizer", "mixture", "main"), code="tasks.cpt", run=run_cpt,

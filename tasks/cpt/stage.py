@@ -1,4 +1,5 @@
-"""CPT stage: continued pretraining of the main checkpoint on the domain source with replay.
+"""CPT stage: continued pretraining of the main checkpoint (or of ``[cpt] base_checkpoint``: a checkpoint of this
+platform or a Hugging Face model folder) on the domain source with replay.
 
 A grid of replay fraction × peak LR; each candidate starts from the same base weights with a fresh AdamW
 state and a short warmup (docs/methods.md §11). The replay stream is the base run's mixture (same general sources and
@@ -10,7 +11,8 @@ against the CPT training stream (``tasks/cpt/eval_overlap.py``).
 
 Outputs: ``candidates/<name>/`` checkpoints, ``decontamination.parquet`` (evaluation windows/items left out), ``evals/<name>.npz`` (per-window general/domain nats and
 tokens, cloze correctness — the paired units the gate compares), ``heldout.parquet``, ``cloze.parquet``,
-``candidates.json``.
+``candidates.json``, and with ``[samples]`` prompts ``samples.parquet`` (each candidate's continuations of them at its
+evaluation points, ``tasks.train.samples``).
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from evals.cloze import ClozeItem, score_cloze
 from evals.heldout import bits_per_byte, heldout_windows, keep_windows
 from infra.errors import CheckpointError
 from infra.stage import StageContext
+from models.decoder import Decoder
 from tasks.cpt.eval_overlap import cloze_hits, hits_frame, training_ngrams, window_hits
+from tasks.cpt.hf_base import is_hf_folder, load_hf_base
 from tasks.readers import load_choice
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.checkpoint import Checkpointer, load_model, verify_checkpoint
 from tasks.train.runner import (MetricsToTracker, PeriodicEval, SourceEval, evals_frame, evaluate_sources,
                                 make_sampler, run_training, seed_everything, StepProgress)
 from tasks.train.sections import CptConfig
+from tasks.train.samples import PeriodicSamples, SampleConfig, samples_frame
 from tasks.train.packing import PackingConfig
 
 
@@ -45,14 +50,17 @@ def replay_weights(domain: list[str], general_weights: dict[str, float], replay_
 
 
 def base_checkpoint(ctx: StageContext, cfg: CptConfig, corpus: TokenizedCorpus) -> Path:
-    """The checkpoint CPT starts from: ``cfg.base_checkpoint`` if given, else the main run's; checked before any
-    training against this experiment's tokenizer.
+    """The checkpoint CPT starts from: ``cfg.base_checkpoint`` if given (a checkpoint of this platform or a Hugging
+    Face model folder, ``tasks.cpt.hf_base``), else the main run's; checked before any training against this
+    experiment's tokenizer.
 
     Raises:
         CheckpointError: missing/corrupt checkpoint, or one trained with another tokenizer or vocabulary (the
             message gives both hashes: a new vocabulary needs an embedding transition, docs/methods.md §11).
     """
     path = Path(cfg.base_checkpoint) if cfg.base_checkpoint else ctx.inputs["main"] / "checkpoint"
+    if is_hf_folder(path):
+        return path  # checked as it is loaded (load_hf_base)
     record = verify_checkpoint(path)
     saved = record.get("extra", {}).get("tokenizer_hash")
     vocab = record.get("model_config", {}).get("vocab_size")
@@ -63,34 +71,50 @@ def base_checkpoint(ctx: StageContext, cfg: CptConfig, corpus: TokenizedCorpus) 
     return path
 
 
+def _load_base(checkpoint: Path, corpus: TokenizedCorpus) -> Decoder:
+    """A fresh copy of the base's weights: the model shape is the base's own (its saved config, or the HF
+    folder's config.json), never the experiment's [main] model.
+
+    Raises:
+        CheckpointError, ConfigError, DataError: as :func:`tasks.cpt.hf_base.load_hf_base` and
+            :func:`tasks.train.checkpoint.load_model`.
+    """
+    return load_hf_base(checkpoint, corpus.meta) if is_hf_folder(checkpoint) else load_model(checkpoint)
+
+
 def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem],
-        packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
-    """Check the base and the evaluation sets, score the base, then train and score every grid candidate."""
+        packing: PackingConfig = PackingConfig(), samples: SampleConfig = SampleConfig()) -> dict[str, Any]:
+    """Check the base and the evaluation sets, score the base, then train and score every grid candidate; with
+    ``samples.prompts``, each candidate's evaluation points also continue those prompts (``samples.parquet``)."""
     seed_everything(ctx.seed, ctx.torch_threads)
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     tokenizer = corpus.tokenizer
     encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
     base_weights = dict(cfg.replay_weights) or load_choice(ctx.inputs["mixture"])["weights"]
     checkpoint = base_checkpoint(ctx, cfg, corpus)
-    base = load_model(checkpoint)
+    base = _load_base(checkpoint, corpus)
     stream = sorted(set(cfg.domain_sources) | {s for s, w in base_weights.items() if w > 0})
     masks, cloze_items = _decontaminate(ctx, cfg, corpus, general, cloze_items, encode, stream, base.cfg.seq_len)
     scorer = _Scorer(ctx, corpus, general, cfg, cloze_items, encode, masks)
     scorer.score("base", base, {"replay_fraction": None, "peak_lr": None, "seed": None,
                                 "checkpoint": str(checkpoint)}, step=0)
     grid = [(f, lr, s) for f in cfg.replay_fractions for lr in cfg.peak_lrs for s in cfg.seeds]
+    sample_rows: list[dict[str, Any]] = []
     with ctx.progress.task("cpt: replay × LR grid steps", len(grid) * cfg.budget.steps) as advance:
         for index, (fraction, peak_lr, offset) in enumerate(grid):
             name = f"replay{fraction:g}_lr{peak_lr:g}" + (f"_s{offset}" if len(cfg.seeds) > 1 else "")
             seed = ctx.seed + index + 1000 * offset
-            model = load_model(checkpoint)
+            model = _load_base(checkpoint, corpus)
             weights = replay_weights(cfg.domain_sources, base_weights, fraction)
             sampler = make_sampler(corpus, weights, seq_len=model.cfg.seq_len, batch_size=cfg.budget.batch_size,
                                    seed=seed, packing=packing, sampling=cfg.replay_sampling)
             callbacks = [MetricsToTracker(ctx.log_metrics, 1, prefix=f"{name}."), scorer.curve(name, model.cfg.seq_len),
                          StepProgress(advance)]
+            if samples.prompts:
+                callbacks.append(PeriodicSamples(samples, tokenizer, eos_id=int(corpus.meta["eos_id"]), run=name))
             result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=seed,
                                   callbacks=callbacks, min_lr_ratio=cfg.min_lr_ratio)
+            sample_rows += [row for c in callbacks if isinstance(c, PeriodicSamples) for row in c.rows]
             extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "replay_weights": weights,
                      "manifest_hash": corpus.meta.get("manifest_hash", ""), "base": str(checkpoint)}
             Checkpointer(ctx.out / "candidates", extra=extra).save(
@@ -103,6 +127,8 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
             scorer.score(name, model, params, step=result.state.step)
     summary = scorer.write()
     summary["base_checkpoint"] = str(checkpoint)
+    if samples.prompts:
+        samples_frame(sample_rows).to_parquet(ctx.out / "samples.parquet", index=False)
     return summary
 
 

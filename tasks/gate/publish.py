@@ -1,6 +1,7 @@
 """What a gate artifact puts into DuckDB and MLflow: the decision table, each candidate's verdict, the parent
-run's headline (the kept model's held-out figures), and the model registry: the kept checkpoint behind the alias
-``kept`` of ``<experiment>-base``, the other candidates as versions of ``<experiment>-cpt-candidates``."""
+run's headline (the kept model's held-out figures), and the model registry: the candidates not kept as versions of
+``<experiment>-cpt-candidates``. The kept model is registered by the export stage (``tasks/export/publish.py``), as
+the Hugging Face folder behind the alias ``kept`` of ``<experiment>-base``."""
 
 from __future__ import annotations
 
@@ -39,11 +40,6 @@ def publish(ctx: PublishContext) -> Published:
                 identity={"gate_artifact_key": key, "candidate": row["candidate"]},
                 tags={"verdict": verdict, "failing_criteria": ", ".join(failing[row["candidate"]]),
                       "gate_hash": decision["gate_hash"]}))
-    # Cached or not: a cached gate may repeat an older decision after a different one moved the alias. The
-    # version is found by the gate artifact key and the checkpoint path; it is created the first time only.
-    out.registrations.append(Registration(
-        f"{experiment}-base", decision["kept_checkpoint"], identity={"gate_artifact_key": key},
-        tags={"candidate": decision["kept"], "gate_hash": decision["gate_hash"]}, alias="kept"))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Outputs: ``decisions.parquet`` (the decision table: per candidate the general loss rise, the domain loss
 reduction and cloze accuracy with confidence intervals, each criterion pass/fail/inconclusive, the overall
-decision and which one is kept) and ``decision.json`` (gate hash, kept candidate, kept checkpoint path).
+decision and which one is kept) and ``decision.json`` (gate hash, kept candidate, kept checkpoint path); with
+harness criteria, ``harness_items.parquet`` (``tasks.gate.harness``).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from evals.gate import CandidateEval, GateConfig, HeldoutArrays, decide, gate_hash
+from evals.gate import HARNESS_METRICS, CandidateEval, GateConfig, HeldoutArrays, decide, gate_hash
 from infra.stage import StageContext
 from tasks.readers import load_candidates
 
 
-def load_eval(cpt_dir: Path, name: str, params: dict) -> CandidateEval:
-    """The paired arrays one model was scored on (same windows and items as every other model)."""
+def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | None = None) -> CandidateEval:
+    """The paired arrays one model was scored on (same windows and items as every other model); ``harness_correct``
+    the per-document arrays of the gate's harness criteria (``tasks.gate.harness``)."""
     data = np.load(cpt_dir / "evals" / f"{name}.npz", allow_pickle=False)
     return CandidateEval(
         name=name,
@@ -27,6 +29,7 @@ def load_eval(cpt_dir: Path, name: str, params: dict) -> CandidateEval:
         domain=HeldoutArrays(data["domain_window_nats"], data["domain_window_tokens"]),
         cloze_correct=data["cloze_correct"].astype(bool),
         params=params,
+        harness_correct=dict(harness_correct or {}),
     )
 
 
@@ -64,13 +67,22 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
     """Decide; the kept checkpoint is the best passing candidate, else the base (the main run)."""
     cpt_dir = ctx.inputs["cpt"]
     described = load_candidates(cpt_dir)
-    base = load_eval(cpt_dir, "base", {})
-    candidates = [load_eval(cpt_dir, name, {k: v for k, v in params.items() if k in ("replay_fraction", "peak_lr")})
+    # "base" is the checkpoint CPT started from: the main run's, or an external one ([cpt] base_checkpoint).
+    base_path = Path(described["base"].get("checkpoint") or ctx.inputs["main"] / "checkpoint")
+    harness = {}
+    harness_criteria = [c for c in cfg.criteria if c.metric in HARNESS_METRICS]
+    if harness_criteria:
+        from tasks.gate.harness import experiment_tokenizer, score_harness
+
+        checkpoints = {name: base_path if name == "base" else cpt_dir / "candidates" / name for name in described}
+        harness = score_harness(checkpoints, harness_criteria, experiment_tokenizer(cpt_dir, ctx.layout.artifacts),
+                                ctx.out, seed=ctx.seed)
+    base = load_eval(cpt_dir, "base", {}, harness.get("base"))
+    candidates = [load_eval(cpt_dir, name, {k: v for k, v in params.items() if k in ("replay_fraction", "peak_lr")},
+                            harness.get(name))
                   for name, params in described.items() if name != "base"]
     decision = decide(cfg, base, candidates, seed=ctx.seed)
     decision.table.to_parquet(ctx.out / "decisions.parquet", index=False)
-    # "base" is the checkpoint CPT started from: the main run's, or an external one ([cpt] base_checkpoint).
-    base_path = Path(described["base"].get("checkpoint") or ctx.inputs["main"] / "checkpoint")
     kept_path = base_path if decision.kept == "base" else cpt_dir / "candidates" / decision.kept
     record = {"gate_hash": gate_hash(cfg), "kept": decision.kept, "kept_checkpoint": str(kept_path),
               "candidates_dir": str(cpt_dir / "candidates"), "base_checkpoint": str(base_path),

@@ -13,7 +13,7 @@ def run_main(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     from tasks.main.stage import run
 
     return run(ctx, cfg.main, sources=cfg.general_sources + cfg.domain_sources, max_epochs=cfg.mixture.max_epochs,
-               packing=cfg.packing)
+               packing=cfg.packing, samples=cfg.samples)
 
 
 def check_heldout(out: Path, cfg: Any) -> None:

@@ -1,5 +1,6 @@
 """What a main-run artifact puts into DuckDB and MLflow: held-out loss per source, training events, the packing
-report, the epochs per source, the lineage of the two proxy decisions it consumed, and its training mixture."""
+report, the epochs per source, the lineage of the two proxy decisions it consumed, its training mixture, and its
+text samples (an MLflow table)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def publish(ctx: PublishContext) -> Published:
         totals = packing.groupby(["policy", "seq_len"])[["docs_cut", "n_docs"]].sum()
         out.metrics |= {f"docs_cut_share.{policy}.T{seq_len}": r.docs_cut / max(r.n_docs, 1)
                         for (policy, seq_len), r in totals.iterrows()}
+    if (path / "samples.parquet").exists():  # the prompts' continuations at each evaluation point
+        out.mlflow_tables["samples.json"] = pd.read_parquet(path / "samples.parquet")
     out.files = ["run.json", "heldout.parquet",
                  *[name for name in ("packing.parquet", "events.parquet") if (path / name).exists()]]
     return out

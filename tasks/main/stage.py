@@ -5,7 +5,8 @@ resumes from the newest complete one (a corrupt one is skipped with a warning); 
 
 Outputs: ``checkpoint/`` (model.safetensors, optimizer.pt, state.json, checksums.json), ``heldout.parquet``
 (held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing,
-the step it resumed from, and the epochs of each mixture source e_s = w_s · D / U_s, docs/methods.md §8).
+the step it resumed from, and the epochs of each mixture source e_s = w_s · D / U_s, docs/methods.md §8), and with
+``[samples]`` prompts ``samples.parquet`` (their continuations at every evaluation point, ``tasks.train.samples``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_
                                 make_sampler, run_training, seed_everything, StepProgress)
 from models.planning import require_fit
 from tasks.train.sections import MainConfig
+from tasks.train.samples import PeriodicSamples, SampleConfig
 from infra.threads import ThreadPolicy, apply_wait_policy
 from tasks.train.packing import PackingConfig
 from tasks.train.corpus import packing_report
@@ -54,6 +56,7 @@ class MainJob:
     sources: list[str]
     max_epochs: float
     packing: dict
+    samples: dict = field(default_factory=dict)  # [samples]: prompts continued at each evaluation point
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -65,7 +68,7 @@ class MainJob:
 
 
 def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: float = 4.0,
-        packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
+        packing: PackingConfig = PackingConfig(), samples: SampleConfig = SampleConfig()) -> dict[str, Any]:
     """Train the main model and score it on every source's held-out split.
 
     In process (``[main.distributed] launch = "inprocess"``) or through ``accelerate launch`` of
@@ -74,10 +77,13 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     Before training, refuses a layout whose memory (docs/methods.md §3) exceeds 90% of the detected device's (ConfigError
     naming the numbers), and prints a warning for each mixture source the planned run repeats more than ``max_epochs``
     times (w·D/U, docs/methods.md §8); the threshold only shapes that message, so it is not part of the stage key.
+
+    With ``samples.prompts``, each evaluation point also continues those prompts (``tasks.train.samples``) into
+    ``samples.parquet``; sampling leaves the weights unchanged, so ``[samples]`` is not part of the key either.
     """
     job = MainJob(out=str(ctx.out), scratch=str(ctx.scratch), inputs={k: str(v) for k, v in ctx.inputs.items()},
                   seed=ctx.seed, torch_threads=ctx.torch_threads, cfg=cfg.model_dump(), sources=list(sources),
-                  max_epochs=max_epochs, packing=packing.model_dump())
+                  max_epochs=max_epochs, packing=packing.model_dump(), samples=samples.model_dump())
     if cfg.distributed.launch == "accelerate":
         from tasks.main.launch import launch
 
@@ -132,10 +138,15 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
     def report(step: int, tokens_seen: int, evals) -> None:
         log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
 
+    samples, text_samples = SampleConfig(**job.samples), None
+    if samples.prompts:  # rank 0 journals the rows in scratch, so a resumed run keeps the earlier points'
+        text_samples = PeriodicSamples(samples, corpus.tokenizer, eos_id=int(corpus.meta["eos_id"]), run="main",
+                                       lockstep=processes > 1, journal=scratch / "samples.jsonl" if main_rank else None)
     callbacks = [
         MetricsToTracker(log_metrics, cfg.log_every),
         PeriodicEval(corpus, job.sources, seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens,
                      report=report),
+        *([text_samples] if text_samples is not None else []),
         checkpointer,
     ]
     events = EventLog(log_metrics)
@@ -161,6 +172,8 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
     frame = evals_frame(evals, checkpoint="main", step=result.state.step, tokens_seen=result.state.tokens_seen)
     frame.to_parquet(out / "heldout.parquet", index=False)
     packing_report(corpus, [model_cfg.seq_len]).to_parquet(out / "packing.parquet", index=False)
+    if text_samples is not None:
+        text_samples.frame().to_parquet(out / "samples.parquet", index=False)
     summary = {"peak_lr": peak_lr, "steps": result.state.step, "tokens_seen": result.state.tokens_seen,
                "train_wall_s": wall_s, "mixture": choice["name"],
                "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,

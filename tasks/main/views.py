@@ -1,5 +1,5 @@
 """What the console summary and ``pretrain report`` show of the main run's artifact: held-out loss per source,
-the resume point, where the peak LR came from, and epochs per source."""
+the resume point, where the peak LR came from, epochs per source, and the text samples."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pandas as pd
 from infra.report_blocks import Block, Figure, Heading, TableBlock, Text, fmt_value, rich_table
 from infra.stage import ReportContext, SummaryContext
 from tasks.train.epochs import epoch_warnings
+from tasks.train.samples import final_samples, read_samples, samples_block_frame, samples_table
 
 
 def main_run_lines(run: dict[str, Any], max_epochs: float) -> list[str]:
@@ -37,10 +38,16 @@ def main_run_lines(run: dict[str, Any], max_epochs: float) -> list[str]:
 
 
 def summary(ctx: SummaryContext) -> list[Any]:
-    """The held-out loss table per source, then ``main_run_lines``."""
+    """The held-out loss table per source, then ``main_run_lines``, then the samples of the last evaluation point."""
     heldout = pd.read_parquet(ctx.path / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]
-    return [rich_table("Main run held-out loss per source", heldout),
-            *main_run_lines(json.loads((ctx.path / "run.json").read_text()), ctx.max_epochs)]
+    out = [rich_table("Main run held-out loss per source", heldout),
+           *main_run_lines(json.loads((ctx.path / "run.json").read_text()), ctx.max_epochs)]
+    samples = read_samples(ctx.path)
+    if samples is not None and len(samples):
+        last = final_samples(samples)
+        out.append(samples_table(f"Main run samples at step {int(last['step'].iloc[0]):,} "
+                                 f"({last['decoding'].iloc[0]})", last, ["prompt", "completion"]))
+    return out
 
 
 def report(ctx: ReportContext) -> list[Block]:
@@ -66,4 +73,8 @@ def report(ctx: ReportContext) -> list[Block]:
                                                                           "bits_per_byte") if c in heldout]]))
     if run.get("epochs"):
         out.append(Text("Epochs per source: " + ", ".join(f"{s} {e:.2f}" for s, e in run["epochs"].items())))
+    samples = read_samples(path)
+    if samples is not None and len(samples):
+        out.append(TableBlock(f"Samples at each evaluation point ({samples['decoding'].iloc[0]}; MLflow table "
+                              "samples.json)", samples_block_frame(samples, ["step", "prompt", "completion"])))
     return out

@@ -45,9 +45,15 @@ class TokenizerConfig(Section):
             BPE, so base64 blobs and repeated characters cost what ordinary text costs.
         domain_terms: terms whose fragmentation (tokens per term, the pieces) is reported (docs/methods.md §11).
         execution: where the shards are encoded (:class:`TokenizerExecutionConfig`); not part of the cache key.
+        pretrained: a released tokenizer to adopt instead of fitting one: a Hugging Face tokenizer folder holding
+            ``tokenizer.json`` or that file itself (``tasks.train.pretrained_tokenizer``). Its vocabulary, EOS and
+            padding ids go into the shards, and the content of its files, not the path, is in the cache key; the
+            fit fields (vocab_size, special_tokens, fit_weights, sample_max_chars, max_pretoken_chars) are then
+            unused. Empty: fit byte-level BPE.
 
     Raises:
-        pydantic.ValidationError: a field is invalid; the message names the field and the fix.
+        pydantic.ValidationError: a field is invalid; the message names the field and the fix (``pretrained``: the
+            path is missing, has no tokenizer.json, or no EOS can be determined).
     """
 
     vocab_size: int = 4096
@@ -63,6 +69,17 @@ class TokenizerConfig(Section):
     max_pretoken_chars: int = Field(default=64, ge=4, le=4096)
     domain_terms: list[str] = []
     execution: TokenizerExecutionConfig = Field(default=TokenizerExecutionConfig(), json_schema_extra=NOT_IN_KEY)
+    # The key holds the content of the tokenizer's files instead (the stage's key_extra), so a moved copy is reused.
+    pretrained: str = Field(default="", json_schema_extra=NOT_IN_KEY)
+
+    @field_validator("pretrained")
+    @classmethod
+    def _pretrained_readable(cls, path: str) -> str:
+        if path:
+            from tasks.train.pretrained_tokenizer import read_pretrained
+
+            read_pretrained(path)  # ConfigError (a ValueError): reported under tokenizer.pretrained
+        return path
 
     @field_validator("fit_weights")
     @classmethod

@@ -15,6 +15,16 @@ def run_tokenizer(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     return run(ctx, cfg.tokenizer)
 
 
+def key_pretrained(cfg: Any) -> dict[str, Any]:
+    """The content of a pretrained tokenizer's files (SHA-256 by file name) in the key: another tokenizer at the
+    same path recomputes the stage, and a moved copy of the same one is reused. Nothing when BPE is fitted."""
+    if not cfg.tokenizer.pretrained:
+        return {}
+    from tasks.train.pretrained_tokenizer import files_digest
+
+    return {"tokenizer_pretrained": files_digest(cfg.tokenizer.pretrained)}
+
+
 def check_shards(out: Path, cfg: Any) -> None:
     """Great Expectations on the token shards themselves: ids below the vocabulary, counts as the headers say."""
     import pandas as pd
@@ -29,5 +39,6 @@ def check_shards(out: Path, cfg: Any) -> None:
 
 
 STAGE = Stage(name="tokenizer", inputs=("corpus",), code="tasks.tokenizer", run=run_tokenizer,
-              sections=("tokenizer",), validate=check_shards, publish=lazy("tasks.tokenizer.publish:publish"),
+              sections=("tokenizer",), key_extra=key_pretrained, validate=check_shards,
+              publish=lazy("tasks.tokenizer.publish:publish"),
               summary=lazy("tasks.tokenizer.views:summary"), report=lazy("tasks.tokenizer.views:report"))

@@ -25,18 +25,19 @@ PART_LABEL = "tokenizer-encode"
 
 def encode_part(tokenizer_path: str, docs_path: str, out_stem: str, vocab_size: int, eos_id: int,
                 tokenizer_hash: str) -> dict[str, int]:
-    """Encode the ``text`` column of the Parquet file ``docs_path`` with the tokenizer at ``tokenizer_path`` and
-    write the part shard ``out_stem`` (``encode_documents`` then ``write_shard``, ids stored for ``vocab_size``).
+    """Encode the ``text`` column of the Parquet file ``docs_path`` with the tokenizer at ``tokenizer_path``, each
+    document followed by ``eos_id``, and write the part shard ``out_stem`` (``encode_documents`` then
+    ``write_shard``, ids stored for ``vocab_size``).
 
     Returns:
         {"n_tokens", "n_docs"} of the part.
 
     Raises:
-        DataError: the tokenizer has no EOS, or an id falls outside ``vocab_size``.
+        DataError: an id or ``eos_id`` falls outside ``vocab_size``.
     """
     tok = Tokenizer.from_file(tokenizer_path)
     texts = pd.read_parquet(docs_path, columns=["text"])["text"].tolist()
-    tokens, offsets = encode_documents(tok, texts)
+    tokens, offsets = encode_documents(tok, texts, eos_id=eos_id)
     write_shard(Path(out_stem), tokens, vocab_size=vocab_size, eos_id=eos_id, tokenizer_hash=tokenizer_hash,
                 n_bytes=0, doc_offsets=offsets)
     return {"n_tokens": int(len(tokens)), "n_docs": int(len(offsets))}

@@ -16,8 +16,6 @@ some of which are Unicode numbers ("¼", "½", "²"), so Digits running second w
 Decoding: ``tok.decode(ids)`` drops special tokens by default; pass ``skip_special_tokens=False`` to get them back.
 """
 
-import hashlib
-import json
 import unicodedata
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -27,6 +25,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 from infra.errors import ConfigError, DataError
 from tasks.tokenizer.config import EOS_TOKEN, NUM_BYTE_TOKENS, TokenizerConfig
+from tasks.train.pretrained_tokenizer import tokenizer_hash  # noqa: F401  (the identity shards and checkpoints carry)
+from tasks.train.shards import vocab_span
 
 DIGIT_PROBE = "12345"
 
@@ -126,20 +126,15 @@ def check_tokenizer(tok: Tokenizer, special_tokens: list[str], max_pretoken_char
 
 
 def padded_vocab_size(tok: Tokenizer, multiple: int) -> int:
-    """Rows of the model's embedding: the vocab size rounded up to ``multiple`` (docs/methods.md §8: 152,064 = 1,188 × 128).
+    """Rows of the model's embedding: the vocab size (highest id + 1, :func:`tasks.train.shards.vocab_span`) rounded
+    up to ``multiple`` (docs/methods.md §8: 152,064 = 1,188 × 128).
 
     Raises:
         ConfigError: ``multiple`` is not positive.
     """
     if multiple <= 0:
         raise ConfigError(f"pad multiple must be > 0, got {multiple}")
-    return -(-tok.get_vocab_size() // multiple) * multiple
-
-
-def tokenizer_hash(tok: Tokenizer) -> str:
-    """Hex SHA-256 of the tokenizer's JSON, keys sorted and no whitespace: the identity shards and checkpoints carry."""
-    canonical = json.dumps(json.loads(tok.to_str()), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return -(-vocab_span(tok) // multiple) * multiple
 
 
 def eos_id(tok: Tokenizer) -> int:

@@ -52,15 +52,24 @@ def fragmentation(tok: Tokenizer, terms: list[str]) -> pd.DataFrame:
     """How each term splits: columns term, n_tokens, pieces (list of the text of each token; bytes that are only part
     of a multi-byte character are shown escaped, e.g. ``\\xe8\\xbd``, so a split inside a Chinese character is
     visible)."""
-    from tasks.tokenizer.fit import token_bytes
-
     plain = _plain(tok)
     rows = []
     for term in terms:
         ids = plain.encode(term, add_special_tokens=False).ids
-        pieces = [token_bytes(plain.id_to_token(i)).decode("utf-8", errors="backslashreplace") for i in ids]
+        pieces = [_piece(plain, i) for i in ids]
         rows.append(dict(term=term, n_tokens=len(ids), pieces=pieces))
     return pd.DataFrame(rows, columns=["term", "n_tokens", "pieces"])
+
+
+def _piece(tok: Tokenizer, token_id: int) -> str:
+    """The text of one token: its bytes for a byte-level vocabulary entry, else the decoded token (a pretrained
+    tokenizer's SentencePiece-style entries, such as "▁the")."""
+    from tasks.tokenizer.fit import token_bytes
+
+    try:
+        return token_bytes(tok.id_to_token(token_id)).decode("utf-8", errors="backslashreplace")
+    except KeyError:
+        return tok.decode([token_id], skip_special_tokens=False)
 
 
 def word_unit(language: str) -> str:
@@ -80,6 +89,8 @@ def _plain(tok: Tokenizer) -> Tokenizer:
     """A copy that encodes special-token strings as ordinary text, as shards do."""
     copy = Tokenizer.from_str(tok.to_str())
     copy.encode_special_tokens = True
+    copy.no_truncation()  # a released tokenizer.json may carry them; reports count whole documents
+    copy.no_padding()
     return copy
 
 

@@ -29,10 +29,13 @@ def report(ctx: ReportContext) -> list[Block]:
     path = ctx.path
     meta = json.loads((path / "tokenizer.meta.json").read_text())
     report = pd.read_parquet(path / "report.parquet")
+    origin = (f"Pretrained tokenizer `{meta['pretrained']['path']}` (EOS `{meta['pretrained']['eos_token']}`)"
+              if "pretrained" in meta else "Byte-level BPE")
     out: list[Block] = [Heading("Tokenizer"), Text(
-        f"Byte-level BPE, vocabulary {meta['vocab_size']:,} (embedding padded to {meta['padded_vocab_size']:,}), "
-        f"hash `{meta['tokenizer_hash'][:16]}`. Fit sample weights: "
-        + ", ".join(f"{s} {w:.3f}" for s, w in meta.get("fit_weights", {}).items()))]
+        f"{origin}, vocabulary {meta['vocab_size']:,} (embedding padded to {meta['padded_vocab_size']:,}), "
+        f"hash `{meta['tokenizer_hash'][:16]}`."
+        + ("" if "pretrained" in meta else " Fit sample weights: "
+           + ", ".join(f"{s} {w:.3f}" for s, w in meta.get("fit_weights", {}).items())))]
     columns = ["group", "split", "n_docs", "n_tokens", "chars_per_token", "tokens_per_word", "word_unit"]
     for group_by in ("language", "source"):
         rows = report[report["group_by"] == group_by]

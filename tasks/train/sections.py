@@ -193,7 +193,10 @@ class CptConfig(Section):
             (each sequence is replay with probability f); the realised share is logged either way.
         replay_weights: the replay stream's source weights; empty = the base run's mixture (same sources, weights).
         base_checkpoint: an external base (a checkpoint directory: model.safetensors + state.json with its model
-            config and tokenizer hash) instead of the main run's; its tokenizer must be this experiment's.
+            config and tokenizer hash) instead of the main run's; its tokenizer must be this experiment's. Or a
+            Hugging Face model folder (config.json + safetensors; Llama, Mistral, Qwen3: ``models.hf``), whose
+            tokenizer ``[tokenizer] pretrained`` must name (``tasks.cpt.hf_base``). Either way the CPT model's
+            shape, context length included, is the base's, not ``[main] model``'s.
         decontaminate: drop held-out windows and cloze items sharing a 13-gram with the CPT training stream
             before any scoring (the hits are listed in ``decontamination.parquet``).
     """

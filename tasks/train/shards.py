@@ -50,31 +50,42 @@ def shard_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= UINT16_VOCAB_MAX else np.uint32)
 
 
+def vocab_span(tok: Tokenizer) -> int:
+    """The ids a tokenizer can emit: its highest id + 1 (added tokens included), at least ``get_vocab_size()``; the
+    rows an embedding needs and what :func:`shard_dtype` is picked from."""
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+
+
 def text_bytes(texts: Sequence[str]) -> int:
     """UTF-8 size of the texts in bytes: the ``n_bytes`` a shard header records (for bits-per-byte)."""
     return sum(len(t.encode("utf-8")) for t in texts)
 
 
-def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Encode documents and join them with EOS (docs/methods.md §8 packing).
+def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 1024,
+                     eos_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Encode documents and join them with EOS (docs/methods.md §8 packing): ``eos_id``, or the id of
+    ``<|endoftext|>`` when None (a pretrained tokenizer passes its own, ``tasks.train.pretrained_tokenizer``).
 
     Special-token strings inside a document (say a web page quoting "<|endoftext|>") are encoded as plain text, so
     EOS ids appear only at document ends. Uses ``encode_batch_fast`` (no character offsets: packing never needs
     them), and builds the array without a Python object per token beyond the ids lists the binding returns.
 
     Returns:
-        tokens: (n_tokens,) ids in ``shard_dtype(tok.get_vocab_size())``, each document followed by EOS;
+        tokens: (n_tokens,) ids in ``shard_dtype(vocab_span(tok))``, each document followed by EOS;
         doc_offsets: (n_docs,) int64 start of each document in ``tokens``.
 
     Raises:
-        DataError: the tokenizer has no EOS.
+        DataError: no ``eos_id`` was given and the tokenizer has no ``<|endoftext|>``.
     """
-    eos = tok.token_to_id(EOS_TOKEN)
+    eos = tok.token_to_id(EOS_TOKEN) if eos_id is None else eos_id
     if eos is None:
         raise DataError(f"tokenizer has no {EOS_TOKEN!r}: refit it with that token first in special_tokens")
-    dtype = shard_dtype(tok.get_vocab_size())
+    dtype = shard_dtype(vocab_span(tok))
     plain = Tokenizer.from_str(tok.to_str())  # copy: leave the caller's tokenizer settings alone
     plain.encode_special_tokens = True
+    plain.no_truncation()  # a released tokenizer.json may carry truncation or padding: shards keep whole documents
+    plain.no_padding()
     parts, lengths = [], []
     for start in range(0, len(texts), batch_size):
         ids = [enc.ids for enc in plain.encode_batch_fast(list(texts[start:start + batch_size]),

@@ -123,7 +123,7 @@ def _mlflow(method: str, base: str, path: str, **kwargs) -> dict:
     return response.json()
 
 
-def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path):
+def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path, monkeypatch):
     runs = _copy_runs(smoke_runs, tmp_path)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -137,9 +137,9 @@ def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path):
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for(lambda: _healthy(f"{base}/health"), 300, "mlflow server", server, log)
-        # CPT and the gate are recomputed, so their metrics stream to the server while they train.
+        # CPT, the gate and the export are recomputed, so their metrics stream to the server while they run.
         proc = pretrain("run", "configs/smoke.toml", "--refresh", "cpt", "--tracking-uri", base, runs=runs)
-        assert {k for k, v in stage_status(proc.stdout).items() if v == "ran"} == {"cpt", "gate"}
+        assert {k for k, v in stage_status(proc.stdout).items() if v == "ran"} == {"cpt", "gate", "export"}
         experiment = _mlflow("GET", base, "experiments/get-by-name", params={"experiment_name": "smoke"})["experiment"]
         found = _mlflow("POST", base, "runs/search", json={"experiment_ids": [experiment["experiment_id"]],
                                                             "max_results": 100})["runs"]
@@ -166,6 +166,15 @@ def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path):
         assert any(k.startswith("kept.heldout_bits_per_byte.") for k in headline), headline
         alias = _mlflow("GET", base, "registered-models/alias", params={"name": "smoke-base", "alias": "kept"})
         assert alias["model_version"]["version"]
+        # The kept model is the exported folder, uploaded through the proxy: a user downloads it and loads it.
+        import mlflow
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", base)  # models:/ URIs resolve through the environment's registry
+        folder = Path(mlflow.artifacts.download_artifacts("models:/smoke-base@kept", dst_path=str(tmp_path / "kept")))
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+        ids = tokenizer("The Debian project", return_tensors="pt")
+        assert model.generate(**ids, max_new_tokens=3, do_sample=False).shape[1] > ids["input_ids"].shape[1]
         # Artifacts went through the server's proxy, not to a local path in the runs folder.
         gate_files = _mlflow("GET", base, "artifacts/list", params={"run_id": children["gate"]}).get("files", [])
         assert any(f["path"] == "decision.json" for f in gate_files)
@@ -214,4 +223,4 @@ def test_until_stops_after_the_named_stage(smoke_runs, tmp_path):
     runs = _copy_runs(smoke_runs, tmp_path)
     proc = pretrain("run", "configs/smoke.toml", "--until", "tokenizer", runs=runs)
     assert stage_status(proc.stdout) == {"sources": "cached", "corpus": "cached", "tokenizer": "cached"}
-    assert "not run this time: mixture, sweep, main, cpt, gate" in proc.stdout
+    assert "not run this time: mixture, sweep, main, cpt, gate, export" in proc.stdout

@@ -1,7 +1,7 @@
 """End to end: ``configs/smoke.toml`` through the real Prefect, MLflow and DuckDB in a temporary runs folder.
 
 The first run computes every stage; the second must be served entirely from cache; a changed ``[cpt]``
-reruns only CPT and the gate. Runs through the installed CLI in subprocesses, as a user would.
+reruns only CPT, the gate and the export. Runs through the installed CLI in subprocesses, as a user would.
 """
 
 from __future__ import annotations
@@ -81,6 +81,25 @@ def test_mlflow_has_nested_stage_runs_and_registered_model(smoke_runs):
         assert child.data.tags["produced_by_run"] in first_ids
     version = client.get_model_version_by_alias("smoke-base", "kept")
     assert Path(version.source).is_dir()
+    assert Path(version.source).parent.parent.name == "export"  # the exported Hugging Face folder
+
+
+def test_kept_model_downloads_from_the_registry_and_loads_in_transformers(smoke_runs, tmp_path, monkeypatch):
+    import mlflow
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # MLflow resolves models:/ URIs through the registry of the environment, whatever download_artifacts is passed.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{smoke_runs['runs'] / 'mlflow.db'}")
+    folder = Path(mlflow.artifacts.download_artifacts("models:/smoke-base@kept", dst_path=str(tmp_path)))
+    record = json.loads((folder / "export.json").read_text())
+    assert record["passed"] and record["max_abs_logit_diff"] <= 1e-4 and record["greedy_equal"]
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer("The Debian project", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+    assert isinstance(tokenizer.decode(out[0]), str)
 
 
 def test_edge_documents_are_kept_or_removed_with_a_reason(smoke_runs):
@@ -104,7 +123,7 @@ def test_edge_documents_are_kept_or_removed_with_a_reason(smoke_runs):
     assert all(not rule.startswith("dedup") for (rule,) in short)
 
 
-def test_changing_cpt_reruns_only_cpt_and_gate(smoke_runs, tmp_path):
+def test_changing_cpt_reruns_only_cpt_gate_and_export(smoke_runs, tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(smoke_runs["runs"], runs)
     config = (ROOT / "configs/smoke.toml").read_text().replace("replay_fractions = [0.1, 0.3]",
@@ -116,7 +135,7 @@ def test_changing_cpt_reruns_only_cpt_and_gate(smoke_runs, tmp_path):
     finally:
         changed.unlink()
     status = _stage_status(proc.stdout)
-    assert {k for k, v in status.items() if v == "ran"} == {"cpt", "gate"}
+    assert {k for k, v in status.items() if v == "ran"} == {"cpt", "gate", "export"}
 
 
 def test_main_run_launched_on_two_processes_matches_the_in_process_run(smoke_runs, tmp_path):

@@ -33,7 +33,7 @@ def test_threshold_changes_its_stage_and_everything_after(tmp_path, at_root):
     base = _keys(tmp_path)
     changed = _keys(tmp_path, lambda raw: raw["corpus"].setdefault("gopher", {}).update(min_words=7))
     assert [s for s in base if base[s] != changed[s]] == ["corpus", "tokenizer", "mixture", "sweep", "main", "cpt",
-                                                          "gate"]
+                                                          "gate", "export"]
 
 
 def test_log_interval_and_layout_change_no_key(tmp_path, at_root):

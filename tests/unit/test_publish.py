@@ -1,4 +1,5 @@
-"""Publishing the gate: the registered model's alias ``kept`` follows the decision of the gate just published."""
+"""Publishing the gate and the export: the registered model's alias ``kept`` follows the decision of the gate just
+published, through the export of its kept model."""
 
 import json
 from pathlib import Path
@@ -36,19 +37,31 @@ def _gate_artifact(env, key: str, kept: str):
     return env.store.commit("gate", key, tmp, {"mlflow_run_id": "", "summary": {"kept": kept}})
 
 
+def _export_artifact(env, key: str, kept: str):
+    """A gate artifact keeping ``kept`` and the completed export artifact of its kept model."""
+    gate = _gate_artifact(env, f"gate-{key}", kept)
+    tmp = env.store.begin("export", key)
+    (tmp / "model").mkdir()
+    (tmp / "model" / "export.json").write_text(json.dumps(
+        {"architecture": "LlamaForCausalLM", "checkpoint": json.loads((gate.path / "decision.json").read_text())[
+            "kept_checkpoint"], "max_abs_logit_diff": 1e-6, "greedy_equal": True, "transformers_version": "5"}))
+    return env.store.commit("export", key, tmp, {"mlflow_run_id": "", "input_keys": {"gate": gate.key}})
+
+
 def _publish(env, artifact, cached: bool) -> str:
-    run_id = env.tracker.start_run("gate", parent_id=env.parent_run_id)
+    run_id = env.tracker.start_run(artifact.stage, parent_id=env.parent_run_id)
     target = PublishTarget(env.tracker, env.warehouse, env.cfg.name, env.parent_run_id, env.flow_run_id)
     inputs = {name: env.store.get(name, key) for name, key in artifact.meta.get("input_keys", {}).items()}
-    publish(get_stage("gate"), artifact, inputs, env.cfg, target, run_id, cached=cached)
+    publish(get_stage(artifact.stage), artifact, inputs, env.cfg, target, run_id, cached=cached)
     return run_id
 
 
-def test_cached_gate_moves_kept_back_to_its_own_decision(env):
-    """Gate A keeps c1, a later gate B keeps c2; rerunning the config of A (gate cached) must point kept at c1."""
+def test_cached_export_moves_kept_back_to_its_own_decision(env):
+    """Gate A keeps c1, a later gate B keeps c2; rerunning the config of A (gate and export cached) must point kept
+    at the export of c1."""
     client = env.tracker.client
-    first = _gate_artifact(env, "gate-a", "c1")
-    second = _gate_artifact(env, "gate-b", "c2")
+    first = _export_artifact(env, "a", "c1")
+    second = _export_artifact(env, "b", "c2")
     _publish(env, first, cached=False)
     _publish(env, second, cached=False)
     assert client.get_model_version_by_alias("smoke-base", "kept").tags["candidate"] == "c2"
@@ -56,13 +69,29 @@ def test_cached_gate_moves_kept_back_to_its_own_decision(env):
     run_id = _publish(env, first, cached=True)
     kept = client.get_model_version_by_alias("smoke-base", "kept")
     assert kept.tags["candidate"] == "c1"
-    assert kept.source == json.loads((first.path / "decision.json").read_text())["kept_checkpoint"]
+    assert kept.source == str(first.path / "model")  # the Hugging Face folder, not the checkpoint
+    assert kept.tags["checkpoint"].endswith("/candidates/c1") and kept.tags["gate_artifact_key"] == "gate-a"
     assert len(client.search_model_versions("name = 'smoke-base'")) == 2  # moved, not registered again
     assert client.get_run(run_id).data.tags["registered_version"] == str(kept.version)
 
 
-def test_republishing_the_same_gate_adds_no_version(env):
-    artifact = _gate_artifact(env, "gate-a", "base")
+def test_the_gate_registers_the_candidates_not_kept_and_no_base(env):
+    checkpoint = env.root / "artifacts" / "cpt" / "cpt-x" / "candidates"
+    tmp = env.store.begin("gate", "gate-x")
+    (tmp / "decision.json").write_text(json.dumps(
+        {"gate_hash": "g1", "kept": "c1", "kept_checkpoint": str(checkpoint / "c1"), "candidates_dir": str(checkpoint),
+         "summary": "keep c1"}))
+    pd.DataFrame([{"candidate": "c1", "decision": "pass"}, {"candidate": "c2", "decision": "fail"}]).to_parquet(
+        tmp / "decisions.parquet", index=False)
+    _publish(env, env.store.commit("gate", "gate-x", tmp, {"mlflow_run_id": ""}), cached=False)
+    client = env.tracker.client
+    assert not client.search_registered_models(filter_string="name = 'smoke-base'")
+    (candidate,) = client.search_model_versions("name = 'smoke-cpt-candidates'")
+    assert candidate.tags["candidate"] == "c2" and candidate.tags["verdict"] == "rejected"
+
+
+def test_republishing_the_same_export_adds_no_version(env):
+    artifact = _export_artifact(env, "a", "base")
     for cached in (False, True, True):
         _publish(env, artifact, cached=cached)
     versions = env.tracker.client.search_model_versions("name = 'smoke-base'")

@@ -1,0 +1,113 @@
+"""Text generation from any checkpoint (``pretrain generate``): the checkpoint, its tokenizer, the prompts.
+
+The tokenizer defaults to the one the checkpoint was trained with: its ``state.json`` records the tokenizer's hash
+(``extra.tokenizer_hash``), and the tokenizer artifact with that hash is looked up in the runs folder holding the
+checkpoint (``<runs>/artifacts/...``), else in ``--runs-dir`` / ``$PRETRAIN_RUNS_DIR`` / ``./runs``. ``--tokenizer``
+names one explicitly (a tokenizer artifact folder, a Hugging Face tokenizer folder or a ``tokenizer.json``); when
+the checkpoint records a hash, the tokenizer given must have it.
+
+Decoding is ``models.generate`` (KV-cached; greedy, temperature, top-k, top-p); the text is streamed as it is
+generated, decoded incrementally so that a character spread over several byte-level tokens is printed whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from infra.errors import CheckpointError, ConfigError
+from infra.jsonl import jsonl_lines
+from flows.export import checkpoint_folder
+from infra.runs import RunsLayout
+from models.generate import Completion, Sampling, complete
+
+
+@dataclass
+class Generator:
+    """A loaded checkpoint and its tokenizer, ready to continue prompts."""
+
+    checkpoint: Path
+    model: Any  # models.decoder.Decoder
+    tokenizer: Any  # tokenizers.Tokenizer
+    tokenizer_path: Path
+    eos_id: int | None
+
+    def complete(self, prompt: str, sampling: Sampling, on_text: Callable[[str], Any] | None = None) -> Completion:
+        """``models.generate.complete`` with this checkpoint's model and tokenizer."""
+        return complete(self.model, self.tokenizer, prompt, sampling, eos_id=self.eos_id, on_text=on_text)
+
+
+def runs_folder_of(path: Path) -> RunsLayout | None:
+    """The runs folder a path inside ``<runs>/artifacts/`` or ``<runs>/scratch/`` belongs to, or None."""
+    for parent in Path(path).resolve().parents:
+        if parent.name in ("artifacts", "scratch") and (parent.parent / "artifacts").is_dir():
+            return RunsLayout(parent.parent)
+    return None
+
+
+def load_generator(checkpoint: Path, *, tokenizer: Path | None = None, runs_dir: str | None = None) -> Generator:
+    """Load ``checkpoint`` (verified) and the tokenizer to decode it with (module docstring).
+
+    Raises:
+        CheckpointError: a missing or corrupt checkpoint, or a ``--tokenizer`` whose hash differs from the one the
+            checkpoint records (both named).
+        ConfigError: no tokenizer given and none found for the checkpoint (the message says what to pass), or a
+            tokenizer that cannot be loaded.
+    """
+    from flows.evaluate import find_tokenizer
+    from tasks.train.checkpoint import load_model, verify_checkpoint
+    from tasks.train.pretrained_tokenizer import read_pretrained
+
+    directory = checkpoint_folder(checkpoint)
+    record = verify_checkpoint(directory)
+    recorded = record.get("extra", {}).get("tokenizer_hash")
+    if tokenizer is None:
+        if not recorded:
+            raise ConfigError(f"{directory} records no tokenizer (no tokenizer_hash in state.json); pass --tokenizer "
+                              "DIR, the tokenizer it was trained with (a folder with tokenizer.json, or the file)")
+        layouts = [layout for layout in (runs_folder_of(directory), RunsLayout.resolve(runs_dir)) if layout]
+        found = None
+        for layout in dict.fromkeys(layouts):
+            try:
+                found = find_tokenizer(layout, recorded)
+                break
+            except CheckpointError:
+                continue
+        if found is None:
+            searched = ", ".join(str(layout.artifacts / "tokenizer") for layout in dict.fromkeys(layouts))
+            raise ConfigError(f"{directory} was trained with tokenizer {recorded[:12]}…, which is in none of "
+                              f"{searched}; pass --tokenizer DIR (that tokenizer's folder or tokenizer.json), or "
+                              "--runs-dir of the run that trained it")
+        tokenizer = found
+    adopted = read_pretrained(tokenizer)
+    if recorded and adopted.tokenizer_hash != recorded:
+        raise CheckpointError(f"--tokenizer {tokenizer} has hash {adopted.tokenizer_hash[:12]}…, but {directory} "
+                              f"was trained with {recorded[:12]}…; give the tokenizer the checkpoint was trained with")
+    model = load_model(directory)
+    if adopted.vocab_size > model.cfg.vocab_size:
+        raise ConfigError(f"tokenizer {tokenizer} has {adopted.vocab_size} ids, more than the model's "
+                          f"{model.cfg.vocab_size} embedding rows; it is not this model's tokenizer")
+    return Generator(directory, model.eval(), adopted.load(), Path(tokenizer), adopted.eos_id)
+
+
+def read_prompts(prompts: Sequence[str], prompts_file: Path | None) -> list[str]:
+    """The ``--prompt`` values, then the lines of ``--prompts-file`` (UTF-8, one prompt a line ending at ``\n``,
+    blank lines skipped).
+
+    Raises:
+        ConfigError: no prompt at all, or a prompts file that is missing or not UTF-8.
+    """
+    out = list(prompts)
+    if prompts_file is not None:
+        try:
+            text = Path(prompts_file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"--prompts-file {prompts_file} does not exist") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"--prompts-file {prompts_file} is not UTF-8 (offset {err.start}); save it as "
+                              "UTF-8") from None
+        out += [line for _, line in jsonl_lines(text) if line.strip()]
+    if not out:
+        raise ConfigError("no prompt: give --prompt TEXT (repeatable) or --prompts-file FILE (one prompt a line)")
+    return out

@@ -1,0 +1,356 @@
+"""The decoder to and from the Hugging Face ``transformers`` layout (docs/methods.md §2, "Hugging Face layout").
+
+Export targets ``LlamaForCausalLM`` (no QK-norm) or ``Qwen3ForCausalLM`` (QK-norm: Qwen3's ``q_norm``/``k_norm``
+are RMSNorms over each head's d_h features applied before RoPE, as here). Both use the rotate-half RoPE layout this
+decoder uses, so q/k weights are copied as they are, without the interleaved → rotate-half permutation a Meta-layout
+checkpoint needs. Import reads local Llama, Mistral, Qwen2 and Qwen3 folders and refuses, naming the field, every
+architecture the decoder cannot represent exactly; nothing is converted approximately.
+
+Tensor names, ours → theirs (``i`` a block index)::
+
+    tok_embeddings.weight          model.embed_tokens.weight
+    blocks.i.attn_norm.weight      model.layers.i.input_layernorm.weight
+    blocks.i.attn.w{q,k,v,o}       model.layers.i.self_attn.{q,k,v,o}_proj.weight
+    blocks.i.attn.{q,k}_norm       model.layers.i.self_attn.{q,k}_norm.weight      (QK-norm only)
+    blocks.i.ffn_norm.weight       model.layers.i.post_attention_layernorm.weight
+    blocks.i.ffn.w_{gate,up,down}  model.layers.i.mlp.{gate,up,down}_proj.weight
+    norm.weight                    model.norm.weight
+    lm_head.weight                 lm_head.weight                                   (untied only)
+
+``verify`` compares one model of each kind on the same token ids: the largest absolute logit difference (fp32)
+and greedy continuations, token for token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from infra.errors import ConfigError, DataError
+from models.config import ModelConfig
+from models.decoder import Decoder
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+LOGIT_TOLERANCE = 1e-4  # max |logit difference| in fp32 that counts as the same model
+IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3")
+
+# ModelConfig fields the mapping carries; any other field must sit at its default, or the export is refused.
+_MAPPED = {"n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq_len", "tied_embeddings",
+           "qk_norm", "rope_theta", "init_std", "norm_eps"}
+_BLOCK = (("attn_norm.weight", "input_layernorm.weight"), ("attn.wq.weight", "self_attn.q_proj.weight"),
+          ("attn.wk.weight", "self_attn.k_proj.weight"), ("attn.wv.weight", "self_attn.v_proj.weight"),
+          ("attn.wo.weight", "self_attn.o_proj.weight"), ("attn.q_norm.weight", "self_attn.q_norm.weight"),
+          ("attn.k_norm.weight", "self_attn.k_norm.weight"), ("ffn_norm.weight", "post_attention_layernorm.weight"),
+          ("ffn.w_gate.weight", "mlp.gate_proj.weight"), ("ffn.w_up.weight", "mlp.up_proj.weight"),
+          ("ffn.w_down.weight", "mlp.down_proj.weight"))
+
+
+def _name_map(cfg: ModelConfig) -> dict[str, str]:
+    """Our parameter name → the ``transformers`` name, for every parameter of a ``Decoder(cfg)``."""
+    names = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    for i in range(cfg.n_layers):
+        for ours, theirs in _BLOCK:
+            if cfg.qk_norm or not ours.startswith(("attn.q_norm", "attn.k_norm")):
+                names[f"blocks.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
+    if not cfg.tied_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"
+    return names
+
+
+def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int | None) -> PretrainedConfig:
+    """The ``transformers`` config of a decoder of shape ``cfg``: ``LlamaConfig`` without QK-norm, ``Qwen3Config``
+    with it (docs/methods.md §2).
+
+    ``vocab_size`` is the model's embedding rows (the padded vocabulary, docs/methods.md §8);
+    ``max_position_embeddings`` is ``cfg.seq_len``; RoPE is the default type with ``rope_parameters.rope_theta = cfg.rope_theta``; no biases, no
+    sliding window, dtype float32.
+
+    Args:
+        bos_id, eos_id, pad_id: special token ids (``None``: the tokenizer has no such token).
+
+    Raises:
+        ConfigError: a ModelConfig field outside the mapping is not at its default, or a token id lies outside
+            [0, vocab_size); the message names the field.
+    """
+    from transformers import LlamaConfig, Qwen3Config
+
+    for name, info in type(cfg).model_fields.items():
+        if name not in _MAPPED and getattr(cfg, name) != info.default:
+            raise ConfigError(f"model.{name} = {getattr(cfg, name)!r} has no counterpart in the Hugging Face "
+                              "Llama/Qwen3 configs; the model cannot be exported exactly")
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+        if value is not None and not 0 <= value < cfg.vocab_size:
+            raise ConfigError(f"{name} = {value} lies outside the model's vocabulary [0, {cfg.vocab_size})")
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+                  num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                  head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.seq_len,
+                  initializer_range=cfg.init_std, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tied_embeddings,
+                  rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)}, attention_bias=False,
+                  attention_dropout=0.0, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
+                  dtype="float32")
+    if cfg.qk_norm:
+        return Qwen3Config(**common, use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers,
+                           layer_types=["full_attention"] * cfg.n_layers)
+    return LlamaConfig(**common, mlp_bias=False, pretraining_tp=1)
+
+
+def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
+    """``model``'s weights under the ``transformers`` names (module docstring), fp32 on the CPU, contiguous. A tied
+    model has no ``lm_head.weight`` (``transformers`` ties it to ``model.embed_tokens.weight``)."""
+    ours = model.state_dict()
+    return {theirs: ours[name].detach().to(device="cpu", dtype=torch.float32).contiguous()
+            for name, theirs in _name_map(model.cfg).items()}
+
+
+def to_hf_model(model: Decoder, *, bos_id: int | None, eos_id: int, pad_id: int | None) -> PreTrainedModel:
+    """``model`` as a ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` in memory: fp32, CPU, eval mode.
+
+    Raises:
+        ConfigError: as :func:`hf_config`.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(model.cfg, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _load_exact(hf, to_hf_state_dict(model), tied=model.cfg.tied_embeddings)
+    return hf.eval()
+
+
+def _load_exact(hf: torch.nn.Module, state: dict[str, torch.Tensor], *, tied: bool) -> None:
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [name for name in missing if not (tied and name == "lm_head.weight")]
+    if missing or unexpected:  # a mapping fault, not a user error
+        raise RuntimeError(f"transformers model does not take the mapped weights: missing {missing}, "
+                           f"unexpected {unexpected}")
+
+
+# --------------------------------------------------------------------------------------------------------- import
+
+
+def _refuse(what: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{what} = {value!r}: {why}; the decoder cannot represent this model exactly")
+
+
+def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
+    """The ``ModelConfig`` that represents a Llama / Mistral / Qwen3 ``transformers`` config exactly.
+
+    Mapping: hidden_size → d_model, intermediate_size → d_ff, num_attention_heads / num_key_value_heads →
+    n_heads / n_kv_heads, vocab_size (the embedding rows), tie_word_embeddings, rope_parameters.rope_theta, rms_norm_eps →
+    norm_eps (also the QK-norm eps), initializer_range → init_std, max_position_embeddings → seq_len (kept as it is:
+    the RoPE tables then hold seq_len × d_h floats each, and training at that length is the caller's choice).
+
+    Raises:
+        ConfigError: naming the first field that differs from this decoder: model_type, attention bias (Qwen2 and
+            ``attention_bias``), ``mlp_bias``, ``hidden_act`` other than silu, ``head_dim`` ≠ hidden_size /
+            num_attention_heads, a rope type other than default (``rope_scaling``) or a partial rotary factor,
+            RoPE parameters per layer type, a sliding window shorter than max_position_embeddings, experts (MoE).
+    """
+    kind = getattr(config, "model_type", None)
+    if kind not in IMPORTABLE:
+        raise _refuse("model_type", kind, f"only {', '.join(IMPORTABLE)} folders are read")
+    if kind == "qwen2":
+        raise _refuse("model_type", kind, "Qwen2 attention has q/k/v projection biases (attention bias: "
+                      "transformers' Qwen2Attention always builds them) and this decoder has no biases")
+    for name in ("attention_bias", "mlp_bias"):
+        if getattr(config, name, False):
+            raise _refuse(name, True, "the decoder has no bias terms")
+    for name in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"):
+        if getattr(config, name, None):
+            raise _refuse(name, getattr(config, name), "a mixture of experts; the decoder has one dense FFN per block")
+    if config.hidden_act != "silu":
+        raise _refuse("hidden_act", config.hidden_act, "the FFN is SwiGLU (SiLU gate)")
+    heads = config.num_attention_heads
+    if config.hidden_size % heads or getattr(config, "head_dim", None) not in (None, config.hidden_size // heads):
+        raise _refuse("head_dim", getattr(config, "head_dim", None),
+                      f"it must equal hidden_size / num_attention_heads = {config.hidden_size} / {heads}")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if any(isinstance(v, dict) for v in rope.values()):
+        raise _refuse("rope_parameters", rope, "RoPE differs by layer type; the decoder has one RoPE")
+    if rope.get("rope_type", "default") != "default":
+        raise _refuse("rope_scaling (rope_parameters.rope_type)", rope.get("rope_type"),
+                      "only the default (unscaled) RoPE is implemented")
+    if rope.get("partial_rotary_factor") not in (None, 1.0):
+        raise _refuse("partial_rotary_factor", rope["partial_rotary_factor"], "RoPE rotates every head dimension")
+    positions = config.max_position_embeddings
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    windowed = kind == "mistral" or "sliding_attention" in layer_types
+    if windowed and window is not None and window < positions:
+        raise _refuse("sliding_window", window, f"attention is windowed below max_position_embeddings = {positions}")
+    if set(layer_types) - {"full_attention", "sliding_attention"}:
+        raise _refuse("layer_types", sorted(set(layer_types)), "every layer must be full causal attention")
+    return ModelConfig(n_layers=config.num_hidden_layers, d_model=config.hidden_size, n_heads=heads,
+                       n_kv_heads=config.num_key_value_heads or heads, d_ff=config.intermediate_size,
+                       vocab_size=config.vocab_size, seq_len=positions,
+                       tied_embeddings=bool(config.tie_word_embeddings), qk_norm=kind == "qwen3",
+                       rope_theta=float(rope.get("rope_theta", 10000.0)), init_std=float(config.initializer_range),
+                       norm_eps=float(config.rms_norm_eps))
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a folder's safetensors weights: ``model.safetensors``, or the shards an index names."""
+    import safetensors.torch
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise DataError(f"{folder} has no model.safetensors or model.safetensors.index.json; save the model with "
+                        "save_pretrained(..., safe_serialization=True)")
+    weights: dict[str, torch.Tensor] = {}
+    for name in files:
+        if not (folder / name).is_file():
+            raise DataError(f"{folder / name} is named by the weight index but missing")
+        weights.update(safetensors.torch.load_file(str(folder / name)))
+    return weights
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A Hugging Face model folder (``config.json``) rather than a checkpoint of this platform (``state.json``)."""
+    path = Path(path)
+    return (path / "config.json").is_file() and not (path / "state.json").exists()
+
+
+def decoder_from_hf(folder: Path) -> Decoder:
+    """A ``Decoder`` holding the weights of a local Hugging Face model folder (``config.json`` plus safetensors,
+    single file or sharded with an index), in fp32. Llama, Mistral (no window shorter than its positions) and Qwen3
+    folders are read; tied or untied heads; GQA. See :func:`model_config_from_hf` for the mapping.
+
+    Raises:
+        ConfigError: the architecture differs from this decoder (the message names the field, e.g.
+            ``model_type = 'qwen2'`` for the attention bias, ``sliding_window``, ``rope_scaling``), or the weights
+            hold a tensor the decoder has no place for (a bias).
+        DataError: no config.json or no safetensors weights, a tensor is missing, or a shape differs.
+    """
+    from transformers import AutoConfig
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise DataError(f"{folder} has no config.json: not a Hugging Face model folder")
+    kind = json.loads((folder / "config.json").read_text()).get("model_type")
+    if kind not in IMPORTABLE:  # before AutoConfig, which may not know the type at all
+        raise _refuse("model_type", kind, f"only {', '.join(IMPORTABLE)} folders are read")
+    cfg = model_config_from_hf(AutoConfig.from_pretrained(str(folder)))
+    theirs = _read_weights(folder)
+    theirs = {k: v for k, v in theirs.items() if not k.endswith("rotary_emb.inv_freq")}  # a buffer some files carry
+    if cfg.tied_embeddings:
+        theirs.pop("lm_head.weight", None)  # transformers ties it to the embedding and ignores a stored copy
+    names = _name_map(cfg)
+    extra = sorted(set(theirs) - set(names.values()))
+    if extra:
+        raise ConfigError(f"{folder}: tensors {extra[:5]} have no counterpart in the decoder (biases or modules the "
+                          "config does not declare); it cannot represent this model exactly")
+    model = Decoder(cfg)
+    state = {}
+    for ours, name in names.items():
+        if name not in theirs:
+            raise DataError(f"{folder}: tensor {name} is missing from the weights"
+                            + (" (tie_word_embeddings is false, so the head is its own matrix)"
+                               if name == "lm_head.weight" else ""))
+        expected = model.state_dict()[ours].shape
+        if theirs[name].shape != expected:
+            raise DataError(f"{folder}: tensor {name} has shape {tuple(theirs[name].shape)}, the config implies "
+                            f"{tuple(expected)}")
+        state[ours] = theirs[name].to(torch.float32)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+# --------------------------------------------------------------------------------------------------- verification
+
+
+def probe_ids(vocab_size: int, seq_len: int, *, rows: int = 2, length: int = 16, seed: int = 0) -> torch.Tensor:
+    """A fixed probe batch: LongTensor (rows, min(length, seq_len)) of ids drawn uniformly from [0, vocab_size) with
+    a seeded generator (the same ids on every machine)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (rows, min(length, seq_len)), generator=generator)
+
+
+@torch.no_grad()
+def greedy_decoder(model: Decoder, prompt: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+    """Greedy continuation of ``prompt`` by ``model`` without a KV cache: each step recomputes the whole prefix and
+    appends argmax of the last position's logits; stops after ``eos_id`` or ``max_new_tokens`` new tokens.
+    Returns the new tokens only. The prefix must stay within ``model.cfg.seq_len`` (else DataError)."""
+    device = next(model.parameters()).device
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([ids], device=device))[0, -1]
+        ids.append(int(logits.argmax()))
+        if ids[-1] == eos_id:
+            break
+    return ids[len(prompt):]
+
+
+@torch.no_grad()
+def greedy_hf(model: PreTrainedModel, prompt: list[int], max_new_tokens: int, eos_id: int | None,
+              pad_id: int | None = None) -> list[int]:
+    """``model.generate(do_sample=False)`` of ``prompt`` (one row, no padding): the new tokens, stopping after
+    ``eos_id`` or ``max_new_tokens``."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                         min_new_tokens=0, eos_token_id=eos_id, pad_token_id=eos_id if pad_id is None else pad_id,
+                         num_beams=1, temperature=None, top_p=None, top_k=None)
+    new = out[0, len(prompt):].tolist()
+    return new[: new.index(eos_id) + 1] if eos_id in new else new
+
+
+@dataclass
+class Verification:
+    """The outcome of :func:`verify`: ``max_abs_logit_diff`` (fp32, over the probe batch), the greedy continuations
+    of each prompt by both models, and ``passed`` (difference ≤ ``tolerance`` and every continuation equal)."""
+
+    max_abs_logit_diff: float
+    tolerance: float
+    ours: list[list[int]] = field(default_factory=list)
+    theirs: list[list[int]] = field(default_factory=list)
+
+    @property
+    def greedy_equal(self) -> bool:
+        return self.ours == self.theirs
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_logit_diff <= self.tolerance and self.greedy_equal
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max_abs_logit_diff": self.max_abs_logit_diff, "tolerance": self.tolerance,
+                "greedy_equal": self.greedy_equal, "greedy_ours": self.ours, "greedy_transformers": self.theirs,
+                "passed": self.passed}
+
+    def describe(self) -> str:
+        first = next((i for i, (a, b) in enumerate(zip(self.ours, self.theirs)) if a != b), None)
+        greedy = "greedy continuations equal" if self.greedy_equal else \
+            f"greedy continuation {first} differs: ours {self.ours[first]}, transformers {self.theirs[first]}"
+        return f"max |logit difference| {self.max_abs_logit_diff:.3g} (tolerance {self.tolerance:g}); {greedy}"
+
+
+@torch.no_grad()
+def verify(ours: Decoder, theirs: PreTrainedModel, probe: torch.Tensor, *, prompts: list[list[int]],
+           max_new_tokens: int, eos_id: int | None, pad_id: int | None = None,
+           tolerance: float = LOGIT_TOLERANCE) -> Verification:
+    """Compare ``ours`` and a ``transformers`` model in fp32 on the CPU: logits on ``probe`` (B, T) and the greedy
+    continuation of each prompt (``greedy_decoder`` against ``generate(do_sample=False)``). ``ours`` is compared as
+    a fp32 CPU copy in eval mode, so the caller's module is left as it was; ``theirs`` is moved to fp32, CPU and eval
+    mode in place.
+
+    Returns:
+        the :class:`Verification`; a mismatch is reported there, not raised.
+    """
+    import copy
+
+    mine = copy.deepcopy(ours).to(device="cpu", dtype=torch.float32).eval()
+    theirs = theirs.to(device="cpu", dtype=torch.float32).eval()
+    diff = (mine(probe).float() - theirs(input_ids=probe).logits.float()).abs().max()
+    result = Verification(max_abs_logit_diff=float(diff), tolerance=tolerance)
+    for prompt in prompts:
+        result.ours.append(greedy_decoder(mine, prompt, max_new_tokens, eos_id))
+        result.theirs.append(greedy_hf(theirs, prompt, max_new_tokens, eos_id, pad_id))
+    return result
