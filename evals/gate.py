@@ -240,30 +240,27 @@ def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float, seed: in
 
 def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence: float, seed: int,
               harness_key: str = "") -> _Interval:
-    if metric in HARNESS_METRICS:
-        found = [m.harness_correct.get(harness_key) for m in (base, cand)]
-        if any(f is None for f in found):
-            missing = [m.name for m, f in zip((base, cand), found) if f is None]
-            raise DataError(f"{', '.join(missing)}: no harness results for {harness_key}; score the base and every "
-                            "candidate on that task with log_samples")
-        base_h, cand_h = (np.asarray(f, bool) for f in found)
-        if cand_h.size == 0 or base_h.shape != cand_h.shape:
-            raise DataError(f"{cand.name}: {harness_key} has {cand_h.size} documents vs the base's {base_h.size}; "
-                            "score base and candidates on the same non-empty documents (same limit)")
-        if metric == "harness_accuracy":
-            return _cloze_accuracy(cand_h, confidence)
-        return _cloze_delta(base_h, cand_h, confidence, seed)
     if metric == "domain_loss_reduction_nats":
         return _paired_loss(base.domain, cand.domain, rise=False, confidence=confidence, seed=seed,
                             what=f"{cand.name} domain")
     if metric == "general_loss_rise_nats":
         return _paired_loss(base.general, cand.general, rise=True, confidence=confidence, seed=seed,
                             what=f"{cand.name} general")
-    base_c, cand_c = np.asarray(base.cloze_correct, bool), np.asarray(cand.cloze_correct, bool)
+    if metric in HARNESS_METRICS:
+        found = [m.harness_correct.get(harness_key) for m in (base, cand)]
+        if any(f is None for f in found):
+            missing = [m.name for m, f in zip((base, cand), found) if f is None]
+            raise DataError(f"{', '.join(missing)}: no harness results for {harness_key}; score the base and every "
+                            "candidate on that task with log_samples")
+        what, units, fix = f"{harness_key} has", "documents", "documents (same limit)"
+    else:
+        found = [base.cloze_correct, cand.cloze_correct]
+        what, units, fix = "cloze results have", "items", "item list"
+    base_c, cand_c = (np.asarray(f, bool) for f in found)
     if cand_c.size == 0 or base_c.shape != cand_c.shape:
-        raise DataError(f"{cand.name}: cloze results have {cand_c.size} items vs the base's {base_c.size}; "
-                        "score base and candidates on the same non-empty item list")
-    if metric == "cloze_accuracy":
+        raise DataError(f"{cand.name}: {what} {cand_c.size} {units} vs the base's {base_c.size}; score base and "
+                        f"candidates on the same non-empty {fix}")
+    if metric in ("cloze_accuracy", "harness_accuracy"):
         return _cloze_accuracy(cand_c, confidence)
     return _cloze_delta(base_c, cand_c, confidence, seed)
 

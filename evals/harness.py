@@ -55,6 +55,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 from torch import nn
 
 from evals.cloze import ClozeItem, _split_option
@@ -253,16 +254,21 @@ class DecoderLM(TemplateLM):
             max_new = int(kwargs.get("max_gen_toks", self.max_gen_toks))
             prompt = self.tok_encode(context) or [self.eos_id]
             prompt = prompt[-max(1, self.max_length - max_new):]
-            text, tokens = "", []
+            streamed, tokens = "", []
+            decoder = DecodeStream(skip_special_tokens=False)  # incremental: no re-decoding per new token
+            longest = max((len(stop) for stop in until), default=0)
             with _inference(self.model):
                 stream = stream_tokens(self.model, prompt, Sampling(max_new_tokens=max_new, temperature=0.0),
                                        eos_id=self.eos_id, n_vocab=n_vocab)
                 for token in stream:
                     tokens.append(token)
-                    text = self.tok_decode(tokens)
-                    if any(stop in text for stop in until):
+                    chunk = decoder.step(self.tokenizer, token) or ""
+                    streamed += chunk
+                    tail = streamed[-(len(chunk) + longest):]  # a stop string can only end in the new text
+                    if chunk and any(stop in tail for stop in until):
                         break
                 del stream  # closes the generator now, inside the eval-mode block
+            text = self.tok_decode(tokens)
             cut = min((text.index(stop) for stop in until if stop in text), default=len(text))
             outputs.append(text[:cut])
             self.cache_hook.add_partial("generate_until", req.args, text[:cut])
