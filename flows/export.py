@@ -35,8 +35,9 @@ def _runs_folders(checkpoint: Path, layout: RunsLayout) -> list[RunsLayout]:
     return [RunsLayout(root) for root in dict.fromkeys([*own, layout.root])]
 
 
-def trained_tokenizer(checkpoint: Path, layout: RunsLayout) -> Path:
-    """The tokenizer artifact the checkpoint was trained with (module docstring).
+def trained_tokenizer(checkpoint: Path, layout: RunsLayout, record: dict | None = None) -> Path:
+    """The tokenizer artifact the checkpoint was trained with (module docstring); ``record`` is the checkpoint's
+    ``verify_checkpoint`` record when the caller has it already (the check hashes every file).
 
     Raises:
         CheckpointError: the checkpoint records no tokenizer hash, or no runs folder searched has a tokenizer
@@ -45,7 +46,7 @@ def trained_tokenizer(checkpoint: Path, layout: RunsLayout) -> Path:
     from flows.evaluate import find_tokenizer
     from tasks.train.checkpoint import verify_checkpoint
 
-    saved = verify_checkpoint(checkpoint).get("extra", {}).get("tokenizer_hash")
+    saved = (record if record is not None else verify_checkpoint(checkpoint)).get("extra", {}).get("tokenizer_hash")
     if not saved:
         raise CheckpointError(f"{checkpoint} records no tokenizer_hash, so its tokenizer cannot be found; pass "
                               "--tokenizer DIR (a folder with tokenizer.json and tokenizer.meta.json)")

@@ -38,14 +38,6 @@ class Generator:
         return complete(self.model, self.tokenizer, prompt, sampling, eos_id=self.eos_id, on_text=on_text)
 
 
-def runs_folder_of(path: Path) -> RunsLayout | None:
-    """The runs folder a path inside ``<runs>/artifacts/`` or ``<runs>/scratch/`` belongs to, or None."""
-    for parent in Path(path).resolve().parents:
-        if parent.name in ("artifacts", "scratch") and (parent.parent / "artifacts").is_dir():
-            return RunsLayout(parent.parent)
-    return None
-
-
 def load_generator(checkpoint: Path, *, tokenizer: Path | None = None, runs_dir: str | None = None) -> Generator:
     """Load ``checkpoint`` (verified) and the tokenizer to decode it with (module docstring).
 
@@ -55,7 +47,7 @@ def load_generator(checkpoint: Path, *, tokenizer: Path | None = None, runs_dir:
         ConfigError: no tokenizer given and none found for the checkpoint (the message says what to pass), or a
             tokenizer that cannot be loaded.
     """
-    from flows.evaluate import find_tokenizer
+    from flows.export import trained_tokenizer
     from tasks.train.checkpoint import load_model, verify_checkpoint
     from tasks.train.pretrained_tokenizer import read_pretrained
 
@@ -66,20 +58,10 @@ def load_generator(checkpoint: Path, *, tokenizer: Path | None = None, runs_dir:
         if not recorded:
             raise ConfigError(f"{directory} records no tokenizer (no tokenizer_hash in state.json); pass --tokenizer "
                               "DIR, the tokenizer it was trained with (a folder with tokenizer.json, or the file)")
-        layouts = [layout for layout in (runs_folder_of(directory), RunsLayout.resolve(runs_dir)) if layout]
-        found = None
-        for layout in dict.fromkeys(layouts):
-            try:
-                found = find_tokenizer(layout, recorded)
-                break
-            except CheckpointError:
-                continue
-        if found is None:
-            searched = ", ".join(str(layout.artifacts / "tokenizer") for layout in dict.fromkeys(layouts))
-            raise ConfigError(f"{directory} was trained with tokenizer {recorded[:12]}…, which is in none of "
-                              f"{searched}; pass --tokenizer DIR (that tokenizer's folder or tokenizer.json), or "
-                              "--runs-dir of the run that trained it")
-        tokenizer = found
+        try:
+            tokenizer = trained_tokenizer(directory, RunsLayout.resolve(runs_dir), record)
+        except CheckpointError as err:
+            raise ConfigError(f"{err}") from None
     adopted = read_pretrained(tokenizer)
     if recorded and adopted.tokenizer_hash != recorded:
         raise CheckpointError(f"--tokenizer {tokenizer} has hash {adopted.tokenizer_hash[:12]}…, but {directory} "

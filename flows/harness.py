@@ -74,7 +74,7 @@ def load_tokenizer(folder: Path, record: dict, tokenizer: Path | None, layout: R
         from flows.export import trained_tokenizer
 
         try:
-            tokenizer = trained_tokenizer(folder, layout)
+            tokenizer = trained_tokenizer(folder, layout, record or None)
         except CheckpointError as err:
             raise ConfigError(f"no tokenizer for {folder}: {err}") from None
     path = Path(tokenizer)
