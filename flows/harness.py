@@ -177,6 +177,8 @@ def harness_eval(checkpoint: Path, tasks: list[str], layout: RunsLayout, *, toke
         table = frame.assign(checkpoint=str(folder), num_fewshot=num_fewshot, doc_limit=limit,
                              tokenizer_hash=tok["tokenizer_hash"], checkpoint_identity=identity,
                              mlflow_run_id=run_id, evaluated_at=pd.Timestamp.fromtimestamp(started, tz="UTC"))
+        # Typed even when unset: a first table created from all-None columns would be typed NULL in DuckDB.
+        table = table.astype({"num_fewshot": "Int64", "doc_limit": "Int64"})
         table.to_parquet(folder_out / "results.parquet", index=False)
         warehouse = Warehouse(layout.duckdb)
         for task, rows in table.groupby("task", sort=False):

@@ -225,6 +225,11 @@ def test_pretrain_eval_harness_writes_duckdb_mlflow_and_samples(runs):
     assert again.exit_code == 0, again.output
     with duckdb.connect(str(runs["root"] / "results.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM harness_results").fetchone()[0] == 4
+    # A first evaluation without few-shot left num_fewshot empty; a later one with it still fits the table.
+    fewshot = CliRunner().invoke(app, [*args[:-1], "--num-fewshot", "1", "--json"])
+    assert fewshot.exit_code == 0, fewshot.output
+    with duckdb.connect(str(runs["root"] / "results.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM harness_results WHERE num_fewshot = 1").fetchone()[0] == 4
 
 
 def test_pretrain_eval_harness_needs_a_tokenizer_it_can_find(tmp_path, runs, model):
