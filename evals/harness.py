@@ -41,6 +41,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -68,6 +69,18 @@ CLOZE_TASKS = {"pretrain_cloze_general": "configs/cloze/general.jsonl",
                "pretrain_cloze_demo": "configs/cloze/demo.jsonl"}
 
 BATCHING = ("length", "context")
+
+
+class _OwnTaskHints(logging.Filter):
+    """Drops the harness's ``--metadata`` hint for the shipped cloze tasks: it is printed for every task that loads
+    its data with a function (as these do) and offers options they do not have."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(tuple(f"{t}:" for t in CLOZE_TASKS)) and "--metadata" in message)
+
+
+logging.getLogger("lm_eval.api.task").addFilter(_OwnTaskHints())
 
 # Shape legend: B requests in one batch, T input positions, V vocabulary (the model's embedding rows).
 
@@ -389,6 +402,8 @@ def evaluate(lm: DecoderLM, specs: Sequence[str], *, limit: int | None = None, n
 
     Raises:
         ConfigError: as ``task_manager``; a negative ``limit`` or ``num_fewshot``.
+        DataError: a task whose dataset lives on the Hugging Face Hub when the Hub cannot be reached (or offline
+            mode is set) and the dataset is not in the local cache; the message names the task list and the cause.
     """
     import lm_eval
 
@@ -397,10 +412,15 @@ def evaluate(lm: DecoderLM, specs: Sequence[str], *, limit: int | None = None, n
     if num_fewshot is not None and num_fewshot < 0:
         raise ConfigError(f"num_fewshot = {num_fewshot}: must be >= 0")
     manager, resolved = task_manager(specs, include_path)
-    return lm_eval.simple_evaluate(model=lm, tasks=resolved, task_manager=manager, limit=limit,
-                                   num_fewshot=num_fewshot, log_samples=log_samples, bootstrap_iters=bootstrap_iters,
-                                   random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                   fewshot_random_seed=seed)
+    try:
+        return lm_eval.simple_evaluate(model=lm, tasks=resolved, task_manager=manager, limit=limit,
+                                       num_fewshot=num_fewshot, log_samples=log_samples,
+                                       bootstrap_iters=bootstrap_iters, random_seed=seed, numpy_random_seed=seed,
+                                       torch_random_seed=seed, fewshot_random_seed=seed)
+    except ConnectionError as err:  # `datasets` raises it for a Hub dataset it can neither download nor find cached
+        raise DataError(f"tasks {', '.join(specs)}: a dataset could not be loaded from the Hugging Face Hub ({err}); "
+                        "run where the Hub is reachable, or with the dataset in the local cache, or give a task "
+                        "YAML with local data files (dataset_path: json, dataset_kwargs.data_files)") from None
 
 
 def results_frame(results: dict[str, Any]) -> pd.DataFrame:

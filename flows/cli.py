@@ -37,7 +37,7 @@ from rich.markup import escape
 from flows.config import load_config
 from flows.preflight import preflight
 from infra.errors import PretrainError
-from infra.runs import TRACKING_ENV, RunsLayout
+from infra.runs import RUNS_ENV, TRACKING_ENV, RunsLayout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
 gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
@@ -416,7 +416,8 @@ HarnessLimit = typer.Option(None, "--limit", help="with --harness: the first N d
 HarnessFewshot = typer.Option(None, "--num-fewshot", help="with --harness: K examples in each prompt (default: the "
                               "task's)")
 HarnessOut = typer.Option(None, "--out", help="with --harness: folder for results.json and the per-document samples "
-                          "(default: <runs>/harness/<key>/)")
+                          "(default: <runs>/harness/<key>/, in --runs-dir, else the runs folder holding the "
+                          "checkpoint, else ./runs)")
 
 
 @app.command("eval")
@@ -479,9 +480,12 @@ def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory 
 def _eval_harness(checkpoint: Path, config: Optional[Path], harness: Optional[str], tokenizer: Optional[Path],
                   limit: Optional[int], num_fewshot: Optional[int], out: Optional[Path], runs_dir: Optional[str],
                   tracking_uri: Optional[str], as_json: bool) -> None:
-    """`pretrain eval CHECKPOINT --harness TASKS`: harness tasks (flows/harness.py), results printed and recorded."""
+    """`pretrain eval CHECKPOINT --harness TASKS`: harness tasks (flows/harness.py), results printed and recorded
+    in the runs folder given, else in the one holding the checkpoint (its DuckDB and MLflow), else ./runs."""
+    from flows.export import owning_runs
+
     _set_tracking(tracking_uri)
-    layout = RunsLayout.resolve(runs_dir)
+    layout = RunsLayout.resolve(runs_dir or os.environ.get(RUNS_ENV) or owning_runs(checkpoint))
     try:
         from infra.errors import ConfigError
 

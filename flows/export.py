@@ -1,16 +1,21 @@
-"""``pretrain export CHECKPOINT OUT``: any checkpoint directory as a verified Hugging Face folder.
+"""``pretrain export CHECKPOINT OUT``: any checkpoint as a verified Hugging Face folder; and how every command that
+reads a checkpoint (export, generate, eval --harness) finds the model and its tokenizer.
 
-The tokenizer is the one the checkpoint was trained with: the tokenizer artifact whose hash the checkpoint's
-state.json records (``extra.tokenizer_hash``), looked up in the runs folder that holds the checkpoint and in the
-configured runs folder. ``--tokenizer DIR`` names it instead.
+A checkpoint is a checkpoint directory (``model.safetensors`` + ``state.json`` + ``checksums.json``), a stage
+artifact folder holding one in ``checkpoint/``, or a Hugging Face model folder the decoder represents exactly (an
+export, or a released base; ``models.hf.decoder_from_hf``). Its tokenizer is the one it was trained with: the
+tokenizer artifact whose hash the checkpoint's state.json records (``extra.tokenizer_hash``), looked up in the runs
+folder that holds the checkpoint and in the configured runs folder; for a Hugging Face folder, its own tokenizer
+files. ``--tokenizer`` names one instead, and must have the recorded hash when there is one.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from infra.errors import CheckpointError
+from infra.errors import CheckpointError, ConfigError
 from infra.runs import RunsLayout
 
 
@@ -29,9 +34,14 @@ def checkpoint_folder(path: Path) -> Path:
     return path
 
 
+def owning_runs(checkpoint: Path) -> Path | None:
+    """The runs folder ``checkpoint`` lies in (the parent of its ``artifacts/`` store), or None."""
+    return next((p.parent for p in Path(checkpoint).resolve().parents if p.name == "artifacts"), None)
+
+
 def _runs_folders(checkpoint: Path, layout: RunsLayout) -> list[RunsLayout]:
-    """The runs folder a checkpoint lies in (the parent of its ``artifacts/``), then the configured one."""
-    own = [parent.parent for parent in checkpoint.resolve().parents if parent.name == "artifacts"][:1]
+    """The runs folder a checkpoint lies in, then the configured one."""
+    own = [root for root in [owning_runs(checkpoint)] if root is not None]
     return [RunsLayout(root) for root in dict.fromkeys([*own, layout.root])]
 
 
@@ -60,11 +70,77 @@ def trained_tokenizer(checkpoint: Path, layout: RunsLayout, record: dict | None 
                           f"({'; '.join(errors)}); pass --tokenizer DIR, or --runs-dir the runs folder that has it")
 
 
+def load_checkpoint(checkpoint: Path) -> tuple[Any, dict, Path]:
+    """(Decoder, its state.json record or {} for a Hugging Face folder, the folder read).
+
+    Raises:
+        CheckpointError: missing or corrupt checkpoint. ConfigError: a Hugging Face architecture the decoder cannot
+            represent exactly.
+    """
+    from models.hf import decoder_from_hf, is_hf_folder
+
+    folder = checkpoint_folder(Path(checkpoint))
+    if is_hf_folder(folder):
+        return decoder_from_hf(folder), {}, folder
+    from tasks.train.checkpoint import load_model, verify_checkpoint
+
+    record = verify_checkpoint(folder)
+    return load_model(folder), record, folder
+
+
+def checkpoint_tokenizer(folder: Path, record: dict, tokenizer: Path | None, layout: RunsLayout) -> dict[str, Any]:
+    """The tokenizer to read ``folder`` with: ``tokenizer`` when given; else the one the checkpoint was trained with
+    (:func:`trained_tokenizer`); else, for a Hugging Face folder, its own tokenizer files. Returns {"tokenizer"
+    (``tokenizers.Tokenizer``), "eos_id", "tokenizer_hash", "path"}.
+
+    Raises:
+        ConfigError: no tokenizer is recorded or found (pass ``--tokenizer DIR``), or the given one's hash differs
+            from the one the checkpoint was trained with.
+    """
+    from tokenizers import Tokenizer
+
+    from models.hf import is_hf_folder
+    from tasks.train.pretrained_tokenizer import read_pretrained, tokenizer_hash
+
+    saved = record.get("extra", {}).get("tokenizer_hash")
+    if tokenizer is None and is_hf_folder(folder) and (folder / "tokenizer.json").is_file():
+        tokenizer = folder
+    if tokenizer is None:
+        try:
+            tokenizer = trained_tokenizer(folder, layout, record or None)
+        except CheckpointError as err:
+            raise ConfigError(f"no tokenizer for {folder}: {err}") from None
+    path = Path(tokenizer)
+    if (path / "tokenizer.meta.json").is_file() and (path / "tokenizer.json").is_file():
+        meta = json.loads((path / "tokenizer.meta.json").read_text())
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        eos_id, found = int(meta["eos_id"]), meta.get("tokenizer_hash") or tokenizer_hash(tok)
+    else:
+        pretrained = read_pretrained(path)  # ConfigError naming what is missing
+        tok, eos_id, found = pretrained.load(), pretrained.eos_id, pretrained.tokenizer_hash
+    if saved and found != saved:
+        raise ConfigError(f"{folder} was trained with tokenizer {saved!r}, {path} holds {found!r}: score it with "
+                          "the tokenizer it was trained with")
+    return {"tokenizer": tok, "eos_id": eos_id, "tokenizer_hash": found, "path": path}
+
+
 def export(checkpoint: Path, out: Path, tokenizer: Path | None, layout: RunsLayout) -> dict[str, Any]:
-    """Export ``checkpoint`` (or a stage artifact's checkpoint) to ``out`` with its tokenizer; the verified record
-    (``tasks.export.hf.export_checkpoint``), plus ``tokenizer_dir``."""
+    """Export ``checkpoint`` (a checkpoint directory, a stage artifact holding one, or a Hugging Face model folder)
+    to ``out`` with its tokenizer: ``tokenizer`` when given (a tokenizer artifact, a Hugging Face tokenizer folder
+    or a ``tokenizer.json``), else the one it was trained with, else a Hugging Face folder's own. Returns the
+    verified record (``tasks.export.hf.export_checkpoint``)."""
     from tasks.export.hf import export_checkpoint
 
+    from models.hf import is_hf_folder
+
     checkpoint = checkpoint_folder(checkpoint)
-    tokenizer_dir = Path(tokenizer) if tokenizer is not None else trained_tokenizer(checkpoint, layout)
+    if tokenizer is not None:
+        tokenizer_dir = Path(tokenizer)
+    elif is_hf_folder(checkpoint):  # an exported or released model folder: its own tokenizer files
+        if not (checkpoint / "tokenizer.json").is_file():
+            raise CheckpointError(f"{checkpoint} is a Hugging Face model folder without tokenizer.json; pass "
+                                  "--tokenizer (its tokenizer folder or tokenizer.json)")
+        tokenizer_dir = checkpoint
+    else:
+        tokenizer_dir = trained_tokenizer(checkpoint, layout)
     return export_checkpoint(checkpoint, tokenizer_dir, Path(out))

@@ -1,10 +1,11 @@
 """Text generation from any checkpoint (``pretrain generate``): the checkpoint, its tokenizer, the prompts.
 
-The tokenizer defaults to the one the checkpoint was trained with: its ``state.json`` records the tokenizer's hash
-(``extra.tokenizer_hash``), and the tokenizer artifact with that hash is looked up in the runs folder holding the
-checkpoint (``<runs>/artifacts/...``), else in ``--runs-dir`` / ``$PRETRAIN_RUNS_DIR`` / ``./runs``. ``--tokenizer``
-names one explicitly (a tokenizer artifact folder, a Hugging Face tokenizer folder or a ``tokenizer.json``); when
-the checkpoint records a hash, the tokenizer given must have it.
+The checkpoint is a checkpoint directory, a stage artifact holding one, or a Hugging Face model folder (an export).
+The tokenizer defaults to the one the checkpoint was trained with (``flows.export``: the tokenizer artifact with the
+hash its ``state.json`` records, looked up in the runs folder holding the checkpoint, else in ``--runs-dir`` /
+``$PRETRAIN_RUNS_DIR`` / ``./runs``; a Hugging Face folder's own files). ``--tokenizer`` names one explicitly (a
+tokenizer artifact folder, a Hugging Face tokenizer folder or a ``tokenizer.json``); when the checkpoint records a
+hash, the tokenizer given must have it.
 
 Decoding is ``models.generate`` (KV-cached; greedy, temperature, top-k, top-p); the text is streamed as it is
 generated, decoded incrementally so that a character spread over several byte-level tokens is printed whole.
@@ -16,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from infra.errors import CheckpointError, ConfigError
+from infra.errors import ConfigError
 from infra.jsonl import jsonl_lines
-from flows.export import checkpoint_folder
 from infra.runs import RunsLayout
 from models.generate import Completion, Sampling, complete
 
@@ -42,35 +42,20 @@ def load_generator(checkpoint: Path, *, tokenizer: Path | None = None, runs_dir:
     """Load ``checkpoint`` (verified) and the tokenizer to decode it with (module docstring).
 
     Raises:
-        CheckpointError: a missing or corrupt checkpoint, or a ``--tokenizer`` whose hash differs from the one the
-            checkpoint records (both named).
-        ConfigError: no tokenizer given and none found for the checkpoint (the message says what to pass), or a
-            tokenizer that cannot be loaded.
+        CheckpointError: a missing or corrupt checkpoint.
+        ConfigError: no tokenizer given and none found for the checkpoint (the message says what to pass), a
+            ``--tokenizer`` whose hash differs from the one the checkpoint records (both named), one that cannot be
+            loaded, or one with more ids than the model has embedding rows; a Hugging Face architecture the decoder
+            cannot represent exactly.
     """
-    from flows.export import trained_tokenizer
-    from tasks.train.checkpoint import load_model, verify_checkpoint
-    from tasks.train.pretrained_tokenizer import read_pretrained
+    from flows.export import checkpoint_tokenizer, load_checkpoint
 
-    directory = checkpoint_folder(checkpoint)
-    record = verify_checkpoint(directory)
-    recorded = record.get("extra", {}).get("tokenizer_hash")
-    if tokenizer is None:
-        if not recorded:
-            raise ConfigError(f"{directory} records no tokenizer (no tokenizer_hash in state.json); pass --tokenizer "
-                              "DIR, the tokenizer it was trained with (a folder with tokenizer.json, or the file)")
-        try:
-            tokenizer = trained_tokenizer(directory, RunsLayout.resolve(runs_dir), record)
-        except CheckpointError as err:
-            raise ConfigError(f"{err}") from None
-    adopted = read_pretrained(tokenizer)
-    if recorded and adopted.tokenizer_hash != recorded:
-        raise CheckpointError(f"--tokenizer {tokenizer} has hash {adopted.tokenizer_hash[:12]}…, but {directory} "
-                              f"was trained with {recorded[:12]}…; give the tokenizer the checkpoint was trained with")
-    model = load_model(directory)
-    if adopted.vocab_size > model.cfg.vocab_size:
-        raise ConfigError(f"tokenizer {tokenizer} has {adopted.vocab_size} ids, more than the model's "
-                          f"{model.cfg.vocab_size} embedding rows; it is not this model's tokenizer")
-    return Generator(directory, model.eval(), adopted.load(), Path(tokenizer), adopted.eos_id)
+    model, record, directory = load_checkpoint(checkpoint)
+    found = checkpoint_tokenizer(directory, record, tokenizer, RunsLayout.resolve(runs_dir))
+    if found["tokenizer"].get_vocab_size() > model.cfg.vocab_size:
+        raise ConfigError(f"tokenizer {found['path']} has {found['tokenizer'].get_vocab_size()} ids, more than the "
+                          f"model's {model.cfg.vocab_size} embedding rows; it is not this model's tokenizer")
+    return Generator(directory, model.eval(), found["tokenizer"], Path(found["path"]), found["eos_id"])
 
 
 def read_prompts(prompts: Sequence[str], prompts_file: Path | None) -> list[str]:

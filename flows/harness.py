@@ -29,66 +29,12 @@ from typing import Any
 
 import pandas as pd
 
-from infra.errors import CheckpointError, ConfigError
+from infra.errors import ConfigError
+from flows.export import checkpoint_tokenizer as load_tokenizer, load_checkpoint
 from infra.runs import RunsLayout, ensure_folder
 
 DEFAULT_EXPERIMENT = "harness"
 TABLE = "harness_results"
-
-
-def load_checkpoint(checkpoint: Path) -> tuple[Any, dict, Path]:
-    """(Decoder, its state.json record or {} for a Hugging Face folder, the folder read).
-
-    Raises:
-        CheckpointError: missing or corrupt checkpoint. ConfigError: a Hugging Face architecture the decoder cannot
-            represent exactly.
-    """
-    from flows.export import checkpoint_folder
-    from models.hf import decoder_from_hf, is_hf_folder
-
-    folder = checkpoint_folder(Path(checkpoint))
-    if is_hf_folder(folder):
-        return decoder_from_hf(folder), {}, folder
-    from tasks.train.checkpoint import load_model, verify_checkpoint
-
-    record = verify_checkpoint(folder)
-    return load_model(folder), record, folder
-
-
-def load_tokenizer(folder: Path, record: dict, tokenizer: Path | None, layout: RunsLayout) -> dict[str, Any]:
-    """The checkpoint's tokenizer (module docstring): {"tokenizer", "eos_id", "tokenizer_hash", "path"}.
-
-    Raises:
-        ConfigError: no tokenizer is recorded or found (pass ``--tokenizer DIR``), or the given one's hash differs
-            from the one the checkpoint was trained with.
-    """
-    from tokenizers import Tokenizer
-
-    from models.hf import is_hf_folder
-    from tasks.train.pretrained_tokenizer import read_pretrained, tokenizer_hash
-
-    saved = record.get("extra", {}).get("tokenizer_hash")
-    if tokenizer is None and is_hf_folder(folder) and (folder / "tokenizer.json").is_file():
-        tokenizer = folder
-    if tokenizer is None:
-        from flows.export import trained_tokenizer
-
-        try:
-            tokenizer = trained_tokenizer(folder, layout, record or None)
-        except CheckpointError as err:
-            raise ConfigError(f"no tokenizer for {folder}: {err}") from None
-    path = Path(tokenizer)
-    if (path / "tokenizer.meta.json").is_file() and (path / "tokenizer.json").is_file():
-        meta = json.loads((path / "tokenizer.meta.json").read_text())
-        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-        eos_id, found = int(meta["eos_id"]), meta.get("tokenizer_hash") or tokenizer_hash(tok)
-    else:
-        pretrained = read_pretrained(path)  # ConfigError naming what is missing
-        tok, eos_id, found = pretrained.load(), pretrained.eos_id, pretrained.tokenizer_hash
-    if saved and found != saved:
-        raise ConfigError(f"{folder} was trained with tokenizer {saved!r}, {path} holds {found!r}: score it with "
-                          "the tokenizer it was trained with")
-    return {"tokenizer": tok, "eos_id": eos_id, "tokenizer_hash": found, "path": path}
 
 
 def _experiment(layout: RunsLayout, folder: Path) -> tuple[str, str]:

@@ -83,7 +83,7 @@ def describe_error(root: type[BaseModel], error: Any) -> str:
     got = _short(value)
     if isinstance(value, (int, float, str)) and (cause is None or got not in message):
         message += f" (got {got})"
-    return f"{path}: {message}"
+    return f"{path}: {message}" if path else message  # a check of the whole section has no field path
 
 
 def _unquote_hint(kind: str, value: str, key: str) -> str:

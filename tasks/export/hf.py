@@ -18,6 +18,7 @@ the project tokenizer's ids on sample text. Otherwise nothing is left behind.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +40,34 @@ SAMPLE_TEXTS = (
 PROBE_ROWS, PROBE_LENGTH, PROBE_SEED, MAX_NEW_TOKENS = 2, 16, 0, 8
 
 
-def _tokenizer_files(tokenizer_dir: Path) -> tuple[Any, dict]:
-    """The project tokenizer (``tokenizers.Tokenizer``) and its ``tokenizer.meta.json``."""
+def _tokenizer_files(tokenizer: Path) -> tuple[Any, dict, Path]:
+    """The tokenizer to export (``tokenizers.Tokenizer``), its meta and its ``tokenizer.json``.
+
+    ``tokenizer`` is a tokenizer stage artifact (``tokenizer.json`` + ``tokenizer.meta.json``), or a released
+    tokenizer (a Hugging Face tokenizer folder or a bare ``tokenizer.json``), whose EOS and pad ids are read as
+    ``[tokenizer] pretrained`` reads them (``tasks.train.pretrained_tokenizer``); the meta then has no
+    ``padded_vocab_size``.
+
+    Raises:
+        DataError: the path does not exist, or holds no tokenizer.json; or a released tokenizer without an EOS.
+    """
     from tokenizers import Tokenizer
 
-    tokenizer_dir = Path(tokenizer_dir)
-    for name in ("tokenizer.json", "tokenizer.meta.json"):
-        if not (tokenizer_dir / name).is_file():
-            raise DataError(f"{tokenizer_dir} has no {name}: give a tokenizer stage artifact "
-                            "(runs/artifacts/tokenizer/<key>)")
-    meta = json.loads((tokenizer_dir / "tokenizer.meta.json").read_text())
-    return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")), meta
+    from tasks.train.pretrained_tokenizer import read_pretrained
+
+    path = Path(tokenizer)
+    if not path.exists():
+        raise DataError(f"--tokenizer {path} does not exist; give a tokenizer stage artifact "
+                        "(runs/artifacts/tokenizer/<key>), a Hugging Face tokenizer folder or a tokenizer.json")
+    if (path / "tokenizer.meta.json").is_file() and (path / "tokenizer.json").is_file():
+        meta = json.loads((path / "tokenizer.meta.json").read_text())
+        return Tokenizer.from_file(str(path / "tokenizer.json")), meta, path / "tokenizer.json"
+    try:
+        adopted = read_pretrained(path)
+    except ConfigError as err:
+        raise DataError(f"{err}") from None
+    meta = {"eos_id": adopted.eos_id, "pad_id": adopted.pad_id, "tokenizer_hash": adopted.tokenizer_hash}
+    return adopted.load(), meta, adopted.tokenizer_file
 
 
 def hf_tokenizer(tokenizer_dir: Path, *, model_max_length: int) -> Any:
@@ -63,14 +81,14 @@ def hf_tokenizer(tokenizer_dir: Path, *, model_max_length: int) -> Any:
     """
     from transformers import PreTrainedTokenizerFast
 
-    tok, meta = _tokenizer_files(tokenizer_dir)
+    tok, meta, tokenizer_json = _tokenizer_files(tokenizer_dir)
     eos = tok.id_to_token(int(meta["eos_id"]))  # <|endoftext|> when fitted; a released tokenizer's own otherwise
     if eos is None:
         raise DataError(f"{tokenizer_dir}: eos_id {meta['eos_id']} is not a token of its tokenizer.json")
     pad = tok.id_to_token(int(meta.get("pad_id", meta["eos_id"])))
     specials = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
     extra = [t for t in specials if t not in (eos, pad)]
-    return PreTrainedTokenizerFast(tokenizer_file=str(Path(tokenizer_dir) / "tokenizer.json"), eos_token=eos,
+    return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), eos_token=eos,
                                    pad_token=pad, bos_token=None, unk_token=None, extra_special_tokens=extra,
                                    model_max_length=model_max_length, clean_up_tokenization_spaces=False)
 
@@ -123,7 +141,7 @@ def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path) 
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ConfigError(f"{out_dir} exists and is not an empty folder; remove it or choose another output folder")
-    project, meta = _tokenizer_files(tokenizer_dir)
+    project, meta, tokenizer_json = _tokenizer_files(tokenizer_dir)
     if is_hf_folder(checkpoint_dir):  # a released base that CPT started from, kept by the gate
         record: dict[str, Any] = {"format": "hugging_face"}
         model = decoder_from_hf(checkpoint_dir).eval()
@@ -134,7 +152,9 @@ def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path) 
     if saved and saved != meta.get("tokenizer_hash"):
         raise CheckpointError(f"{checkpoint_dir} was trained with tokenizer {saved!r}, {tokenizer_dir} holds "
                               f"{meta.get('tokenizer_hash')!r}: export it with the tokenizer it was trained with")
-    vocab = int(meta.get("padded_vocab_size", project.get_vocab_size()))
+    # A stage artifact records the embedding rows it padded to; a released tokenizer may have fewer ids than its
+    # model's rows (padded by the model's authors), never more.
+    vocab = int(meta.get("padded_vocab_size", model.cfg.vocab_size))
     if model.cfg.vocab_size != vocab or project.get_vocab_size() > model.cfg.vocab_size:
         raise CheckpointError(f"{checkpoint_dir} has {model.cfg.vocab_size} embedding rows, the tokenizer in "
                               f"{tokenizer_dir} {project.get_vocab_size()} tokens (padded to {vocab})")
@@ -146,6 +166,9 @@ def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path) 
     with atomic_dir(out_dir) as tmp:
         theirs.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        # transformers writes tokenizer.json back with a no-op post-processor; the project's file, byte for byte,
+        # keeps the tokenizer's hash, so the export is recognised as the checkpoint's tokenizer.
+        shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")
         del theirs
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
         reloaded_tokenizer = AutoTokenizer.from_pretrained(tmp)

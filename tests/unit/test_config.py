@@ -390,3 +390,16 @@ def test_a_file_below_the_runs_folder_is_named_where_a_stage_or_the_audit_makes_
     (layout.root / "audit" / "smoke").write_text("x")
     with pytest.raises(RunsFolderError, match=r"audit/smoke: a file is in the way .* remove or rename the file"):
         ensure_folder(layout.root / "audit" / "smoke" / "fortunes_en")
+
+
+def test_a_cross_section_problem_reads_as_one_field_path(tmp_path):
+    """Checks across sections run on the whole config, which has no field path of its own: the message starts at
+    the field the check names."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text((ROOT / "configs/smoke.toml").read_text().replace('domain_sources = ["python_doc"]',
+                                                                       'domain_sources = ["handbook_en"]'))
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert re.search(r"bad\.toml: invalid config: cpt\.domain_sources: 'handbook_en' must name a source with "
+                     r"role = 'domain'", str(err.value)), str(err.value)
+    assert ": :" not in str(err.value)

@@ -2,6 +2,9 @@
 --harness`, and the gate's harness criteria: on a tiny decoder and a BPE tokenizer fitted here."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -180,8 +183,9 @@ def test_unknown_tasks_and_missing_task_files_are_refused(tokenizer, model):
         evaluate(lm, ["no/such/task.yaml"])
 
 
-def test_a_local_task_yaml_path_runs(tmp_path, tokenizer, model):
-    """A task YAML outside the shipped folder, given by path: its folder joins the include path."""
+def test_a_local_task_yaml_path_runs(tmp_path, tokenizer, model, caplog):
+    """A task YAML outside the shipped folder, given by path: its folder joins the include path. The harness's
+    ``--metadata`` hint is dropped for the shipped cloze tasks only."""
     template = (HARNESS_TASKS / "_cloze_template_yaml").read_text()
     (tmp_path / "mine.yaml").write_text(template.replace("!function cloze_data.load", "!function loader.load")
                                         + "task: my_cloze\ndataset_kwargs:\n  file: items.jsonl\n")
@@ -190,11 +194,16 @@ def test_a_local_task_yaml_path_runs(tmp_path, tokenizer, model):
     out = evaluate(DecoderLM(model, tokenizer, eos_id=0), [str(tmp_path / "mine.yaml")], limit=5)
     frame = results_frame(out)
     assert set(frame["task"]) == {"my_cloze"} and set(frame["n"]) == {5}
+    hints = [r.getMessage().split(":")[0] for r in caplog.records if "--metadata" in r.getMessage()]
+    assert hints == ["my_cloze"]
+    caplog.clear()
+    evaluate(DecoderLM(model, tokenizer, eos_id=0), ["pretrain_cloze_demo"], limit=2)
+    assert not [r for r in caplog.records if "--metadata" in r.getMessage()]
 
 
 # ------------------------------------------------------------------------------------------ pretrain eval --harness
 
-def test_pretrain_eval_harness_writes_duckdb_mlflow_and_samples(runs):
+def test_pretrain_eval_harness_writes_duckdb_mlflow_and_samples(runs, tmp_path, monkeypatch):
     from flows.cli import app
 
     args = ["eval", str(runs["checkpoint"]), "--harness", "pretrain_cloze_general,pretrain_cloze_domain", "--limit",
@@ -221,8 +230,14 @@ def test_pretrain_eval_harness_writes_duckdb_mlflow_and_samples(runs):
     assert run.data.tags["harness.source_run"] == runs["source_run"]
     assert run.data.metrics["pretrain_cloze_general.acc"] == pytest.approx(acc)
     assert run.data.params["tokenizer_hash"] == runs["hash"] and run.info.status == "FINISHED"
-    again = CliRunner().invoke(app, args)  # the same evaluation replaces its rows
+    # The same evaluation replaces its rows; without --runs-dir it is recorded in the runs folder holding the
+    # checkpoint, not in ./runs.
+    monkeypatch.delenv("PRETRAIN_RUNS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    again = CliRunner().invoke(app, [a for a in args if a not in ("--runs-dir", str(runs["root"]))])
     assert again.exit_code == 0, again.output
+    assert not (tmp_path / "runs").exists()
+    assert Path(json.loads(again.output[again.output.index("{"):])["out"]).parent == runs["root"] / "harness"
     with duckdb.connect(str(runs["root"] / "results.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM harness_results").fetchone()[0] == 4
     # A first evaluation without few-shot left num_fewshot empty; a later one with it still fits the table.
@@ -250,6 +265,19 @@ def test_pretrain_eval_harness_needs_a_tokenizer_it_can_find(tmp_path, runs, mod
     assert wrong.exit_code == 2 and "trained with tokenizer" in wrong.output
     neither = CliRunner().invoke(app, ["eval", str(runs["checkpoint"])])
     assert neither.exit_code == 2 and "--harness" in neither.output
+
+
+def test_a_hub_task_that_cannot_be_downloaded_is_one_error_line(runs, tmp_path):
+    """arc_easy's data lives on the Hub; offline (as here, with offline mode set so no retries are waited for) the
+    command names the task and the way out instead of a traceback."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "c"),
+           "PRETRAIN_RUNS_DIR": str(tmp_path / "runs")}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "eval", str(runs["checkpoint"]), "--harness",
+                           "arc_easy", "--limit", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "arc_easy" in proc.stdout and "Hugging Face Hub" in proc.stdout and "task YAML" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------------------------------ the gate

@@ -197,3 +197,40 @@ def test_a_released_base_folder_with_its_own_eos_token_exports_verified(tmp_path
     exported = AutoTokenizer.from_pretrained(tmp_path / "out")
     assert exported.eos_token == "</s>" and exported.eos_token_id == eos
     assert json.loads((tmp_path / "out" / "generation_config.json").read_text())["eos_token_id"] == eos
+
+
+def test_the_export_is_itself_a_checkpoint_for_export_generate_and_harness(tmp_path):
+    """The exported tokenizer.json is the checkpoint's, byte for byte (same hash), so the exported folder reads
+    as the same model everywhere: re-exported, generated from, and given as --tokenizer to the checkpoint."""
+    from flows.generate import load_generator
+    from infra.runs import RunsLayout
+    from flows.export import export
+    from models.generate import Sampling
+
+    runs = tmp_path / "runs"
+    meta = _tokenizer(runs / "artifacts" / "tokenizer" / "tok-key")
+    _checkpoint(runs / "artifacts" / "main" / "k" / "checkpoint", meta)
+    stage_tokenizer = runs / "artifacts" / "tokenizer" / "tok-key" / "tokenizer.json"
+    layout = RunsLayout(tmp_path / "elsewhere")
+    export(runs / "artifacts" / "main" / "k", tmp_path / "hf", None, layout)
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == stage_tokenizer.read_bytes()
+    again = export(tmp_path / "hf", tmp_path / "hf2", None, layout)  # a Hugging Face folder: its own tokenizer
+    assert again["passed"] and again["tokenizer_hash"] == meta["tokenizer_hash"]
+
+    greedy = Sampling(max_new_tokens=6)
+    from_checkpoint = load_generator(runs / "artifacts" / "main" / "k", runs_dir=str(layout.root))
+    from_export = load_generator(tmp_path / "hf")
+    with_export_tokenizer = load_generator(runs / "artifacts" / "main" / "k", tokenizer=tmp_path / "hf")
+    with_bare_file = load_generator(runs / "artifacts" / "main" / "k", tokenizer=stage_tokenizer)
+    outputs = [tuple(g.complete("The quick brown", greedy).tokens) for g in
+               (from_checkpoint, from_export, with_export_tokenizer, with_bare_file)]
+    assert len(outputs[0]) == 6 and len(set(outputs)) == 1
+
+
+def test_export_takes_a_bare_tokenizer_json_and_names_a_missing_tokenizer(made):
+    root, meta = made
+    _checkpoint(root / "ckpt", meta)
+    with pytest.raises(DataError, match="--tokenizer .*nowhere does not exist"):
+        export_checkpoint(root / "ckpt", root / "nowhere", root / "hf")
+    record = export_checkpoint(root / "ckpt", root / "tokenizer" / "tokenizer.json", root / "hf")
+    assert record["passed"] and record["tokenizer_hash"] == meta["tokenizer_hash"]
