@@ -121,3 +121,22 @@ def test_a_platform_checkpoint_is_not_an_hf_folder(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "state.json").write_text("{}")
     assert not is_hf_folder(tmp_path)
+
+
+def test_the_cpt_key_follows_the_base_weights_not_only_its_path(tmp_path, tok):
+    """A base replaced in place (same path, other weights) is a new CPT key; the same files give the same key."""
+    from flows.keys import stage_key
+    from flows.registry import STAGES
+
+    cpt = next(s for s in STAGES if s.name == "cpt")
+    upstream = {"tokenizer": "t", "mixture": "m", "main": "x"}
+    folder = _base(tmp_path / "base", tokenizer=tok)
+    cfg = load_config(_config(tmp_path, folder, folder))
+    first = stage_key(cpt, cfg, upstream)
+    assert first.config["base_weights"] and stage_key(cpt, cfg, upstream).key == first.key
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = weights["lm_head.weight"] * 1.5
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    assert stage_key(cpt, load_config(_config(tmp_path, folder, folder)), upstream).key != first.key
