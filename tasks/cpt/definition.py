@@ -21,7 +21,7 @@ def base_digest(folder: Path) -> str:
     """SHA-256 over the files that define a CPT base: the ``checksums.json`` of a checkpoint of this platform (it
     lists every file's SHA-256), else every regular file of a Hugging Face model folder (config, weights, tokenizer),
     by name. A base replaced in place under the same path then gets a new key. Each file is read once per process
-    and size and modification time (a released 7B base is about 14 GB, some 10-20 s to hash)."""
+    and size and modification time: a large base costs one read of its files per process."""
     folder = Path(folder)
     files = [folder / "checksums.json"] if (folder / "checksums.json").is_file() else sorted(
         p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
