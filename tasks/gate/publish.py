@@ -17,7 +17,9 @@ def publish(ctx: PublishContext) -> Published:
     path, key, experiment = ctx.artifact.path, ctx.artifact.key, ctx.cfg.name
     decision = json.loads((path / "decision.json").read_text())
     table = pd.read_parquet(path / "decisions.parquet").assign(experiment=experiment, gate_hash=decision["gate_hash"])
-    out = Published(tables={"gate_decisions": table}, files=["decisions.parquet", "decision.json", "gate_scatter.png"],
+    # harness_items.parquet exists only when the gate names a harness criterion (tasks.gate.harness).
+    files = ["decisions.parquet", "decision.json", "gate_scatter.png", "harness_items.parquet"]
+    out = Published(tables={"gate_decisions": table}, files=files,
                     parent_tags={"gate_kept": decision["kept"], "gate_hash": decision["gate_hash"]})
     _headline(out, decision, table, ctx.inputs.get("cpt"))
     rows = table.to_dict("records")
