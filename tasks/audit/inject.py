@@ -15,13 +15,11 @@ import re
 import pandas as pd
 
 from tasks.audit.config import AuditConfig
-from tasks.audit.junk import GENERATORS, Material
+from tasks.corpus.junk import GENERATORS, Material, vocabulary  # noqa: F401  (vocabulary: audit API)
 
 MIX_COLUMNS = ["doc_id", "source", "language_hint", "content", "content_type", "label", "original_id", "edit_rate"]
 JUNK_KINDS = ["navigation", "spam", "repeated", "short"]
 _SPACE_SPLIT_RE = re.compile(r"(\s+)")
-_CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_PUNCT = "\"'()[]{}<>.,;:!?«»“”‘’`"
 
 
 def near_label(q: float) -> str:
@@ -39,17 +37,6 @@ def theoretical_jaccard(q: float, n: int) -> float:
     (docs/methods.md §7). Two copies at rates q1, q2 of one original: pass q = 1 − (1 − q1)(1 − q2)."""
     s = (1.0 - q) ** n
     return s / (2.0 - s)
-
-
-def vocabulary(texts: list[str], by_chars: bool) -> list[str]:
-    """Sorted distinct substitution units: CJK characters when ``by_chars``, else alphabetic words (punctuation
-    stripped); falls back to every non-space character / token so the list is never empty for non-empty text."""
-    if by_chars:
-        units = {c for t in texts for c in _CJK_RE.findall(t)} or {c for t in texts for c in t if not c.isspace()}
-    else:
-        tokens = {w.strip(_PUNCT) for t in texts for w in t.split()}
-        units = {w for w in tokens if w.isalpha()} or {w for w in tokens if w}
-    return sorted(units)
 
 
 def edit_units(text: str, q: float, rng: random.Random, vocab: list[str], by_chars: bool) -> str:

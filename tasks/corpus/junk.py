@@ -12,6 +12,9 @@ import random
 import re
 from dataclasses import dataclass
 
+_VOCAB_CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_VOCAB_PUNCT = "\"'()[]{}<>.,;:!?«»“”‘’`"
+
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])")
 _SITES = ["Northwind Traders", "Bluefield Media", "OpenHarbor", "Crestline Outdoor", "Tech Digest Daily",
           "Maple Street Bakery", "Riverside Library", "Acme Cloud Hosting"]
@@ -130,6 +133,17 @@ def _opening(rng: random.Random, material: Material, n: int, by_chars: bool = Fa
     """The first ``n`` words (characters when ``by_chars``) of a random sentence of the source: a post title."""
     sentence = _sentence(rng, material, by_chars)
     return "".join(sentence.split())[:n] if by_chars else " ".join(sentence.split()[:n])
+
+
+def vocabulary(texts: list[str], by_chars: bool) -> list[str]:
+    """Sorted distinct substitution units: CJK characters when ``by_chars``, else alphabetic words (punctuation
+    stripped); falls back to every non-space character / token so the list is never empty for non-empty text."""
+    if by_chars:
+        units = {c for t in texts for c in _VOCAB_CJK_RE.findall(t)} or {c for t in texts for c in t if not c.isspace()}
+    else:
+        tokens = {w.strip(_VOCAB_PUNCT) for t in texts for w in t.split()}
+        units = {w for w in tokens if w.isalpha()} or {w for w in tokens if w}
+    return sorted(units)
 
 
 GENERATORS = {"navigation": navigation_page, "spam": spam_page, "repeated": repeated_page, "short": short_fragment}
