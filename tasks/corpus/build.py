@@ -52,8 +52,8 @@ from infra.shard_map import ShardMap, sequential_map
 from tasks.corpus import minhash, near_dedup
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
-from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, REMOVAL_COLUMNS, Ledger,
-                                  filter_documents, sanitise)
+from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, OPTIONAL_COLUMNS, REMOVAL_COLUMNS,
+                                  Ledger, filter_documents, sanitise)
 from tasks.corpus.normalise import normal_form
 from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count
 
@@ -110,7 +110,8 @@ class CorpusResult:
 def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
                  out: Path | None = None, progress: ShardProgress | None = None,
                  shard_map: ShardMap = sequential_map) -> CorpusResult:
-    """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``): the sharded build, on ``shard_map``.
+    """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``, plus ``url`` if it has one): the sharded
+    build, on ``shard_map``.
 
     Outputs go to ``out`` (a new temporary directory when None). Document order decides which duplicate is kept.
 
@@ -122,8 +123,8 @@ def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[
     work.mkdir(parents=True, exist_ok=True)
     _check_columns(list(docs.columns))
     # Sanitised first: Parquet holds only valid UTF-8 (a frame may carry lone surrogates).
-    sanitise(docs[INPUT_COLUMNS]).to_parquet(work / "input.parquet", index=False,
-                                              row_group_size=cfg.execution.shard_docs)
+    columns = INPUT_COLUMNS + [c for c in OPTIONAL_COLUMNS if c in docs.columns]
+    sanitise(docs[columns]).to_parquet(work / "input.parquet", index=False, row_group_size=cfg.execution.shard_docs)
     split_sources([work / "input.parquet"], work, cfg.execution.shard_docs)
     return curate(work, out, cfg, eval_items=eval_items, progress=progress, shard_map=shard_map)
 
@@ -167,22 +168,26 @@ def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
 
 
 def read_slices(slices: Sequence[Sequence[Any]], columns: Sequence[str] = INPUT_COLUMNS,
-                batch_rows: int = 512) -> pd.DataFrame:
+                batch_rows: int = 512, optional: Sequence[str] = OPTIONAL_COLUMNS) -> pd.DataFrame:
     """The documents of (file, first row, rows) slices, in order. Only the row groups a slice overlaps are read,
-    ``batch_rows`` rows at a time, so memory holds the slice plus one batch, not a whole row group."""
+    ``batch_rows`` rows at a time, so memory holds the slice plus one batch, not a whole row group. The
+    ``optional`` columns are read from the files that have them and are None in the rows of those that do not."""
     frames = []
+    extra = [c for c in optional if c not in columns]
     for path, start, count in slices:
         pf = pq.ParquetFile(path, pre_buffer=False)
+        present = [c for c in extra if c in pf.schema_arrow.names]
+        absent = {c: None for c in extra if c not in present}
         lo, stop = 0, start + count
         for group in range(pf.num_row_groups):
             n = pf.metadata.row_group(group).num_rows
             if lo + n > start and lo < stop:
                 at = lo
-                for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns),
-                                             use_threads=False):
+                for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group],
+                                             columns=[*columns, *present], use_threads=False):
                     first, last = max(start - at, 0), min(stop - at, batch.num_rows)
                     if first < last:
-                        frames.append(batch.slice(first, last - first).to_pandas())
+                        frames.append(batch.slice(first, last - first).to_pandas().assign(**absent))
                     at += batch.num_rows
                     if at >= stop:
                         break
@@ -190,11 +195,12 @@ def read_slices(slices: Sequence[Sequence[Any]], columns: Sequence[str] = INPUT_
             if lo >= stop:
                 break
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype="str") for c in columns})
+        return pd.DataFrame({c: pd.Series(dtype="str") for c in [*columns, *extra]})
     return pd.concat(frames, ignore_index=True)
 
 
 def _check_columns(columns: Sequence[str], where: Path | None = None) -> None:
+    """Raises DataError when a column of ``INPUT_COLUMNS`` is missing; ``OPTIONAL_COLUMNS`` may be."""
     missing = [c for c in INPUT_COLUMNS if c not in columns]
     if missing:
         raise DataError(f"corpus input {where or ''} lacks columns {missing}; pass the sources stage's documents")

@@ -14,6 +14,7 @@ from infra.errors import ConfigError, ConfigWarning
 from infra.execution import ExecutionConfig
 from infra.languages import LID176_LABELS
 from infra.section import NOT_IN_KEY, Section
+from tasks.corpus.urls import UrlRules, compile_rules, files_digest, normal_domain, read_domain_file
 
 
 def _check_share(name: str, v: float) -> float:
@@ -299,6 +300,61 @@ class DecontaminationConfig(Section):
     eval_files: list[str] = []
 
 
+class UrlConfig(Section):
+    """URL rules, the first per-document stage (docs/methods.md §7 "URL filtering"; ``tasks.corpus.urls``).
+
+    A document is removed (``url.blocklist``) when its host is one of ``blocklist`` or of the domains in
+    ``blocklist_files``, or a subdomain of one (``example.com`` matches ``a.example.com``, not ``badexample.com``),
+    or when its URL contains one of ``substrings`` (case-insensitive). When ``allowlist`` is non-empty, a document
+    whose host is neither an allowed domain nor under one is removed (``url.not_allowed``); the blocklist is
+    checked first. Hosts are compared lower-cased, without userinfo, port, trailing dot or one leading ``www.``,
+    internationalised names in their punycode form. A document without a URL is never removed (the manifest
+    counts it as ``no_url`` under the ``url`` stage). With no rules, nothing is removed.
+
+    ``blocklist_files``: UTF-8 files of domains, one per line; ``#`` starts a comment, blank lines are ignored;
+    relative paths are read from the working directory. A missing file, or a line that is not a domain, is refused
+    when the config is loaded. What the files hold (their distinct domains) is part of the corpus cache key.
+    """
+
+    enabled: bool = True
+    blocklist: list[str] = []
+    blocklist_files: list[str] = []
+    substrings: list[str] = []
+    allowlist: list[str] = []
+
+    @field_validator("blocklist", "allowlist")
+    @classmethod
+    def _check_domains(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            try:
+                normal_domain(entry)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        return v
+
+    @field_validator("blocklist_files")
+    @classmethod
+    def _check_files(cls, v: list[str]) -> list[str]:
+        for path in v:
+            read_domain_file(path)
+        return v
+
+    @field_validator("substrings")
+    @classmethod
+    def _check_substrings(cls, v: list[str]) -> list[str]:
+        if not all(s.strip() for s in v):
+            raise ConfigError(f"substrings={v!r} must not contain empty or blank strings (they match every URL)")
+        return v
+
+    def rules(self) -> UrlRules:
+        """The compiled rules (``tasks.corpus.urls.compile_rules``). Raises ConfigError as ``read_domain_file``."""
+        return compile_rules(self.blocklist, self.blocklist_files, self.substrings, self.allowlist)
+
+    def files_digest(self) -> str:
+        """sha256[:16] of the blocklist files' distinct domains (``tasks.corpus.urls.files_digest``)."""
+        return files_digest(self.blocklist_files)
+
+
 class CorpusExecutionConfig(ExecutionConfig):
     """How the corpus build is executed (``engine``, ``workers``, ``address``, ``recycle_after``: see
     ``infra.execution``); never part of the cache key (results do not depend on it). ``shard_docs``: documents per
@@ -340,6 +396,7 @@ class CorpusConfig(Section):
     near_dedup: MinHashConfig = MinHashConfig()
     boilerplate: BoilerplateConfig = BoilerplateConfig()
     decontamination: DecontaminationConfig = DecontaminationConfig()
+    urls: UrlConfig = UrlConfig()
     # Results do not depend on shard size, engine or workers.
     execution: CorpusExecutionConfig = Field(default=CorpusExecutionConfig(), json_schema_extra=NOT_IN_KEY)
 

@@ -26,10 +26,10 @@ def _checked_items(cfg: Any) -> list:
 
 
 def key_eval_items(cfg: Any) -> dict[str, str]:
-    """A digest of every evaluation text the corpus is checked against."""
+    """A digest of every evaluation text the corpus is checked against, and one of the URL blocklist files."""
     items = _checked_items(cfg)
     digest = hashlib.sha256(json.dumps([[i.set_name, i.item_id, i.text] for i in items]).encode()).hexdigest()[:16]
-    return {"eval_items": digest}
+    return {"eval_items": digest, "url_blocklist_files": cfg.corpus.urls.files_digest()}
 
 
 def run_corpus(ctx: StageContext, cfg: Any) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Per-document stages of the corpus build, cheap → expensive (docs/methods.md §7); they need no other document.
 
-sanitise (NUL bytes, lone surrogates) → extract (HTML main text) → repair (ftfy) → empty → langid → quality
-(optional C4 line rules, then Gopher or Chinese rules by the identified language) → pii (placeholders).
+url (``[corpus.urls]`` domain and substring rules on the optional ``url`` column) → sanitise (NUL bytes, lone
+surrogates) → extract (HTML main text) → repair (ftfy) → empty → langid → quality (optional C4 line rules, then
+Gopher or Chinese rules by the identified language) → pii (placeholders).
 
 Each stage is a block: an object with a ``name`` and ``apply(frame) -> Verdicts``, which says per row whether it is
 removed (a ``Reason``) and which columns the block sets. ``run_blocks`` runs the blocks in order and alone writes the
@@ -19,14 +20,16 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from tasks.corpus.config import CorpusConfig
+from tasks.corpus.config import CorpusConfig, UrlConfig
 from tasks.corpus.extract import extract_many, one_line, repair, tidy
 from tasks.corpus.langid import identify
 from tasks.corpus.pii import redact
 from tasks.corpus.quality import Reason, c4_lines, quality
 
-DOC_STEPS = ["sanitise", "extract", "repair", "empty", "langid", "quality", "pii"]
+DOC_STEPS = ["url", "sanitise", "extract", "repair", "empty", "langid", "quality", "pii"]
 INPUT_COLUMNS = ["doc_id", "source", "language_hint", "content", "content_type"]
+# Read where the input has them, all-null where it has not.
+OPTIONAL_COLUMNS = ["url"]
 SURVIVOR_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "fixes", "pii_replacements",
                     "lines_dropped"]
 REMOVAL_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
@@ -91,12 +94,13 @@ class Block(Protocol):
 
 def filter_documents(docs: pd.DataFrame, cfg: CorpusConfig, ledger: Ledger, workers: int = 1,
                      tick: Tick | None = None) -> pd.DataFrame:
-    """Run the per-document stages over ``docs`` (columns ``INPUT_COLUMNS``); returns survivors
-    (columns ``SURVIVOR_COLUMNS``) in input order. Removals and funnel rows go to ``ledger``; ``tick`` is called
-    with each stage's name once it has run."""
+    """Run the per-document stages over ``docs`` (columns ``INPUT_COLUMNS``, and ``url`` if it has one: otherwise
+    no document has a URL); returns survivors (columns ``SURVIVOR_COLUMNS``) in input order. Removals and funnel
+    rows go to ``ledger``; ``tick`` is called with each stage's name once it has run."""
     frame = docs[INPUT_COLUMNS].reset_index(drop=True)
     fixes = docs["fixes"].fillna("").astype(str).to_numpy() if "fixes" in docs else ""
-    frame = frame.assign(content=frame.content.fillna("").astype(str), fixes=fixes, pii_replacements=0,
+    urls = docs["url"].to_numpy(dtype=object) if "url" in docs else None
+    frame = frame.assign(content=frame.content.fillna("").astype(str), fixes=fixes, url=urls, pii_replacements=0,
                          lines_dropped=0)
     return run_blocks(frame, blocks_for(cfg, workers), ledger, tick)[SURVIVOR_COLUMNS]
 
@@ -104,8 +108,9 @@ def filter_documents(docs: pd.DataFrame, cfg: CorpusConfig, ledger: Ledger, work
 def blocks_for(cfg: CorpusConfig, workers: int = 1) -> list[Block]:
     """The blocks of ``DOC_STEPS`` for ``cfg``, in order; a stage switched off stays in place and changes nothing,
     so the funnel always has a row per stage."""
-    return [Sanitise(), Extract(cfg.extractor, workers), Repair() if cfg.unicode_repair else Unchanged("repair"),
-            Empty(), Langid(cfg), Quality(cfg), Pii() if cfg.pii else Unchanged("pii")]
+    return [Url(cfg.urls) if cfg.urls.enabled else Unchanged("url"), Sanitise(), Extract(cfg.extractor, workers),
+            Repair() if cfg.unicode_repair else Unchanged("repair"), Empty(), Langid(cfg), Quality(cfg),
+            Pii() if cfg.pii else Unchanged("pii")]
 
 
 def run_blocks(frame: pd.DataFrame, blocks: Sequence[Block], ledger: Ledger,
@@ -155,11 +160,31 @@ def sanitise(frame: pd.DataFrame) -> pd.DataFrame:
     """NUL bytes dropped and lone surrogates replaced by U+FFFD before any other stage sees the text.
 
     Adds (or extends) the ``fixes`` column with ``sanitise:nul_removed`` / ``sanitise:lone_surrogate_replaced``;
-    idempotent, so the shard writer can apply it (Parquet needs valid UTF-8) and the filter pass again.
+    idempotent, so the shard writer can apply it (Parquet needs valid UTF-8) and the filter pass again. A ``url``
+    column gets lone surrogates replaced too, and values that are not strings become None.
     """
     if "fixes" not in frame:
         frame = frame.assign(fixes="")
+    if "url" in frame:
+        frame = frame.assign(url=[_SURROGATE_RE.sub("\ufffd", u) if isinstance(u, str) else None
+                                  for u in frame.url.tolist()])
     return frame.assign(**Sanitise().apply(frame).columns)
+
+
+@dataclass(frozen=True)
+class Url:
+    """Removes a document whose ``url`` a rule of ``cfg`` refuses (``url.blocklist``, ``url.not_allowed``; see
+    ``tasks.corpus.urls.UrlRules.check``); a document without a URL, or a frame without the column, passes."""
+
+    cfg: UrlConfig
+    name: str = "url"
+
+    def apply(self, frame: pd.DataFrame) -> Verdicts:
+        rules = self.cfg.rules()
+        if not rules.active or "url" not in frame:
+            return Verdicts()
+        found = [rules.check(u) for u in frame.url.tolist()]
+        return Verdicts(reasons=[None if f is None else Reason(f[0], NAN, NAN, f[1]) for f in found])
 
 
 @dataclass(frozen=True)

@@ -138,21 +138,24 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
                    cfg: CorpusConfig, eval_items: Sequence[EvalItem]) -> dict[str, Any]:
     """The corpus manifest (docs/methods.md §7: per component source, snapshot, licence, filters, counts) and its hash.
 
-    Per source: documents and characters in/out of every stage, removals by rule, repairs by fix name, PII
-    placeholders, boilerplate lines cut, near-dedup clusters and decontamination hits. Corpus-wide ``near_dedup``:
-    the LSH threshold, S-curve, unused signature values, candidate probability at ``jaccard_threshold`` and the
-    config's warnings (``MinHashConfig.lsh_figures``, ``lsh_warnings``). Token counts are added by
-    the tokenizer stage (tokens do not exist before it). ``manifest_hash`` is the SHA-256 of the manifest without it.
+    Per source: documents and characters in/out of every stage (the ``url`` stage also counts ``no_url``, the
+    documents without a URL), removals by rule, repairs by fix name, PII placeholders, boilerplate lines cut,
+    near-dedup clusters and decontamination hits. Corpus-wide ``near_dedup``: the LSH threshold, S-curve, unused
+    signature values, candidate probability at ``jaccard_threshold`` and the config's warnings
+    (``MinHashConfig.lsh_figures``, ``lsh_warnings``). Token counts are added by the tokenizer stage (tokens do not
+    exist before it). ``manifest_hash`` is the SHA-256 of the manifest without it.
     The tables (frames or Parquet files) are aggregated by DuckDB, so the kept corpus is never loaded whole.
     """
     funnel = result.funnel
     hits = result.hits
     with duckdb.connect() as con:
-        _register(con, "docs", docs, {"doc_id": "VARCHAR", "source": "VARCHAR"})
+        _register(con, "docs", docs, {"doc_id": "VARCHAR", "source": "VARCHAR", "url": "VARCHAR"})
         _register(con, "rejects", rejects, {"doc_id": "VARCHAR", "source": "VARCHAR"})
         _register(con, "kept", kept, _KEPT_AGG)
         _register(con, "removals", removals, {"doc_id": "VARCHAR", "source": "VARCHAR", "rule": "VARCHAR"})
         read = dict(con.execute("SELECT source, count(*) FROM docs GROUP BY source").fetchall())
+        no_url = dict(con.execute("SELECT source, count(*) FROM docs WHERE url IS NULL OR "
+                                  "regexp_full_match(url, '\\s*') GROUP BY source").fetchall())
         rejected = dict(con.execute("SELECT source, count(*) FROM rejects GROUP BY source").fetchall())
         totals = {r[0]: r[1:] for r in con.execute(
             "SELECT source, count(*), coalesce(sum(n_chars), 0), coalesce(sum(n_bytes), 0), "
@@ -168,6 +171,7 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
         for source, rule, n in con.execute("SELECT source, rule, count(*) FROM removals GROUP BY source, rule "
                                            "ORDER BY source, rule").fetchall():
             by_rule.setdefault(source, {})[str(rule)] = int(n)
+    url_filters = {**cfg.urls.model_dump(), "blocklist_files_digest": cfg.urls.files_digest()}
     sources = {}
     for name, info in described.items():
         n_kept, n_chars, n_bytes, n_words, pii, dropped = totals.get(name, (0, 0, 0, 0, 0, 0))
@@ -179,7 +183,8 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
                         "langid_thresholds": cfg.langid_thresholds, "gopher": rules_gopher.model_dump(),
                         "chinese": rules_chinese.model_dump(), "pii": cfg.pii, "exact_dedup": cfg.exact_dedup,
                         "near_dedup": cfg.near_dedup.model_dump(), "boilerplate": cfg.boilerplate.model_dump(),
-                        "decontamination": cfg.decontamination.model_dump()},
+                        "decontamination": cfg.decontamination.model_dump(),
+                        "urls": url_filters},
             "docs_in": int(read.get(name, 0) + rejected.get(name, 0)),
             "docs_out": int(n_kept), "n_chars": int(n_chars), "n_bytes": int(n_bytes), "n_words": int(n_words),
             "stages": {row.stage: {"docs_in": int(row.docs_in), "docs_out": int(row.docs_out),
@@ -193,6 +198,8 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
             "decontamination_hits": int((hits["source"] == name).sum()) if len(hits) else 0,
             "warnings": [near["warning"]] if near.get("warning") else [],
         }
+        if "url" in sources[name]["stages"]:  # documents the URL rules could not check
+            sources[name]["stages"]["url"]["no_url"] = int(no_url.get(name, 0))
         if read.get(name, 0) and not n_kept:
             sources[name]["warnings"].append(f"source {name} has no kept document")
     body = {

@@ -64,6 +64,9 @@ class SourceConfig(Section):
         format: how to split files into documents; ``auto`` picks by file extension (``warc`` for
             ``*.warc``/``*.warc.gz``, e.g. Common Crawl files).
         text_field: the text column/key for ``jsonl`` and ``parquet``.
+        url_field: the column/key of each document's URL for ``jsonl`` and ``parquet`` ("" for none); it fills the
+            documents' ``url`` (a value that is not a string is null), which the corpus URL rules read. A Parquet
+            file without that column is an error. WARC documents always take the record's target URI.
         language: language hint (ISO 639-1 like ``"en"``), used when text is too short to identify.
         role: ``general`` text or ``domain`` text (for continued pretraining).
         max_docs: keep only the first N documents in sorted path order (smoke configs); reading stops at the
@@ -80,6 +83,7 @@ class SourceConfig(Section):
     include: list[str]
     format: Literal["auto", "html", "warc", "text", "fortune", "jsonl", "parquet"] = "auto"
     text_field: str = "text"
+    url_field: str = ""
     language: str | None = None
     role: Literal["general", "domain"] = "general"
     max_docs: int | None = None
@@ -140,4 +144,7 @@ class SourceConfig(Section):
             raise ConfigError(f"source {self.name!r}: package={self.package!r} is only for kind='deb'; remove it")
         if self.kind != "deb" and self.version is not None:
             raise ConfigError(f"source {self.name!r}: version={self.version!r} is only for kind='deb'; remove it")
+        if self.url_field and self.format not in ("auto", "jsonl", "parquet"):
+            raise ConfigError(f"source {self.name!r}: url_field={self.url_field!r} is read from jsonl and parquet "
+                              f"files only, not format={self.format!r}; remove it")
         return self

@@ -18,6 +18,8 @@ stream ends the file with one ``read.bad_compression`` reject row naming where i
   U+2029 or U+0085 written raw inside a JSON string stay in their record (``infra.jsonl``). Each line is decoded
   as UTF-8 on its own: a line that is not UTF-8 is one reject row.
 - parquet: one document per row of column ``text_field``.
+- jsonl and parquet: with ``url_field`` set, the document's ``url`` is that key's or column's value when it is a
+  string, else null (neither a reject nor an error; a Parquet file without the column raises).
 
 Memory does not grow with the input (``read_source``). JSONL files are read one line at a time, Parquet files one
 batch of rows at a time (``iter_batches``) and WARC files one record at a time; html, text and fortune files, a
@@ -50,6 +52,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -235,10 +238,11 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
     artifact key names), else ``cfg.version`` or the candidate resolved now.
 
     Raises:
-        SourceError: no file matches the patterns, a parquet file lacks ``text_field``, the package cannot
-            be fetched (see ``fetch_deb``), or an archive is refused by the safe extractor or cannot be read (the
-            message names the source, the archive and any refused member). Damaged content (bad bytes, bad JSON, broken
-            Parquet or WARC files) and inputs over ``max_file_bytes`` never raise: they become reject rows.
+        SourceError: no file matches the patterns, a parquet file lacks ``text_field`` (or a set ``url_field``), the
+            package cannot be fetched (see ``fetch_deb``), or an archive is refused by the safe extractor or cannot
+            be read (the message names the source, the archive and any refused member). Damaged content (bad bytes,
+            bad JSON, broken Parquet or WARC files) and inputs over ``max_file_bytes`` never raise: they become
+            reject rows.
         RunsFolderError: a file is in the way of the archive cache under ``cache_dir``.
     """
     if cfg.kind == "deb":
@@ -248,7 +252,8 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
     else:
         files = match_files(cfg.include, None)
         snapshot, licence = _local_snapshot(files), "unknown (local files)"
-    schema = doc_schema(with_urls=_may_hold_warc(cfg, files), with_language=cfg.language is not None)
+    schema = doc_schema(with_urls=bool(cfg.url_field) or _may_hold_warc(cfg, files),
+                        with_language=cfg.language is not None)
     with RowWriter(docs_path, schema) as docs:
         acc = _Acc(cfg, docs, rejects, licence, snapshot)
         for rel, path in files:
@@ -537,8 +542,14 @@ def _jsonl_line(acc: _Acc, rel: str, field_name: str, limit: int, line_no: int, 
     if not isinstance(value, str):
         acc.reject(doc_id, "read.missing_field", f"{rel} line {line_no}: no string field {field_name!r}")
         return True
-    acc.doc(doc_id, rel, scrub(value), "text")  # JSON "\ud800" escapes give lone surrogates
+    url = _url_value(record.get(acc.cfg.url_field)) if acc.cfg.url_field else None
+    acc.doc(doc_id, rel, scrub(value), "text", url)  # JSON "\ud800" escapes give lone surrogates
     return True
+
+
+def _url_value(value: Any) -> str | None:
+    """A document's URL from a JSONL or Parquet value: a string, lone surrogates replaced; anything else None."""
+    return scrub(value).text if isinstance(value, str) else None
 
 
 def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
@@ -554,19 +565,25 @@ def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
     with parquet:
         if acc.cfg.text_field not in columns:
             raise SourceError(f"{path}: no column text_field={acc.cfg.text_field!r}; it has {columns}; set text_field")
+        url_field = acc.cfg.url_field
+        if url_field and url_field not in columns:
+            raise SourceError(f"{path}: no column url_field={url_field!r}; it has {columns}; set url_field or "
+                              "remove it")
+        read = list(dict.fromkeys([acc.cfg.text_field, *([url_field] if url_field else [])]))
         i = 0
         try:
             # row group by row group, so that a damaged one loses no row of the group before it
             batches = (batch for group in range(parquet.num_row_groups)
                        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[group],
-                                                         columns=[acc.cfg.text_field], use_threads=False))
+                                                         columns=read, use_threads=False))
             for batch in batches:
-                for value in batch.column(0).to_pylist():
+                urls = batch.column(url_field).to_pylist() if url_field else repeat(None)
+                for value, url in zip(batch.column(acc.cfg.text_field).to_pylist(), urls):
                     if acc.full():
                         return
                     doc_id = f"{acc.cfg.name}/{rel}#{i}"
                     if isinstance(value, str):
-                        acc.doc(doc_id, rel, scrub(value), "text")
+                        acc.doc(doc_id, rel, scrub(value), "text", _url_value(url))
                     else:
                         acc.reject(doc_id, "read.missing_field",
                                    f"{rel} row {i}: {acc.cfg.text_field!r} is {type(value).__name__}")

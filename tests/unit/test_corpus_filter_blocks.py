@@ -96,6 +96,10 @@ def run(docs: pd.DataFrame, cfg: CorpusConfig) -> dict[str, pd.DataFrame]:
 def test_blocks_reproduce_the_stage_functions_bit_for_bit(name, tmp_path):
     docs, cfg = variants(tmp_path)[name]
     for part, got in run(docs, cfg).items():
+        if part == "funnel":  # the url step came later: with no URL rules it passes every document on
+            url = got[got.stage == "url"]
+            assert (url.docs_in == url.docs_out).all() and (url.chars_in == url.chars_out).all(), name
+            got = got[got.stage != "url"].reset_index(drop=True)
         # Through Parquet, as the build writes them: the files must hold the same bytes' worth of values and types.
         path = tmp_path / f"{part}.parquet"
         got.to_parquet(path)
@@ -136,12 +140,12 @@ def test_a_new_block_runs_in_the_same_loop_with_its_own_ledger_rows():
                               fixes="", pii_replacements=0, lines_dropped=0)
                          for i, text in enumerate([RAIL, PII, "short"])])
     ledger = Ledger()
-    out = run_blocks(docs, [*blocks_for(CorpusConfig(gopher={"min_words": 5}))[:2], _Shout()], ledger)
+    out = run_blocks(docs, [*blocks_for(CorpusConfig(gopher={"min_words": 5}))[1:3], _Shout()], ledger)
     removals, funnel = ledger.frames()
     assert out.doc_id.tolist() == ["d/1", "d/2"] and out.text.tolist() == [PII.upper(), "SHORT"]
     assert removals[["doc_id", "stage", "rule"]].values.tolist() == [["d/0", "shout", "shout.coal"]]
     assert funnel[["stage", "docs_in", "docs_out"]].values.tolist() == [["sanitise", 3, 3], ["extract", 3, 3],
-                                                                        ["shout", 3, 2]]
+                                                                        ["shout", 3, 2]]  # url not run here
     assert funnel.chars_out.iloc[-1] == len(PII) + len("short")
 
 
