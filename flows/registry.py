@@ -7,6 +7,7 @@ A new stage is a package under ``tasks/`` exporting a ``STAGE`` (``infra.stage.S
 from __future__ import annotations
 
 from infra.stage import Stage
+from tasks.corpus.definition import QUALITY_STAGE as quality_model
 from tasks.corpus.definition import STAGE as corpus
 from tasks.cpt.definition import STAGE as cpt
 from tasks.export.definition import STAGE as export
@@ -19,6 +20,7 @@ from tasks.tokenizer.definition import STAGE as tokenizer
 
 STAGES: list[Stage] = [
     sources,
+    quality_model,
     corpus,
     tokenizer,
     mixture,

@@ -28,6 +28,7 @@ depend on the shard size, the engine or the number of workers.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -56,13 +57,16 @@ from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, OPTI
                                   Ledger, filter_documents, sanitise)
 from tasks.corpus.normalise import normal_form
 from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count
+from tasks.corpus.urls import url_host
 
 __all__ = ["build_corpus", "curate", "CorpusResult", "CURATION_STEPS", "KEPT_COLUMNS"]
 
-CURATION_STEPS = DOC_STEPS + ["boilerplate", "dedup_exact", "dedup_near", "decontam"]
-GLOBAL_STEPS = ["dedup_exact", "dedup_near", "decontam"]
+CURATION_STEPS = DOC_STEPS + ["boilerplate", "dedup_exact", "quality_model", "dedup_near", "decontam"]
+# The global steps in order; their position is the ``step`` code of the ``removed`` table.
+GLOBAL_STEPS = ["dedup_exact", "quality_model", "dedup_near", "decontam"]
+_EXACT, _QUALITY, _NEAR, _DECONTAM = range(4)
 KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars", "n_bytes", "n_words",
-                "family_id", "pii_replacements", "lines_dropped", "fixes"]
+                "family_id", "pii_replacements", "lines_dropped", "fixes", "quality_score"]
 HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
 _HIT_TYPES = {"doc_id": "string", "source": "string", "ngram": "string", "eval_set": "string", "item_id": "string",
               "common": "bool"}
@@ -109,8 +113,9 @@ class CorpusResult:
 
 def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
                  out: Path | None = None, progress: ShardProgress | None = None,
-                 shard_map: ShardMap = sequential_map) -> CorpusResult:
-    """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``, plus ``url`` if it has one): the sharded
+                 shard_map: ShardMap = sequential_map, quality_model: Path | None = None) -> CorpusResult:
+    """Curate an in-memory frame of documents (columns ``INPUT_COLUMNS``, plus ``url`` if it has one; the
+    quality classifier ``quality_model`` as in :func:`curate`): the sharded
     build, on ``shard_map``.
 
     Outputs go to ``out`` (a new temporary directory when None). Document order decides which duplicate is kept.
@@ -126,7 +131,8 @@ def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[
     columns = INPUT_COLUMNS + [c for c in OPTIONAL_COLUMNS if c in docs.columns]
     sanitise(docs[columns]).to_parquet(work / "input.parquet", index=False, row_group_size=cfg.execution.shard_docs)
     split_sources([work / "input.parquet"], work, cfg.execution.shard_docs)
-    return curate(work, out, cfg, eval_items=eval_items, progress=progress, shard_map=shard_map)
+    return curate(work, out, cfg, eval_items=eval_items, progress=progress, shard_map=shard_map,
+                  quality_model=quality_model)
 
 
 def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
@@ -237,9 +243,24 @@ def _check_unique_ids(files: Sequence[Path], work: Path) -> None:
 
 
 def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
-           shard_map: ShardMap = sequential_map, progress: ShardProgress | None = None) -> CorpusResult:
+           shard_map: ShardMap = sequential_map, progress: ShardProgress | None = None,
+           quality_model: Path | None = None) -> CorpusResult:
     """Passes 2–9 over the input shards in ``work/in``; writes kept/removals/funnel/boilerplate/decontamination
-    Parquet files into ``out``. Finished shards of an earlier, interrupted call are reused."""
+    Parquet files into ``out``. Finished shards of an earlier, interrupted call are reused.
+
+    ``quality_model``: the saved classifier (``tasks.corpus.quality_model``) that scores every document in the key
+    pass; documents it does not keep (``cfg.quality_model.action``) are removed after exact dedup and before near
+    dedup, with the rule ``quality_model.low_score``. None: ``cfg.quality_model.path`` for a pretrained classifier,
+    else nothing is scored (``quality_score`` is NaN).
+
+    Raises:
+        DataError: ``cfg.quality_model.enabled`` without a ``quality_model`` file.
+    """
+    if cfg.quality_model.enabled and quality_model is None and cfg.quality_model.kind == "pretrained":
+        quality_model = Path(cfg.quality_model.path)
+    if cfg.quality_model.enabled and quality_model is None:
+        raise DataError("corpus.quality_model is enabled but no trained classifier was given; run the "
+                        "quality_model stage first")
     plan = json.loads((work / "shards.json").read_text())
     names = [f"{i:05d}" for i in range(len(plan["shards"]))]
     cfg_json = cfg.model_dump_json()
@@ -255,8 +276,10 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
     n_frequent = _frequent(work, cfg, names)
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
     index.save(work / "eval_index.npz")
+    model = str(quality_model) if quality_model is not None and cfg.quality_model.enabled else ""
     shard_pass("key", key_shard, [dict(filtered_dir=str(work / "filtered" / name), out_dir=str(work / "keyed" / name),
-                                       cfg_json=cfg_json, work=str(work), shard=i) for i, name in enumerate(names)])
+                                       cfg_json=cfg_json, work=str(work), shard=i, quality_model=model)
+                                  for i, name in enumerate(names)])
     offsets = _offsets(work, names)
     np.save(work / "offsets.npy", offsets)
     tick("candidates", 0, 1)
@@ -278,6 +301,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
     # The same database: its keys and exact tables were built by the candidates pass of this call.
     with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit, fresh=False) as con:
         near_stats = _decide(con, work, names, cfg, index, n_pairs)
+        _quality_audit(con, work, names, cfg, out)
     tick("decide", 1, 1)
     shard_pass("write", write_shard, [dict(keyed_dir=str(work / "keyed" / name),
                                            decisions=str(work / "decisions"), shard=i,
@@ -356,8 +380,17 @@ def _by_chars(languages: Sequence[str]) -> list[bool]:
     return [lang in CHARACTER_LANGUAGES for lang in languages]
 
 
-def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: int) -> bool:
-    """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys and evaluation n-gram hits."""
+@functools.lru_cache(maxsize=2)
+def _classifier(path: str) -> Any:
+    """The saved quality classifier at ``path``, loaded once per worker process."""
+    from tasks.corpus.quality_model import load_model
+
+    return load_model(Path(path))
+
+
+def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: int, quality_model: str = "") -> bool:
+    """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys, evaluation n-gram hits, and the quality
+    classifier's score and keep decision (on the text after the boilerplate cut, the text that would be kept)."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
     part = Path(work) / "frequent" / f"shard={shard}"
     frequent = set(pd.read_parquet(part).unit_hash.astype("uint64").tolist()) if part.exists() else set()
@@ -377,11 +410,14 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: 
                     f"all {cut} lines are boilerplate found in >= {cfg.boilerplate.min_docs} documents"))
         docs = docs.loc[~np.array(emptied, dtype=bool)].reset_index(drop=True)
         ledger.count("boilerplate", before, docs)
+        scores, keep, keep_p = _quality(docs, cfg, quality_model)
+        docs = docs.assign(quality_score=scores)
         docs.to_parquet(tmp / "docs.parquet", index=False)
         removals, funnel = ledger.frames()
         removals.to_parquet(tmp / "removals.parquet", index=False)
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
-        _keys(docs, cfg).assign(shard=np.int32(shard)).to_parquet(tmp / "keys.parquet", index=False)
+        _keys(docs, cfg).assign(shard=np.int32(shard), quality_score=scores, quality_keep=keep,
+                                quality_keep_p=keep_p).to_parquet(tmp / "keys.parquet", index=False)
         hits = [(row, k, length, h) for row, text in enumerate(docs.text)
                 for k, (length, h) in enumerate(index.hits(text))]
         pd.DataFrame(hits, columns=["row", "k", "length", "hash"]).astype(
@@ -393,12 +429,28 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: 
     return done
 
 
+def _quality(docs: pd.DataFrame, cfg: CorpusConfig, model_path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per document (N,): the classifier's score in [0, 1] (NaN without a model), whether the action keeps it, and
+    the probability it had of being kept (1 or 0 for ``threshold``)."""
+    n = len(docs)
+    if not model_path:
+        return np.full(n, np.nan), np.ones(n, dtype=bool), np.ones(n)
+    from tasks.corpus.quality_model import keep_decisions
+
+    scores = np.asarray(_classifier(model_path).score(docs.text.tolist()), dtype=np.float64) if n else np.zeros(0)
+    keep, keep_p = keep_decisions(scores, docs.doc_id.tolist(), cfg.quality_model)
+    return scores, np.asarray(keep, dtype=bool), np.asarray(keep_p, dtype=np.float64)
+
+
 def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
     """Per document: its row, exact-dedup hash halves, characters, and the MinHash band keys (uint64 per band)."""
     digests = [xxhash.xxh3_128_intdigest(normal_form(t).encode("utf-8")) for t in docs.text]
     nd = cfg.near_dedup
     frame = pd.DataFrame({
         "row": np.arange(len(docs), dtype=np.int32), "doc_id": docs.doc_id, "source": docs.source,
+        "language": docs.language.astype(str),
+        "host": pd.array([url_host(u) if isinstance(u, str) else None for u in docs.get("url", [None] * len(docs))],
+                         dtype="string"),
         "n_chars": np.array([len(t) for t in docs.text], dtype=np.int64),
         "h_hi": np.array([d >> 64 for d in digests], dtype=np.uint64),
         "h_lo": np.array([d & (2**64 - 1) for d in digests], dtype=np.uint64),
@@ -430,8 +482,9 @@ def _load_keys(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], off
     files = [str(work / "keyed" / name / "keys.parquet") for name in names]
     if not files:
         con.execute("CREATE TABLE keys (pos BIGINT, shard INTEGER, row INTEGER, doc_id VARCHAR, source VARCHAR, "
-                    "n_chars BIGINT, h_hi UBIGINT, h_lo UBIGINT, by_chars BOOLEAN, has_shingles BOOLEAN, "
-                    + "".join(f"band_{b} UBIGINT, " for b in range(bands)) + "src INTEGER)")
+                    "language VARCHAR, host VARCHAR, n_chars BIGINT, h_hi UBIGINT, h_lo UBIGINT, by_chars BOOLEAN, "
+                    "has_shingles BOOLEAN, " + "".join(f"band_{b} UBIGINT, " for b in range(bands))
+                    + "quality_score DOUBLE, quality_keep BOOLEAN, quality_keep_p DOUBLE, src INTEGER)")
         return
     con.execute("CREATE TABLE keys AS SELECT o.start + k.row AS pos, k.*, "
                 "dense_rank() OVER (ORDER BY k.source)::INTEGER - 1 AS src "
@@ -441,15 +494,19 @@ def _load_keys(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], off
 def _candidates(con: duckdb.DuckDBPyConnection, work: Path, cfg: CorpusConfig) -> int:
     """Pass 5: table ``exact`` (pos, first_pos); the LSH candidate pairs among the documents that survive exact
     dedup, written to ``candidates/pairs`` partitioned by the shard of ``j`` and the documents to shingle to
-    ``candidates/wanted`` partitioned by shard. Returns the number of candidate pairs."""
+    ``candidates/wanted`` partitioned by shard. Returns the number of candidate pairs. Table ``quality_low`` (pos):
+    the documents that survive exact dedup and that the quality classifier does not keep; they are not candidates
+    (cheap filters first: near dedup verifies only what survives)."""
     _exact_table(con, cfg)
+    con.execute("CREATE OR REPLACE TABLE quality_low AS SELECT pos FROM keys WHERE NOT quality_keep "
+                "AND pos NOT IN (SELECT pos FROM exact)")
     nd = cfg.near_dedup
     if not nd.enabled:
         return 0
     grp = "src::BIGINT * 2 + by_chars::BIGINT" if nd.scope == "source" else "by_chars::BIGINT"
     bands = ", ".join(f"band_{b}" for b in range(nd.bands))
     con.execute(f"CREATE VIEW near_in AS SELECT pos, {grp} AS grp, {bands} FROM keys "
-                f"WHERE has_shingles AND pos NOT IN (SELECT pos FROM exact)")
+                f"WHERE has_shingles AND pos NOT IN (SELECT pos FROM exact) AND pos NOT IN (SELECT pos FROM quality_low)")
     n_pairs = near_dedup.candidate_pairs(con, "near_in", nd.bands, "pairs")
     target = work / "candidates"
     if target.exists():  # a killed run got this far: the pairs are a function of the keys, already written
@@ -563,8 +620,18 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
     n = int(con.execute("SELECT count(*) FROM keys").fetchone()[0])
     con.execute("CREATE TABLE removed (pos BIGINT, step INTEGER, rule VARCHAR, value DOUBLE, threshold DOUBLE, "
                 "detail VARCHAR)")
-    con.execute("INSERT INTO removed SELECT e.pos, 0, 'dedup.exact', 1.0, 'NaN'::DOUBLE, "
+    con.execute(f"INSERT INTO removed SELECT e.pos, {_EXACT}, 'dedup.exact', 1.0, 'NaN'::DOUBLE, "
                 "'exact duplicate of ' || k.doc_id FROM exact e JOIN keys k ON k.pos = e.first_pos")
+    qm = cfg.quality_model
+    if qm.action == "threshold":
+        detail = f"'quality score ' || printf('%.4f', k.quality_score) || ' < threshold {qm.threshold:g}'"
+        threshold = f"{qm.threshold}"
+    else:  # sample: the threshold column holds the probability the document had of being kept
+        detail = (f"'quality score ' || printf('%.4f', k.quality_score) || ': kept with probability ' || "
+                  f"printf('%.4f', k.quality_keep_p) || ' (Pareto alpha {qm.pareto_alpha:g}), not drawn'")
+        threshold = "k.quality_keep_p"
+    con.execute(f"INSERT INTO removed SELECT q.pos, {_QUALITY}, 'quality_model.low_score', k.quality_score, "
+                f"{threshold}, {detail} FROM quality_low q JOIN keys k USING (pos) ORDER BY q.pos")
     con.execute("CREATE TABLE near (j BIGINT, i BIGINT, sim DOUBLE)")
     con.execute("CREATE TABLE verified (i BIGINT, j BIGINT, sim DOUBLE)")
     near_stats: dict[str, dict[str, Any]] = {}
@@ -579,7 +646,7 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
             con.register("_near_part", pa.table({"j": removed_j, "i": leader_i, "sim": sims,
                                                  "shown": [f"{s:.3f}" for s in sims.tolist()]}))
             con.execute("INSERT INTO near SELECT j, i, sim FROM _near_part")
-            con.execute(f"INSERT INTO removed SELECT p.j, 1, 'dedup.near', p.sim, {nd.jaccard_threshold}, "
+            con.execute(f"INSERT INTO removed SELECT p.j, {_NEAR}, 'dedup.near', p.sim, {nd.jaccard_threshold}, "
                         f"'near duplicate of ' || k.doc_id || ' (Jaccard ' || p.shown || ')' "
                         f"FROM _near_part p JOIN keys k ON k.pos = p.i")
             con.unregister("_near_part")
@@ -592,14 +659,77 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
                     f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
         con.execute(f"COPY (SELECT k.shard, k.row, f.family_id FROM families f JOIN keys k USING (pos)) TO "
                     f"'{tmp / 'families'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
-        con.execute(f"COPY (SELECT k.doc_id, k.source, "
-                    f"CASE r.step WHEN 0 THEN 'dedup_exact' WHEN 1 THEN 'dedup_near' ELSE 'decontam' END AS stage, "
+        stage = "CASE r.step " + " ".join(f"WHEN {i} THEN '{name}'" for i, name in enumerate(GLOBAL_STEPS)) + " END"
+        con.execute(f"COPY (SELECT k.doc_id, k.source, {stage} AS stage, "
                     f"r.rule, r.value, r.threshold, r.detail "
                     f"FROM removed r JOIN keys k USING (pos) ORDER BY r.step, r.pos) TO '{tmp / 'removals.parquet'}' "
                     f"(FORMAT parquet)")
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
         hits.astype(_HIT_TYPES).to_parquet(tmp / "decontamination.parquet", index=False)
     return near_stats
+
+
+# Length buckets of the blind-spot audit, in characters of the scored text: [lower, upper).
+LENGTH_BUCKETS = ((0, 200), (200, 1_000), (1_000, 5_000), (5_000, 20_000), (20_000, None))
+AUDIT_COLUMNS = ["group_kind", "group_name", "docs_scored", "removed", "removed_share", "score_mean", "score_p10",
+                 "score_p50", "score_p90"]
+EXAMPLE_COLUMNS = ["group_kind", "group_name", "fate", "doc_id", "source", "language", "quality_score", "snippet"]
+SCORE_COLUMNS = ["doc_id", "source", "language", "length_bucket", "host", "quality_score", "removed"]
+EXAMPLES_PER_GROUP, SNIPPET_CHARS = 3, 300
+
+
+def _length_bucket_sql() -> str:
+    cases = " ".join(f"WHEN n_chars < {hi} THEN '{lo}-{hi}'" for lo, hi in LENGTH_BUCKETS if hi is not None)
+    return f"CASE {cases} ELSE '{LENGTH_BUCKETS[-1][0]}+' END"
+
+
+def _quality_audit(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig,
+                   out: Path) -> None:
+    """The blind-spot audit of the quality classifier (docs/methods.md §7): over the documents it scored (those
+    surviving exact dedup), removal share and score quantiles for the whole corpus and per source, language, length
+    bucket and host (documents with a URL), to ``out/quality_audit.parquet`` (``AUDIT_COLUMNS``); and for each
+    source and language the ``EXAMPLES_PER_GROUP`` lowest-scoring kept and removed documents, to
+    ``out/quality_examples.parquet`` (``EXAMPLE_COLUMNS``); every scored document's score and fate, in corpus
+    order, to ``out/quality_scores.parquet`` (``SCORE_COLUMNS``). All are empty without a classifier."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.quality_model.enabled:
+        pd.DataFrame(columns=AUDIT_COLUMNS).to_parquet(out / "quality_audit.parquet", index=False)
+        pd.DataFrame(columns=EXAMPLE_COLUMNS).to_parquet(out / "quality_examples.parquet", index=False)
+        pd.DataFrame(columns=SCORE_COLUMNS).to_parquet(out / "quality_scores.parquet", index=False)
+        return
+    con.execute(f"""CREATE OR REPLACE TEMP VIEW scored AS
+        SELECT k.pos, k.shard, k.row, k.doc_id, k.source, k.language, k.host, k.quality_score,
+               {_length_bucket_sql()} AS length_bucket, q.pos IS NOT NULL AS removed
+        FROM keys k LEFT JOIN quality_low q USING (pos) WHERE k.pos NOT IN (SELECT pos FROM exact)""")
+    parts = [("all", "'all'"), ("source", "source"), ("language", "language"), ("length", "length_bucket"),
+             ("host", "host")]
+    selects = [f"""SELECT '{kind}' AS group_kind, {expr}::VARCHAR AS group_name, count(*)::BIGINT AS docs_scored,
+                          count(*) FILTER (WHERE removed)::BIGINT AS removed,
+                          (count(*) FILTER (WHERE removed) / count(*))::DOUBLE AS removed_share,
+                          avg(quality_score) AS score_mean, quantile_cont(quality_score, 0.1) AS score_p10,
+                          quantile_cont(quality_score, 0.5) AS score_p50,
+                          quantile_cont(quality_score, 0.9) AS score_p90
+                   FROM scored {"WHERE host IS NOT NULL" if kind == "host" else ""} GROUP BY {expr}"""
+               for kind, expr in parts]
+    audit = con.execute(" UNION ALL ".join(selects) + " ORDER BY group_kind, group_name").df()
+    con.execute(f"COPY (SELECT doc_id, source, language, length_bucket, host, quality_score, removed FROM scored "
+                f"ORDER BY pos) TO '{out / 'quality_scores.parquet'}' (FORMAT parquet)")
+    audit[AUDIT_COLUMNS].to_parquet(out / "quality_audit.parquet", index=False)
+    chosen = con.execute(f"""
+        SELECT * FROM (
+            SELECT g.kind AS group_kind, g.name AS group_name, CASE WHEN s.removed THEN 'removed' ELSE 'kept' END
+                   AS fate, s.shard, s.row, s.doc_id, s.source, s.language, s.quality_score,
+                   row_number() OVER (PARTITION BY g.kind, g.name, s.removed ORDER BY s.quality_score, s.pos) AS rank
+            FROM scored s, LATERAL (SELECT 'source' AS kind, s.source AS name UNION ALL
+                                    SELECT 'language', s.language) g)
+        WHERE rank <= {EXAMPLES_PER_GROUP} ORDER BY group_kind, group_name, fate, rank""").df()
+    snippets = {}
+    for shard, rows in chosen.groupby("shard"):
+        texts = pd.read_parquet(work / "keyed" / names[int(shard)] / "docs.parquet", columns=["text"]).text
+        for row in rows.row.unique():
+            snippets[(int(shard), int(row))] = texts.iloc[int(row)][:SNIPPET_CHARS]
+    chosen["snippet"] = [snippets[(int(a), int(b))] for a, b in zip(chosen.shard, chosen.row)]
+    chosen[EXAMPLE_COLUMNS].to_parquet(out / "quality_examples.parquet", index=False)
 
 
 def _exact_table(con: duckdb.DuckDBPyConnection, cfg: CorpusConfig) -> None:
@@ -615,7 +745,7 @@ def _near_stats(con: duckdb.DuckDBPyConnection, n_pairs: int, warn_share: float)
     """Per source: documents entering near dedup, removed, clusters (leaders with a removed copy), largest cluster."""
     rows = con.execute("""
         WITH ent AS (SELECT source, count(*) AS docs_in FROM keys WHERE pos NOT IN (SELECT pos FROM exact)
-                     GROUP BY source),
+                     AND pos NOT IN (SELECT pos FROM quality_low) GROUP BY source),
         per_leader AS (SELECT k.source, n.i, count(*) AS copies FROM near n JOIN keys k ON k.pos = n.j
                        GROUP BY k.source, n.i),
         agg AS (SELECT source, sum(copies)::BIGINT AS removed, count(*)::BIGINT AS clusters,
@@ -687,7 +817,8 @@ def _decontaminate(con: duckdb.DuckDBPyConnection, work: Path, names: list[str],
                                     f"{first.item_id} ({len(mine)} hits)"))
     if removals:
         con.register("_dc", pd.DataFrame(removals))
-        con.execute("INSERT INTO removed SELECT pos, 2, 'decontam.ngram_overlap', value, 1.0, detail FROM _dc")
+        con.execute(f"INSERT INTO removed SELECT pos, {_DECONTAM}, 'decontam.ngram_overlap', value, 1.0, detail "
+                    "FROM _dc")
         con.unregister("_dc")
     return table
 
@@ -696,13 +827,13 @@ def _global_funnel(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """Funnel rows of the global steps per source: documents and characters before and after each."""
     frame = con.execute("""
         WITH d AS (SELECT k.source, k.n_chars, r.step FROM keys k LEFT JOIN removed r USING (pos)),
-        s AS (SELECT unnest([0, 1, 2]) AS step)
+        s AS (SELECT unnest(range(?)) AS step)
         SELECT d.source, s.step,
                count(*) FILTER (WHERE d.step IS NULL OR d.step >= s.step)::BIGINT AS docs_in,
                count(*) FILTER (WHERE d.step IS NULL OR d.step > s.step)::BIGINT AS docs_out,
                coalesce(sum(d.n_chars) FILTER (WHERE d.step IS NULL OR d.step >= s.step), 0)::BIGINT AS chars_in,
                coalesce(sum(d.n_chars) FILTER (WHERE d.step IS NULL OR d.step > s.step), 0)::BIGINT AS chars_out
-        FROM d CROSS JOIN s GROUP BY d.source, s.step ORDER BY s.step, d.source""").df()
+        FROM d CROSS JOIN s GROUP BY d.source, s.step ORDER BY s.step, d.source""", [len(GLOBAL_STEPS)]).df()
     frame["stage"] = [GLOBAL_STEPS[s] for s in frame.pop("step")]
     return frame[FUNNEL_COLUMNS]
 
@@ -805,7 +936,8 @@ _REMOVAL_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), (
 _KEPT_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("language", pa.string()),
                           ("lang_score", pa.float64()), ("text", pa.string()), ("n_chars", pa.int64()),
                           ("n_bytes", pa.int64()), ("n_words", pa.int64()), ("family_id", pa.string()),
-                          ("pii_replacements", pa.int64()), ("lines_dropped", pa.int64()), ("fixes", pa.string())])
+                          ("pii_replacements", pa.int64()), ("lines_dropped", pa.int64()), ("fixes", pa.string()),
+                          ("quality_score", pa.float64())])
 
 
 def _kept_frame(docs: pd.DataFrame, family_ids: np.ndarray) -> pd.DataFrame:
@@ -815,6 +947,7 @@ def _kept_frame(docs: pd.DataFrame, family_ids: np.ndarray) -> pd.DataFrame:
         n_bytes=[len(t.encode("utf-8")) for t in docs.text],
         n_words=[_count_words(t, c) for t, c in zip(docs.text, by_chars)],
         lang_score=docs.lang_score.astype(float),
+        quality_score=docs.quality_score.astype(float),
         family_id=family_ids,
     )[KEPT_COLUMNS]
 

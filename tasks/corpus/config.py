@@ -14,6 +14,7 @@ from infra.errors import ConfigError, ConfigWarning
 from infra.execution import ExecutionConfig
 from infra.languages import LID176_LABELS
 from infra.section import NOT_IN_KEY, Section
+from tasks.corpus.quality_model import QualityModelConfig
 from tasks.corpus.urls import UrlRules, compile_rules, files_digest, normal_domain, read_domain_file
 
 
@@ -397,6 +398,7 @@ class CorpusConfig(Section):
     boilerplate: BoilerplateConfig = BoilerplateConfig()
     decontamination: DecontaminationConfig = DecontaminationConfig()
     urls: UrlConfig = UrlConfig()
+    quality_model: QualityModelConfig = QualityModelConfig()
     # Results do not depend on shard size, engine or workers.
     execution: CorpusExecutionConfig = Field(default=CorpusExecutionConfig(), json_schema_extra=NOT_IN_KEY)
 

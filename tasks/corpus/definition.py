@@ -39,9 +39,9 @@ def run_corpus(ctx: StageContext, cfg: Any) -> dict[str, Any]:
 
 
 def check_corpus(out: Path, cfg: Any) -> None:
-    """Great Expectations on the kept table (sources, languages) and the ledger (in = kept + removed), read from
+    """Great Expectations on the kept table (sources, languages), the ledger (in = kept + removed), read from
     their Parquet files in batches (DuckDB aggregates the rest), so a corpus of any size is checked in bounded
-    memory."""
+    memory; and the quality classifier's blind-spot budget (``quality_stage.check_budget``)."""
     import duckdb
 
     from infra.expectations import check_kept_corpus, check_ledger
@@ -60,9 +60,66 @@ def check_corpus(out: Path, cfg: Any) -> None:
                       {src: "removed by " + ", ".join(rules[:4]) for src, rules in why.items()})
     rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
     check_ledger(rows.assign(removed=[removed.get(s, 0) for s in rows["source"]]), out / "removals.parquet")
+    from tasks.corpus.quality_stage import check_budget
+
+    check_budget(out, cfg.corpus.quality_model)
 
 
-STAGE = Stage(name="corpus", inputs=("sources",), code="tasks.corpus", run=run_corpus,
+STAGE = Stage(name="corpus", inputs=("sources", "quality_model"), code="tasks.corpus", run=run_corpus,
               sections=("corpus",), key_extra=key_eval_items, validate=check_corpus, publish=lazy("tasks.corpus.publish:publish"),
               figures=lazy("tasks.corpus.plots:corpus_figures"),
               summary=lazy("tasks.corpus.views:summary"), report=lazy("tasks.corpus.views:report"))
+
+
+# The corpus fields that do not shape the text a quality-model example is turned into (they act after the
+# per-document stages), and the model fields that act only when the corpus is scored.
+_NOT_EXAMPLE_FIELDS = ("near_dedup", "exact_dedup", "boilerplate", "decontamination", "quality_model")
+_SCORING_ONLY = ("action", "pareto_alpha", "max_removed_share", "max_removed_share_by", "accept_narrowing",
+                 "ablate")
+
+
+def key_quality_model(cfg: Any) -> dict[str, Any]:
+    """The quality model's key: its training settings, the per-document corpus settings its source examples pass
+    through, and the bytes of every example file and of a pretrained classifier (not only their paths)."""
+    from infra.section import key_dump
+    from tasks.corpus.quality_model import example_files
+
+    qm = cfg.corpus.quality_model
+    if not qm.enabled:
+        return {"quality_model": {"enabled": False}}
+    corpus = {k: v for k, v in key_dump(cfg.corpus).items() if k not in _NOT_EXAMPLE_FIELDS}
+    model = {k: v for k, v in key_dump(qm).items() if k not in _SCORING_ONLY}
+    files = [*example_files(qm.positive.files), *example_files(qm.negative.files)] + (
+        [Path(qm.path)] if qm.kind == "pretrained" else [])
+    digests = [hashlib.sha256(Path(f).read_bytes()).hexdigest()[:16] for f in files]
+    return {"quality_model": model, "example_corpus_rules": corpus, "files": digests}
+
+
+def run_quality_model(ctx: StageContext, cfg: Any) -> dict[str, Any]:
+    from tasks.corpus.quality_stage import run
+
+    return run(ctx, cfg)
+
+
+def check_quality_model(out: Path, cfg: Any) -> None:
+    """An enabled model's file exists and its held-out figures are numbers in range."""
+    from infra.errors import DataError
+    from tasks.corpus.quality_stage import METRICS, model_path
+
+    metrics = json.loads((out / METRICS).read_text())
+    if not metrics.get("enabled"):
+        return
+    path = model_path(out)
+    if path is None or not path.exists():
+        raise DataError(f"quality model artifact {out} lacks its model file ({metrics.get('model_file')})")
+    for name in ("accuracy", "roc_auc"):
+        value = metrics.get(name)
+        if value is not None and value == value and not 0.0 <= value <= 1.0:
+            raise DataError(f"quality model artifact {out}: {name} = {value} outside [0, 1]")
+
+
+QUALITY_STAGE = Stage(name="quality_model", inputs=("sources",), code="tasks.corpus", run=run_quality_model,
+                      key_extra=key_quality_model, validate=check_quality_model,
+                      publish=lazy("tasks.corpus.quality_publish:publish"),
+                      figures=lazy("tasks.corpus.quality_publish:figures"),
+                      summary=lazy("tasks.corpus.quality_publish:summary"))

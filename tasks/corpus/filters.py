@@ -31,7 +31,7 @@ INPUT_COLUMNS = ["doc_id", "source", "language_hint", "content", "content_type"]
 # Read where the input has them, all-null where it has not.
 OPTIONAL_COLUMNS = ["url"]
 SURVIVOR_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "fixes", "pii_replacements",
-                    "lines_dropped"]
+                    "lines_dropped", "url"]
 REMOVAL_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
 FUNNEL_COLUMNS = ["source", "stage", "docs_in", "docs_out", "chars_in", "chars_out"]
 NAN = math.nan

@@ -45,7 +45,7 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
         shard_map = ctx.shard_map_for(cfg.execution)
         done = [0]
         result = curate(work, ctx.out, cfg, eval_items=eval_items,
-                        shard_map=_counting(shard_map, advance, done))
+                        shard_map=_counting(shard_map, advance, done), quality_model=_quality_model(ctx))
         advance(total - done[0])
     rejects_path = src / "rejects.parquet"
     _prepend_rejects(rejects_path, ctx.out / "removals.parquet")
@@ -60,6 +60,14 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
     n_docs = sum(_rows(f) for f in docs_paths) + _rows(rejects_path)
     return {"docs_in": int(n_docs), "docs_out": _rows(kept_path), "removed": _rows(removals_path),
             "shards": n_shards, "manifest_hash": manifest["manifest_hash"], "warnings": warnings}
+
+
+def _quality_model(ctx: StageContext) -> Path | None:
+    """The classifier file of the quality-model artifact this build reads, or None when it is disabled."""
+    from tasks.corpus.quality_stage import model_path
+
+    artifact = ctx.inputs.get("quality_model")
+    return model_path(artifact) if artifact is not None else None
 
 
 def _counting(shard_map, advance, done: list[int]):
@@ -210,10 +218,29 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
                        "s_curve": [[s, p] for s, p in s_curve(cfg.near_dedup.bands, cfg.near_dedup.rows)]},
         "eval_sets": sorted({item.set_name for item in eval_items}),
         "eval_items": len(eval_items),
+        "quality_model": _quality_manifest(result.out, cfg),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {**body, "manifest_hash": digest}
 
+
+
+def _quality_manifest(out: Path, cfg: CorpusConfig) -> dict[str, Any]:
+    """The quality classifier's part of the manifest: its action and threshold, the budget, the groups whose
+    narrowing was accepted, and each group's removal share and verdict (``quality_stage.budget_verdicts``)."""
+    from tasks.corpus.quality_stage import budget_verdicts
+
+    qm = cfg.quality_model
+    if not qm.enabled:
+        return {"enabled": False}
+    audit = pd.read_parquet(Path(out) / "quality_audit.parquet")
+    verdicts = budget_verdicts(audit, qm) if len(audit) else pd.DataFrame()
+    return {"enabled": True, "kind": qm.kind, "action": qm.action, "threshold": qm.threshold,
+            "pareto_alpha": qm.pareto_alpha if qm.action == "sample" else None,
+            "max_removed_share": qm.max_removed_share, "max_removed_share_by": dict(qm.max_removed_share_by),
+            "accept_narrowing": list(qm.accept_narrowing),
+            "groups": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+                       for row in verdicts.to_dict("records")]}
 
 
 def manifest_rows(manifest: dict[str, Any]) -> pd.DataFrame:

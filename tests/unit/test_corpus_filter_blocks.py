@@ -100,6 +100,9 @@ def test_blocks_reproduce_the_stage_functions_bit_for_bit(name, tmp_path):
             url = got[got.stage == "url"]
             assert (url.docs_in == url.docs_out).all() and (url.chars_in == url.chars_out).all(), name
             got = got[got.stage != "url"].reset_index(drop=True)
+        if part == "survivors":  # survivors carry their URL (null here) for the quality audit's hosts
+            assert got.url.isna().all(), name
+            got = got.drop(columns="url")
         # Through Parquet, as the build writes them: the files must hold the same bytes' worth of values and types.
         path = tmp_path / f"{part}.parquet"
         got.to_parquet(path)

@@ -20,7 +20,7 @@ def test_status_reads_without_creating_and_explains_the_differences(tmp_path, mo
     cfg = load_config(ROOT / "configs/smoke.toml")
     layout = RunsLayout(tmp_path / "runs")
     first = stage_statuses(cfg, layout)
-    assert [s.stage for s in first][:3] == ["sources", "corpus", "tokenizer"]
+    assert [s.stage for s in first][:4] == ["sources", "quality_model", "corpus", "tokenizer"]
     assert all(not s.cached and s.reasons == ["no artifact of this stage exists yet"] for s in first)
     assert not layout.root.exists()  # reading the status creates nothing
     assert [s.key for s in stage_statuses(cfg, layout)] == [s.key for s in first]  # deterministic

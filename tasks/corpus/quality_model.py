@@ -1,0 +1,763 @@
+"""Quality classifier of the corpus build: a model trained on reference-quality text against ordinary text, used to
+rank or sample documents after the heuristic rules (docs/methods.md §7).
+
+This follows the open pretraining corpora that rank text with a trained classifier: GPT-3's linear classifier with
+Pareto sampling (Brown et al. 2020, "Language Models are Few-Shot Learners", App. A), DCLM's fastText classifier
+(Li et al. 2024, "DataComp-LM"), FineWeb-Edu's educational-value classifier (Penedo et al. 2024, "The FineWeb
+Datasets"). Two model kinds are trained here, a third is loaded:
+
+* ``naive_bayes``: scikit-learn ``HashingVectorizer`` (hashed word 1..n-gram counts, l2-normalised) +
+  ``MultinomialNB`` (McCallum & Nigam 1998, "A Comparison of Event Models for Naive Bayes Text Classification").
+* ``fasttext``: a supervised fastText classifier (Joulin et al. 2017, "Bag of Tricks for Efficient Text
+  Classification") with labels ``__label__hq`` / ``__label__lq``.
+* ``pretrained``: a fastText ``.bin`` / ``.ftz`` trained elsewhere (DCLM style) or a file ``TrainedModel.save``
+  wrote.
+
+Scores are the model's probability that a text is reference quality, in [0, 1]. ``keep_decisions`` turns them into
+keep / remove decisions by a threshold or by GPT-3's Pareto rule, seeded per document.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import json
+import logging
+import math
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import xxhash
+from pydantic import Field, model_validator
+
+from infra.errors import ConfigError, DataError
+from infra.section import Section
+
+log = logging.getLogger(__name__)
+
+POSITIVE = "__label__hq"
+NEGATIVE = "__label__lq"
+# A label of a model trained elsewhere is taken as the positive (reference-quality) class when its name is one of
+# these (DCLM's classifiers use __label__hq against __label__cc).
+POSITIVE_LABEL_NAMES = ("hq", "1", "positive", "__label__hq", "__label__1")
+MODEL_STEM = "quality_model"
+META_NAME = f"{MODEL_STEM}.json"
+NB_SUFFIX = ".skops"
+FASTTEXT_SUFFIXES = (".bin", ".ftz")
+CALIBRATION_BINS = 10
+
+
+def _share(name: str, v: float) -> float:
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(f"quality_model.{name}={v} is a share of documents and must lie in [0, 1]")
+    return v
+
+
+class ExamplesConfig(Section):
+    """Where the examples of one class (positive: reference quality; negative: ordinary text) come from.
+
+    ``sources``: names of sources of the experiment whose documents are examples of this class.
+    ``files``: paths or glob patterns (``**`` reaches into sub-folders), read by ``load_example_files``: a
+    ``.jsonl`` file holds one document per line in a ``text`` key, any other file is one UTF-8 document.
+    ``corpus_sample``: negatives only; a random sample of the corpus being built is taken as negatives.
+    ``junk``: negatives only; this many synthetic pages (navigation, spam, repeated lines: ``tasks.corpus.junk``)
+    generated from a seeded sample of the corpus's own text, per kept language.
+    Sampling the examples (at most ``max_examples`` of a class are used) is the caller's and ``train``'s.
+    """
+
+    sources: list[str] = []
+    files: list[str] = []
+    corpus_sample: bool = False
+    junk: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExamplesConfig":
+        for name in ("sources", "files"):
+            values = getattr(self, name)
+            if not all(v.strip() for v in values):
+                raise ConfigError(f"quality_model examples {name}={values!r} contains an empty name; remove it")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"quality_model examples {name}={values!r} lists a name twice; list each once")
+        return self
+
+    def declared(self) -> bool:
+        """True when any source, file pattern or the corpus sample is named."""
+        return bool(self.sources or self.files or self.corpus_sample or self.junk)
+
+
+class QualityModelConfig(Section):
+    """The quality classifier and what is done with its scores (docs/methods.md §7; Brown et al. 2020, App. A).
+
+    ``enabled``: run the classifier after the heuristic rules (off by default).
+    ``kind``: "naive_bayes" (hashed word n-grams + multinomial naive Bayes, scikit-learn), "fasttext" (a supervised
+    fastText classifier trained here) or "pretrained" (loaded from ``path``).
+    ``path``: kind = "pretrained" only, and required then: a fastText ``.bin`` / ``.ftz``, or the ``.skops`` /
+    ``.bin`` file ``TrainedModel.save`` wrote.
+    ``positive_label``: the label of the reference-quality class of a loaded model; empty picks the label named one
+    of ``POSITIVE_LABEL_NAMES``, else the alphabetically first label.
+    ``positive`` / ``negative``: where the examples of each class come from (``ExamplesConfig``); positives are
+    sources or files, negatives may also be a sample of the corpus itself. For "pretrained" both are optional and
+    only feed the held-out evaluation.
+    ``max_examples``: at most this many examples per class, training and held-out together (>= 10), a seeded
+    choice. ``holdout_fraction``: share of each class held out for the metrics, in (0, 0.5]. ``seed``: seeds the
+    choice, the split, fastText's training and the ``sample`` action (>= 0).
+    ``action``: "threshold" keeps a document whose score is >= ``threshold`` (in [0, 1]); "sample" keeps it by
+    GPT-3's Pareto rule with shape ``pareto_alpha`` (> 0), with probability (2 − score)^(−pareto_alpha)
+    (``keep_decisions``).
+    Naive Bayes: ``nb_alpha`` additive (Laplace/Lidstone) smoothing (> 0); word n-grams of 1..``ngram_max``
+    (>= 1) hashed into ``max_features`` columns (>= 2).
+    fastText: ``ft_epoch`` passes (>= 1), learning rate ``ft_lr`` (> 0), word n-grams up to ``ft_word_ngrams``
+    (>= 1), embedding size ``ft_dim`` (>= 1), words seen fewer than ``ft_min_count`` times dropped (>= 1),
+    ``ft_bucket`` hash buckets for the word n-grams (>= 1; fastText's own default of 2,000,000 makes a 512 MB model
+    at dim 64, 2^18 makes 64 MB). fastText trains with one thread, so the same seed gives the same model.
+    Blind-spot budget: ``max_removed_share`` is the largest share of the documents (in [0, 1]) the classifier may
+    remove; ``max_removed_share_by`` gives a source name or a language code its own budget (each in [0, 1]);
+    ``accept_narrowing`` lists sources or languages whose excess over their budget is accepted.
+    ``ablate``: request an ablation of the classifier, the corpus with and without its removals (this section only
+    carries the switch; the corpus stage acts on it).
+    """
+
+    enabled: bool = False
+    kind: Literal["naive_bayes", "fasttext", "pretrained"] = "naive_bayes"
+    path: str = ""
+    positive_label: str = ""
+    positive: ExamplesConfig = ExamplesConfig()
+    negative: ExamplesConfig = ExamplesConfig()
+    max_examples: int = 2000
+    holdout_fraction: float = 0.2
+    seed: int = 0
+    action: Literal["threshold", "sample"] = "threshold"
+    threshold: float = 0.5
+    pareto_alpha: float = 9.0
+    nb_alpha: float = 1.0
+    ngram_max: int = 2
+    max_features: int = 2**18
+    ft_epoch: int = 5
+    ft_lr: float = 0.1
+    ft_word_ngrams: int = 2
+    ft_dim: int = 64
+    ft_min_count: int = 1
+    ft_bucket: int = 2**18
+    max_removed_share: float = 0.5
+    max_removed_share_by: dict[str, float] = {}
+    accept_narrowing: list[str] = []
+    ablate: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "QualityModelConfig":
+        if self.kind == "pretrained" and not self.path.strip():
+            raise ConfigError("quality_model.path is empty while kind = 'pretrained'; give the model file "
+                              "(a fastText .bin/.ftz or a saved .skops) or choose kind = 'naive_bayes' / 'fasttext'")
+        if self.kind != "pretrained" and self.path:
+            raise ConfigError(f"quality_model.path={self.path!r} is only read when kind = 'pretrained' (kind is "
+                              f"{self.kind!r}); remove path or set kind = 'pretrained'")
+        if self.path and not self.path.endswith((NB_SUFFIX, *FASTTEXT_SUFFIXES)):
+            raise ConfigError(f"quality_model.path={self.path!r} must name a fastText .bin/.ftz or a saved "
+                              f"{NB_SUFFIX} file")
+        if self.positive.corpus_sample:
+            raise ConfigError("quality_model.positive.corpus_sample = true: a sample of the corpus is not "
+                              "reference-quality text; use it for negative.corpus_sample only")
+        if self.positive.junk:
+            raise ConfigError(f"quality_model.positive.junk = {self.positive.junk}: generated junk is a negative "
+                              "example; use negative.junk")
+        if self.enabled and self.kind != "pretrained":
+            if not (self.positive.sources or self.positive.files):
+                raise ConfigError(f"quality_model.positive declares no examples while kind = {self.kind!r}; set "
+                                  "positive.sources or positive.files to reference-quality text")
+            if not self.negative.declared():
+                raise ConfigError(f"quality_model.negative declares no examples while kind = {self.kind!r}; set "
+                                  "negative.sources, negative.files or negative.corpus_sample = true")
+        both = sorted(set(self.positive.sources) & set(self.negative.sources))
+        if both:
+            raise ConfigError(f"quality_model: source(s) {both} are listed as both positive and negative examples; "
+                              "keep each source in one class")
+        if self.max_examples < 10:
+            raise ConfigError(f"quality_model.max_examples={self.max_examples} must be >= 10 per class")
+        if not 0.0 < self.holdout_fraction <= 0.5:
+            raise ConfigError(f"quality_model.holdout_fraction={self.holdout_fraction} must lie in (0, 0.5]")
+        if self.seed < 0:
+            raise ConfigError(f"quality_model.seed={self.seed} must be >= 0")
+        _share("threshold", self.threshold)
+        for name in ("pareto_alpha", "nb_alpha", "ft_lr"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"quality_model.{name}={getattr(self, name)} must be > 0")
+        for name in ("ngram_max", "ft_epoch", "ft_word_ngrams", "ft_dim", "ft_min_count", "ft_bucket"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"quality_model.{name}={getattr(self, name)} must be >= 1")
+        if self.max_features < 2:
+            raise ConfigError(f"quality_model.max_features={self.max_features} must be >= 2 hashed columns")
+        _share("max_removed_share", self.max_removed_share)
+        for key, share in self.max_removed_share_by.items():
+            if not key.strip():
+                raise ConfigError("quality_model.max_removed_share_by has an empty key; use a source name or a "
+                                  "language code")
+            _share(f"max_removed_share_by[{key!r}]", share)
+        if not all(v.strip() for v in self.accept_narrowing):
+            raise ConfigError(f"quality_model.accept_narrowing={self.accept_narrowing!r} contains an empty name")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------------- examples
+
+
+def example_files(patterns: Sequence[str]) -> list[Path]:
+    """The files ``patterns`` name, as ``load_example_files`` reads them (pattern order, sorted within a pattern,
+    each file once); a pattern matching nothing is left out here (``load_example_files`` refuses it)."""
+    out: list[Path] = []
+    for pattern in patterns:
+        for file in sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()):
+            if file not in out:
+                out.append(file)
+    return out
+
+
+def load_example_files(patterns: Sequence[str]) -> list[str]:
+    """The documents of the files that ``patterns`` name, in pattern order, each pattern's files in sorted order.
+
+    Args:
+        patterns: paths or glob patterns (``**`` recursive). A ``.jsonl`` file holds one JSON object per line with
+            a string ``text``; any other file is one UTF-8 document. A file matched by several patterns is read
+            once. Blank lines of a ``.jsonl`` file and empty (whitespace-only) documents are skipped and counted in
+            a log line.
+
+    Returns:
+        The texts (an empty list for no patterns).
+
+    Raises:
+        DataError: a pattern matching no file (named); a file that is not UTF-8 (file and byte offset); a
+            ``.jsonl`` line that is not an object with a string ``text`` (file and line); patterns that yield no
+            non-empty document at all.
+    """
+    texts: list[str] = []
+    seen: set[Path] = set()
+    skipped = 0
+    for pattern in patterns:
+        files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+        if not files:
+            raise DataError(f"quality model examples: {pattern!r} matches no file; fix the path or glob pattern "
+                            "(relative paths are read from the working directory)")
+        for file in files:
+            if file.resolve() in seen:
+                continue
+            seen.add(file.resolve())
+            data = file.read_bytes()
+            try:
+                content = data.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"quality model examples: {file} is not UTF-8 (byte offset {err.start}: "
+                                f"{err.reason}); re-encode it as UTF-8") from None
+            docs = _jsonl_texts(file, content) if file.suffix == ".jsonl" else [content]
+            for doc in docs:
+                if doc.strip():
+                    texts.append(doc)
+                else:
+                    skipped += 1
+    if skipped:
+        log.info("quality model examples: skipped %d empty document(s) in %s", skipped, list(patterns))
+    if patterns and not texts:
+        raise DataError(f"quality model examples: {list(patterns)} hold no non-empty document")
+    return texts
+
+
+def _jsonl_texts(file: Path, content: str) -> list[str]:
+    out = []
+    for n, line in enumerate(content.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"quality model examples: {file}:{n} is not JSON ({err.msg}); write one object per "
+                            "line") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataError(f"quality model examples: {file}:{n} has no string 'text' key; write "
+                            '{"text": "..."} per line')
+        out.append(record["text"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- models
+
+
+class TrainedModel(ABC):
+    """A quality classifier ready to score documents.
+
+    Attributes:
+        kind: "naive_bayes" or "fasttext" (the model format; a ``pretrained`` model is one of these).
+        positive_label: the label of the reference-quality class, among ``labels``.
+        labels: every label of the model.
+        metrics: held-out evaluation (``heldout_metrics`` plus the counts ``n_train_pos``, ``n_train_neg``,
+            ``n_heldout_pos``, ``n_heldout_neg``).
+        metrics_note: why a metric is NaN ("" when none is).
+        split: example indices per part, keys ``train_positive``, ``heldout_positive``, ``train_negative``,
+            ``heldout_negative`` (indices into the lists given to ``train``; empty for a model loaded alone).
+        heldout: one entry per held-out example, as columns: ``label`` ("positive" / "negative"), ``index`` (into
+            that class's list given to ``train``) and ``score``; None until ``train`` evaluated the model.
+    """
+
+    kind: str = ""
+
+    def __init__(self, positive_label: str, labels: Sequence[str]) -> None:
+        self.positive_label = positive_label
+        self.labels = list(labels)
+        self.metrics: dict[str, Any] = {**heldout_metrics(np.zeros(0), np.zeros(0), 0.5), **dict.fromkeys(
+            ("n_train_pos", "n_train_neg", "n_heldout_pos", "n_heldout_neg"), 0)}
+        self.metrics_note = "not evaluated: no held-out examples were scored"
+        self.split: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in _SPLIT_KEYS}
+        self.heldout: dict[str, list] | None = None
+
+    def score(self, texts: Sequence[str]) -> np.ndarray:
+        """P(reference quality) of each text.
+
+        Args:
+            texts: N documents (any length; newlines allowed).
+
+        Returns:
+            float64 array of shape (N,), values in [0, 1].
+
+        Raises:
+            DataError: an entry that is not a string (its index).
+        """
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise DataError(f"quality model: document {i} is a {type(text).__name__}, not a string")
+        if not len(texts):
+            return np.zeros(0, dtype=np.float64)
+        return np.clip(np.asarray(self._score(texts), dtype=np.float64), 0.0, 1.0)
+
+    @abstractmethod
+    def _score(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    @abstractmethod
+    def _write_model(self, folder: Path) -> Path: ...
+
+    def save(self, folder: Path | str) -> Path:
+        """Write the model to ``folder`` (created if missing) as ``quality_model.skops`` (naive Bayes) or
+        ``quality_model.bin`` / ``.ftz`` (fastText), with ``quality_model.json`` beside it (kind, labels, positive
+        label, metrics, library versions). Returns the model file's path, which ``load_model`` reads."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = self._write_model(folder)
+        meta = dict(kind=self.kind, labels=self.labels, positive_label=self.positive_label,
+                    metrics=_json_safe(self.metrics), metrics_note=self.metrics_note, model_file=path.name,
+                    versions=_versions())
+        (folder / META_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        return path
+
+
+_SPLIT_KEYS = ("train_positive", "heldout_positive", "train_negative", "heldout_negative")
+
+
+class NaiveBayesModel(TrainedModel):
+    """A scikit-learn ``Pipeline`` of ``HashingVectorizer`` → ``MultinomialNB``; ``score`` is ``predict_proba`` of
+    the positive class. Saved with skops (``skops.io``), which rebuilds only known scikit-learn / numpy types on
+    load instead of running arbitrary code as a pickle (joblib) would; a file from an untrusted origin is still
+    best not loaded."""
+
+    kind = "naive_bayes"
+
+    def __init__(self, pipeline: Any, positive_label: str) -> None:
+        super().__init__(positive_label, [str(c) for c in pipeline.classes_])
+        self.pipeline = pipeline
+        self._column = self.labels.index(positive_label)
+
+    def _score(self, texts: Sequence[str]) -> np.ndarray:
+        return self.pipeline.predict_proba(list(texts))[:, self._column]
+
+    def _write_model(self, folder: Path) -> Path:
+        import skops.io
+
+        path = folder / f"{MODEL_STEM}{NB_SUFFIX}"
+        skops.io.dump(self.pipeline, path)
+        return path
+
+
+class FastTextModel(TrainedModel):
+    """A supervised fastText model; ``score`` is the softmax probability of ``positive_label`` (fastText's own
+    probabilities, from predicting every label of each document). Works with the predict-only fastText build
+    (``fasttext-predict``) as well as the full one."""
+
+    kind = "fasttext"
+
+    def __init__(self, model: Any, positive_label: str, labels: Sequence[str], source: Path | None) -> None:
+        super().__init__(positive_label, labels)
+        self.model = model
+        self._source = source  # the file it was loaded from (the predict-only build cannot write models)
+
+    def _score(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.empty(len(texts), dtype=np.float64)
+        label = self.positive_label
+        for i, text in enumerate(texts):
+            # One line at a time: the predict-only build's batch call returns labels without probabilities.
+            labels, probs = self.model.predict(fasttext_line(text), k=-1, threshold=-1.0)
+            out[i] = next((float(p) for lab, p in zip(labels, probs) if lab == label), 0.0)
+        return out
+
+    def _write_model(self, folder: Path) -> Path:
+        suffix = self._source.suffix if self._source is not None else ".bin"
+        path = folder / f"{MODEL_STEM}{suffix}"
+        if self._source is not None:
+            if self._source.resolve() != path.resolve():
+                shutil.copyfile(self._source, path)
+        else:
+            self.model.save_model(str(path))
+        return path
+
+
+def fasttext_line(text: str) -> str:
+    """``text`` as one fastText input line: newlines become spaces (fastText reads one document per line) and the
+    label prefix inside the text is broken up, so that a word such as "__label__x" is not read as a label."""
+    return text.replace("\r", " ").replace("\n", " ").replace("__label__", "__label _")
+
+
+def fasttext_can_train() -> bool:
+    """True when the installed ``fasttext`` module is a full build with ``train_supervised``."""
+    import fasttext
+
+    return hasattr(fasttext, "train_supervised")
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+def train(positives: Sequence[str], negatives: Sequence[str], cfg: QualityModelConfig) -> TrainedModel:
+    """Train (or, for kind "pretrained", load) the quality classifier and evaluate it on held-out examples.
+
+    Each class is shuffled with ``numpy.random.default_rng([cfg.seed, c])`` (c = 1 positive, 0 negative), cut to
+    ``cfg.max_examples``, and its first round(``holdout_fraction`` · n) examples (at least 1) are held out; the
+    rest train the model. The same inputs and seed give the same model and scores: naive Bayes has no randomness,
+    and fastText trains with one thread and ``seed`` (with several threads its updates race and results vary). For
+    "pretrained" every chosen example is held out; with no examples (or one class only) the metrics that need them
+    are NaN and ``metrics_note`` says why.
+
+    Args:
+        positives: reference-quality texts.
+        negatives: ordinary texts.
+        cfg: the quality-model section.
+
+    Returns:
+        The model, with ``metrics`` (accuracy at ``cfg.threshold``, ROC AUC, Brier score, calibration bins and the
+        counts), ``split`` and ``heldout``.
+
+    Raises:
+        DataError: kind "naive_bayes" / "fasttext" with fewer than 2 examples of a class; an entry not a string;
+            a ``pretrained`` file that cannot be read.
+        ConfigError: kind "fasttext" while the installed fastText build cannot train.
+    """
+    for name, texts in (("positive", positives), ("negative", negatives)):
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise DataError(f"quality model: {name} example {bad} is a {type(texts[bad]).__name__}, not a string")
+    pretrained = cfg.kind == "pretrained"
+    if not pretrained:
+        for name, texts in (("positive", positives), ("negative", negatives)):
+            if len(texts) < 2:
+                raise DataError(f"quality model: {len(texts)} {name} example(s); kind = {cfg.kind!r} needs at least "
+                                "2 per class (one to train on, one held out), and hundreds to be useful")
+    split = {}
+    for name, texts, c in (("positive", positives, 1), ("negative", negatives, 0)):
+        order = np.random.default_rng([cfg.seed, c]).permutation(len(texts))[: cfg.max_examples]
+        n_held = len(order) if pretrained else max(1, round(cfg.holdout_fraction * len(order)))
+        split[f"heldout_{name}"], split[f"train_{name}"] = order[:n_held], order[n_held:]
+
+    def pick(texts: Sequence[str], index: np.ndarray) -> list[str]:
+        return [texts[i] for i in index]
+
+    train_pos, train_neg = pick(positives, split["train_positive"]), pick(negatives, split["train_negative"])
+    if pretrained:
+        model = load_model(cfg.path, positive_label=cfg.positive_label)
+    elif cfg.kind == "naive_bayes":
+        model = _train_naive_bayes(train_pos, train_neg, cfg)
+    else:
+        model = _train_fasttext(train_pos, train_neg, cfg)
+    held = pick(positives, split["heldout_positive"]) + pick(negatives, split["heldout_negative"])
+    y = np.r_[np.ones(len(split["heldout_positive"])), np.zeros(len(split["heldout_negative"]))]
+    scores = model.score(held)
+    model.metrics = heldout_metrics(y, scores, cfg.threshold)
+    model.metrics.update(n_train_pos=len(train_pos), n_train_neg=len(train_neg), n_heldout_pos=int(y.sum()),
+                         n_heldout_neg=int(len(y) - y.sum()))
+    model.metrics_note = _metrics_note(y)
+    if model.metrics_note:
+        log.warning("quality model: %s", model.metrics_note)
+    model.split = split
+    n_pos = len(split["heldout_positive"])
+    model.heldout = dict(label=["positive"] * n_pos + ["negative"] * (len(y) - n_pos),
+                         index=[int(i) for i in np.r_[split["heldout_positive"], split["heldout_negative"]]],
+                         score=[float(v) for v in scores])
+    return model
+
+
+def _train_naive_bayes(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> NaiveBayesModel:
+    from sklearn.feature_extraction.text import HashingVectorizer
+    from sklearn.naive_bayes import MultinomialNB
+    from sklearn.pipeline import Pipeline
+
+    pipeline = Pipeline([
+        ("features", HashingVectorizer(analyzer="word", ngram_range=(1, cfg.ngram_max), lowercase=True,
+                                       alternate_sign=False, n_features=cfg.max_features)),
+        ("nb", MultinomialNB(alpha=cfg.nb_alpha)),
+    ])
+    pipeline.fit(pos + neg, [POSITIVE] * len(pos) + [NEGATIVE] * len(neg))
+    return NaiveBayesModel(pipeline, POSITIVE)
+
+
+def _train_fasttext(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> FastTextModel:
+    import fasttext
+
+    if not fasttext_can_train():
+        raise ConfigError("quality_model.kind = 'fasttext' needs a fastText build with train_supervised, but the "
+                          f"installed 'fasttext' module ({fasttext.__file__}) is the predict-only build; use kind = "
+                          "'naive_bayes', or kind = 'pretrained' with a fastText model trained elsewhere")
+    # Interleaved by a seeded order: fastText reads the file in order, and one class after the other would make
+    # its last updates all of one class.
+    lines = [f"{POSITIVE} {fasttext_line(t)}" for t in pos] + [f"{NEGATIVE} {fasttext_line(t)}" for t in neg]
+    lines = [lines[i] for i in np.random.default_rng([cfg.seed, 2]).permutation(len(lines))]
+    with tempfile.TemporaryDirectory(prefix="quality-fasttext-") as tmp:
+        data = Path(tmp) / "train.txt"
+        data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        try:
+            model = fasttext.train_supervised(input=str(data), epoch=cfg.ft_epoch, lr=cfg.ft_lr,
+                                              wordNgrams=cfg.ft_word_ngrams, dim=cfg.ft_dim,
+                                              minCount=cfg.ft_min_count, bucket=cfg.ft_bucket, thread=1,
+                                              seed=cfg.seed, verbose=0)
+        except RuntimeError as err:  # "Encountered NaN." on some small sets and settings
+            raise DataError(f"quality model: fastText training failed on {len(pos)} + {len(neg)} examples ({err}); "
+                            "change quality_model.ft_dim / ft_lr / ft_word_ngrams or give more examples") from err
+    return FastTextModel(model, POSITIVE, _fasttext_labels(model), source=None)
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def load_model(path: Path | str, positive_label: str = "") -> TrainedModel:
+    """Load a quality model: a ``.skops`` file ``TrainedModel.save`` wrote, or a supervised fastText ``.bin`` /
+    ``.ftz`` (this module's or one trained elsewhere), or a folder holding a saved model.
+
+    ``positive_label`` names the reference-quality label; empty picks the label named one of
+    ``POSITIVE_LABEL_NAMES`` (with or without fastText's ``__label__`` prefix), else the alphabetically first label
+    (logged). The metrics saved beside the model in
+    ``quality_model.json``, when present, are restored.
+
+    Raises:
+        DataError: a missing path, an unknown suffix, a file that does not load as such a model, a model with fewer
+            than 2 labels, or a ``positive_label`` the model does not have.
+    """
+    path = Path(path)
+    if path.is_dir():
+        meta_file = path / META_NAME
+        if not meta_file.is_file():
+            raise DataError(f"quality model: folder {path} holds no {META_NAME}; give the model file itself")
+        path = path / json.loads(meta_file.read_text())["model_file"]
+    if not path.is_file():
+        raise DataError(f"quality model: {path} does not exist; check quality_model.path")
+    if path.suffix == NB_SUFFIX:
+        model: TrainedModel = _load_naive_bayes(path, positive_label)
+    elif path.suffix in FASTTEXT_SUFFIXES:
+        model = _load_fasttext(path, positive_label)
+    else:
+        raise DataError(f"quality model: {path} is neither a {NB_SUFFIX} file nor a fastText .bin/.ftz")
+    meta_file = path.parent / META_NAME
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+        if meta.get("model_file") == path.name and isinstance(meta.get("metrics"), dict):
+            model.metrics = _json_restore(meta["metrics"])
+            model.metrics_note = str(meta.get("metrics_note", ""))
+    return model
+
+
+def _load_naive_bayes(path: Path, positive_label: str) -> NaiveBayesModel:
+    import skops.io
+
+    try:
+        pipeline = skops.io.load(path)  # default trust: scikit-learn and numpy types only
+    except Exception as err:  # skops raises several kinds (untrusted types, bad zip, version mismatch)
+        raise DataError(f"quality model: {path} does not load as a skops file ({type(err).__name__}: {err})") from err
+    if not (hasattr(pipeline, "predict_proba") and hasattr(pipeline, "classes_")):
+        raise DataError(f"quality model: {path} holds a {type(pipeline).__name__}, not a fitted classifier")
+    labels = [str(c) for c in pipeline.classes_]
+    return NaiveBayesModel(pipeline, _positive_label(labels, positive_label, path))
+
+
+def _load_fasttext(path: Path, positive_label: str) -> FastTextModel:
+    import fasttext
+
+    try:
+        model = fasttext.load_model(str(path))
+        labels = _fasttext_labels(model)
+    except (ValueError, RuntimeError) as err:
+        raise DataError(f"quality model: {path} does not load as a supervised fastText model ({err})") from err
+    return FastTextModel(model, _positive_label(labels, positive_label, path), labels, source=path)
+
+
+def _fasttext_labels(model: Any) -> list[str]:
+    # Every label with its probability for the empty line: the one call both fastText builds offer.
+    labels, _ = model.predict("", k=-1, threshold=-1.0)
+    return sorted(str(label) for label in labels)
+
+
+def _positive_label(labels: list[str], requested: str, path: Path) -> str:
+    if len(labels) < 2:
+        raise DataError(f"quality model: {path} has labels {labels}; a quality classifier needs at least 2")
+    if requested:
+        if requested not in labels:
+            raise DataError(f"quality model: positive_label={requested!r} is not a label of {path}; its labels are "
+                            f"{labels}")
+        return requested
+    chosen = next((lab for lab in labels
+                   if lab in POSITIVE_LABEL_NAMES or lab.removeprefix("__label__") in POSITIVE_LABEL_NAMES), None)
+    if chosen is None:
+        chosen = labels[0]
+        log.warning("quality model: %s has no label named one of %s; taking %r as reference quality (set "
+                    "quality_model.positive_label to choose)", path, POSITIVE_LABEL_NAMES, chosen)
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+
+
+def heldout_metrics(y: np.ndarray, scores: np.ndarray, threshold: float) -> dict[str, Any]:
+    """Held-out evaluation of scores against labels.
+
+    Args:
+        y: (N,) labels, 1 reference quality, 0 not.
+        scores: (N,) P(reference quality) in [0, 1].
+        threshold: a score >= threshold is predicted positive.
+
+    Returns:
+        ``accuracy`` at ``threshold``; ``roc_auc`` (``sklearn.metrics.roc_auc_score``; NaN unless both classes are
+        present); ``brier`` = mean (score − y)² (Brier 1950, ``sklearn.metrics.brier_score_loss``); ``calibration``
+        = {"mean_predicted": [...], "fraction_positive": [...]} over the non-empty ones of 10 uniform score bins
+        (``sklearn.calibration.calibration_curve``). With N = 0 the floats are NaN and the bins empty.
+    """
+    from sklearn.calibration import calibration_curve
+    from sklearn.metrics import brier_score_loss, roc_auc_score
+
+    y = np.asarray(y, dtype=np.int64)
+    scores = np.asarray(scores, dtype=np.float64)
+    out: dict[str, Any] = dict(accuracy=math.nan, roc_auc=math.nan, brier=math.nan,
+                               calibration={"mean_predicted": [], "fraction_positive": []})
+    if not len(y):
+        return out
+    out["accuracy"] = float(np.mean((scores >= threshold) == (y == 1)))
+    out["brier"] = float(brier_score_loss(y, scores, pos_label=1))
+    if len(np.unique(y)) == 2:
+        out["roc_auc"] = float(roc_auc_score(y, scores))
+    fraction, mean_predicted = calibration_curve(y, scores, pos_label=1, n_bins=CALIBRATION_BINS,
+                                                 strategy="uniform")
+    out["calibration"] = {"mean_predicted": [float(v) for v in mean_predicted],
+                          "fraction_positive": [float(v) for v in fraction]}
+    return out
+
+
+def _metrics_note(y: np.ndarray) -> str:
+    if not len(y):
+        return "no held-out examples: accuracy, ROC AUC and Brier score are NaN"
+    if len(np.unique(y)) < 2:
+        return "held-out examples of one class only: ROC AUC is NaN"
+    return ""
+
+
+def reliability_plot(metrics: dict[str, Any], path: Path | str) -> Path:
+    """A reliability diagram (DeGroot & Fienberg 1983): per score bin, the fraction of positives against the mean
+    predicted score, with the diagonal of perfect calibration; written as PNG to ``path`` (returned)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from infra.figures import save_figure
+
+    calibration = metrics.get("calibration") or {}
+    predicted = calibration.get("mean_predicted", [])
+    fraction = calibration.get("fraction_positive", [])
+    fig, ax = plt.subplots(figsize=(5, 5), dpi=110)
+    ax.plot([0, 1], [0, 1], color="grey", ls=":", label="perfectly calibrated")
+    if predicted:
+        ax.plot(predicted, fraction, marker="o", color="tab:blue", label="quality classifier (held out)")
+    else:
+        ax.text(0.5, 0.5, "no held-out examples", ha="center", va="center", color="0.4")
+    auc, brier = metrics.get("roc_auc", math.nan), metrics.get("brier", math.nan)
+    ax.set(xlabel="mean predicted P(reference quality) in the bin", ylabel="fraction of reference-quality examples",
+           xlim=(0, 1), ylim=(-0.02, 1.02), title=f"Reliability: ROC AUC {auc:.3f}, Brier {brier:.3f}")
+    ax.legend(loc="upper left", fontsize=8)
+    return save_figure(fig, Path(path))
+
+
+# ---------------------------------------------------------------------------------------------------- actions
+
+
+def keep_decisions(scores: np.ndarray, doc_ids: Sequence[str], cfg: QualityModelConfig
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Keep / remove each scored document by ``cfg.action``.
+
+    ``threshold``: keep when score >= ``cfg.threshold``; keep_probability is 1 or 0.
+
+    ``sample`` (GPT-3's rule, Brown et al. 2020, App. A: keep when ``np.random.pareto(α) > 1 − score``), seeded per
+    document so the decision depends on neither order, shard layout nor workers: u = (the top 53 bits of
+    ``xxh3_64`` of the UTF-8 bytes of ``f"{seed}:{doc_id}"``) / 2^53, uniform in [0, 1); X = (1 − u)^(−1/α) − 1
+    is a draw of numpy's Pareto II (Lomax) law, whose survival function is P(X > x) = (1 + x)^(−α)
+    (inverse-CDF sampling); keep when X > 1 − score, so P(keep) = (2 − score)^(−α), which is keep_probability.
+    With α = 9 a score of 1 is always kept and a score of 0 kept with probability 2^−9 ≈ 0.002.
+
+    Args:
+        scores: (N,) P(reference quality) in [0, 1].
+        doc_ids: N document ids.
+        cfg: ``action``, ``threshold``, ``pareto_alpha`` and ``seed`` are read.
+
+    Returns:
+        (keep, keep_probability): bool array (N,) and float64 array (N,).
+
+    Raises:
+        DataError: lengths differ, or a score is not finite or outside [0, 1].
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 1 or len(scores) != len(doc_ids):
+        raise DataError(f"quality model: {scores.shape} scores for {len(doc_ids)} document ids; give one score "
+                        "per document")
+    bad = np.flatnonzero(~np.isfinite(scores) | (scores < 0.0) | (scores > 1.0))
+    if len(bad):
+        raise DataError(f"quality model: score {scores[bad[0]]!r} of document {doc_ids[bad[0]]!r} is not in [0, 1]")
+    if cfg.action == "threshold":
+        keep = scores >= cfg.threshold
+        return keep, keep.astype(np.float64)
+    alpha = cfg.pareto_alpha
+    bits = np.fromiter((xxhash.xxh3_64_intdigest(f"{cfg.seed}:{doc_id}".encode()) >> 11 for doc_id in doc_ids),
+                       dtype=np.uint64, count=len(doc_ids))
+    u = bits.astype(np.float64) * 2.0**-53  # exact: 53-bit integers are floats, u <= 1 - 2^-53
+    x = (1.0 - u) ** (-1.0 / alpha) - 1.0
+    return x > 1.0 - scores, (2.0 - scores) ** (-alpha)
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in ("scikit-learn", "skops", "fasttext-predict", "fasttext-numpy2-wheel"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _json_safe(value: Any) -> Any:
+    # JSON has no NaN; None stands for it and _json_restore turns it back.
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _json_restore(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: (math.nan if v is None else _json_restore(v)) for k, v in value.items()}
+    return value

