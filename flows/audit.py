@@ -53,11 +53,34 @@ def audit_source(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_c
     originals, counts = load_originals(cfg.sources[source], layout.source_cache, audit_cfg.num_originals,
                                        cfg.corpus.extractor)
     pages = load_pages(cfg.sources[source], layout.source_cache, audit_cfg.extractor_pages, audit_cfg.seed)
-    result = run_audit(originals, cfg.sources[source], cfg.corpus, audit_cfg, pages=pages)
+    result = run_audit(originals, cfg.sources[source], cfg.corpus, audit_cfg, pages=pages,
+                       quality_model=_quality_model(cfg, layout))
     result.report["source_read"] = counts
     out = audit_dir(layout, cfg.name, source)
     write_audit(result, out, f"{cfg.name} · {source}: LSH detection vs S-curve")
     return {"out_dir": str(out), "report": result.report}
+
+
+def _quality_model(cfg: ExperimentConfig, layout: RunsLayout) -> Path | None:
+    """The classifier the audited build scores with: the quality_model artifact of the current config (or, for a
+    pretrained classifier, its file); None when the model is disabled.
+
+    Raises:
+        ConfigError: the model is enabled and no artifact of the current config exists yet.
+    """
+    from tasks.corpus.quality_stage import model_path
+
+    qm = cfg.corpus.quality_model
+    if not qm.enabled:
+        return None
+    if qm.kind == "pretrained":
+        return Path(qm.path)
+    artifact = ArtifactStore(layout.artifacts).get("quality_model", chain_keys(cfg, until="quality_model")[
+        "quality_model"].key)
+    if artifact is None:
+        raise ConfigError(f"corpus.quality_model is enabled and the audit scores with the trained classifier: run "
+                          f"`pretrain run CONFIG --until quality_model --runs-dir {layout.root}` first")
+    return model_path(artifact.path)
 
 
 @task(name="audit-corpus-review", cache_policy=NO_CACHE, persist_result=False)
@@ -171,6 +194,13 @@ def headline_metrics(report: dict[str, Any]) -> dict[str, float]:
     for row in report.get("extractors", {}).get("rows", []):
         for figure in ("pages_without_text", "chars_kept", "line_overlap", "seconds_per_mb"):
             metrics[f"extractor_{row['extractor']}_{figure}"] = row[figure]
+    quality = report.get("quality_model")
+    if quality is not None:
+        metrics["quality_model_precision"] = quality["precision"]["value"]
+        metrics["quality_model_recall"] = quality["recall"]["value"]
+        for kind, row in quality["recall_by_kind"].items():
+            metrics[f"quality_model_recall_{kind}"] = row["value"]
+        metrics["quality_model_originals_removed"] = len(quality["originals_removed"])
     return {k: float(v) for k, v in metrics.items() if v is not None}
 
 
@@ -202,6 +232,18 @@ def audit(config_path: str, runs_dir: str, sources: list[str] | None = None,
     return {"experiment": cfg.name, "sources": done}
 
 
+def _quality_line(quality: dict[str, Any]) -> str:
+    def shown(row: dict[str, Any]) -> str:
+        if not row["n"]:
+            return "n/a (none)"
+        return f"{row['value']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}] ({row['hits']}/{row['n']})"
+
+    kinds = ", ".join(f"{kind} {shown(row)}" for kind, row in quality["recall_by_kind"].items())
+    return (f"Quality classifier ({quality['rule']}) on the {quality['reached']:,} documents that reached it: "
+            f"precision {shown(quality['precision'])}, recall of junk {shown(quality['recall'])}; by kind: {kinds}; "
+            f"originals it removed: {len(quality['originals_removed'])} (in originals_removed.csv)")
+
+
 def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
     """Print each source's crosstab, headline figures, removed originals and the corpus review."""
     console = console or Console()
@@ -226,6 +268,9 @@ def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
                                      pd.DataFrame(extractors["only_in_one"])))
         elif extractors is not None:
             console.print("HTML extractors: the source has no HTML pages to compare")
+        quality = report.get("quality_model")
+        if quality is not None:
+            console.print(escape(_quality_line(quality)), soft_wrap=True)
         removed = pd.read_csv(out / "originals_removed.csv")
         if len(removed):
             console.print(_table(f"Originals removed ({len(removed):,}; first 20, all in originals_removed.csv): "

@@ -20,10 +20,11 @@ from infra.runs import RunsLayout
 
 
 def checkpoint_folder(path: Path) -> Path:
-    """``path`` itself, or its ``checkpoint/`` when ``path`` is a stage artifact folder (``runs/artifacts/main/<key>``).
+    """``path`` itself, or its ``checkpoint/`` when ``path`` is a stage artifact folder (``runs/artifacts/main/<key>``),
+    or its ``model/`` when it is an export artifact.
 
     Raises:
-        CheckpointError: nothing exists at ``path``.
+        CheckpointError: nothing exists at ``path``, or a folder that is none of these (e.g. ``runs/artifacts/main``).
     """
     path = Path(path)
     if not path.exists():
@@ -31,6 +32,13 @@ def checkpoint_folder(path: Path) -> Path:
                               "and state.json, e.g. runs/artifacts/main/<key>/checkpoint)")
     if (path / "checkpoint").is_dir() and not (path / "state.json").exists():
         return path / "checkpoint"
+    if (path / "model" / "config.json").is_file() and not (path / "config.json").exists():
+        return path / "model"  # an export stage artifact: its Hugging Face folder
+    if path.is_dir() and not any((path / name).exists() for name in ("state.json", "config.json",
+                                                                     "model.safetensors")):
+        raise CheckpointError(f"{path} is not a checkpoint: it holds no state.json or config.json; give a checkpoint "
+                              "directory (runs/artifacts/main/<key>/checkpoint), a stage artifact holding one, or a "
+                              "Hugging Face model folder")
     return path
 
 
@@ -119,8 +127,8 @@ def checkpoint_tokenizer(folder: Path, record: dict, tokenizer: Path | None, lay
         pretrained = read_pretrained(path)  # ConfigError naming what is missing
         tok, eos_id, found = pretrained.load(), pretrained.eos_id, pretrained.tokenizer_hash
     if saved and found != saved:
-        raise ConfigError(f"{folder} was trained with tokenizer {saved!r}, {path} holds {found!r}: score it with "
-                          "the tokenizer it was trained with")
+        raise ConfigError(f"{folder} was trained with tokenizer {saved!r}, {path} holds {found!r}: use the "
+                          "tokenizer it was trained with")
     return {"tokenizer": tok, "eos_id": eos_id, "tokenizer_hash": found, "path": path}
 
 

@@ -124,13 +124,16 @@ def load_pages(source: SourceConfig, cache_dir: Path, n: int, seed: int) -> pd.D
 
 
 def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfig, cfg: AuditConfig,
-              progress: ShardProgress | None = None, pages: pd.DataFrame | None = None) -> AuditResult:
+              progress: ShardProgress | None = None, pages: pd.DataFrame | None = None,
+              quality_model: Path | None = None) -> AuditResult:
     """Inject labelled junk into ``originals`` (doc_id, text), run ``build_corpus`` with ``corpus``, measure;
     compare the HTML extractors on ``pages`` (doc_id, content) when given (``extractors.compare_extractors``).
 
     The source's language hint picks the junk language and the shingle unit (characters for languages written
     without spaces); a source without a hint is treated as English. The build writes into a temporary folder
     that is removed afterwards; no evaluation sets are passed, so its decontamination stage removes nothing.
+    ``quality_model``: the trained classifier file when ``corpus.quality_model`` is enabled (the pipeline's
+    quality_model artifact); the report then measures it (:func:`quality_model_report`).
 
     Raises:
         DataError: ``originals`` is empty.
@@ -141,7 +144,7 @@ def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfi
     by_chars = language in CHARACTER_LANGUAGES
     mixed = inject(originals, source.name, language, by_chars, cfg)
     with tempfile.TemporaryDirectory(prefix="audit-corpus-") as build_dir:
-        built = build_corpus(mixed, corpus, out=Path(build_dir), progress=progress)
+        built = build_corpus(mixed, corpus, out=Path(build_dir), progress=progress, quality_model=quality_model)
         removals, funnel = built.removals, built.funnel
     stage_of = dict(zip(removals["doc_id"], removals["stage"]))
     documents = mixed.assign(stage=mixed["doc_id"].map(lambda d: stage_of.get(d, KEPT)),
@@ -160,11 +163,51 @@ def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfi
     originals_removed = with_excerpts(removed, dict(zip(originals["doc_id"], originals["text"])))
     report = _report(source, language, by_chars, cfg, corpus, documents, funnel, pairs, bins, pr,
                      originals_removed)
+    if corpus.quality_model.enabled:
+        report["quality_model"] = _json_safe(quality_model_report(documents, originals_removed))
     extractors = None
     if pages is not None:
         extractors = compare_extractors(pages, source.name, cfg.extractor_examples, cfg.seed)
         report["extractors"] = _json_safe(_extractor_summary(extractors, corpus.extractor))
     return AuditResult(source.name, documents, table, pairs, bins, pr, originals_removed, report, extractors)
+
+
+QUALITY_RULE = "quality_model.low_score"
+
+
+def quality_model_report(documents: pd.DataFrame, originals_removed: pd.DataFrame) -> dict[str, Any]:
+    """How the quality classifier treats the injected junk (docs/methods.md §7, filter audit): among the documents
+    that reached it (not removed by an earlier step; near and exact copies are left out, they are dedup's), its
+    precision (junk share of what it removed) and recall (share of the junk it removed) with Wilson 95% intervals
+    (``scipy.stats.binomtest``),
+    per junk kind, and the originals it removed, for review.
+
+    ``documents``: the audit's documents (label, stage, rule); ``originals_removed``: its removed originals with
+    excerpts (columns doc_id, rule, excerpt, ...).
+    """
+    from scipy import stats
+
+    from tasks.audit.inject import JUNK_KINDS
+
+    reached = documents[documents["label"].isin(["original", *JUNK_KINDS])
+                        & documents["stage"].isin(["quality_model", "dedup_near", "decontam", KEPT])]
+    flagged = reached["rule"] == QUALITY_RULE
+    junk = reached["label"] != "original"
+
+    def share(hits: int, n: int) -> dict[str, Any]:
+        if not n:
+            return {"value": float("nan"), "hits": 0, "n": 0, "ci95": [float("nan"), float("nan")]}
+        ci = stats.binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
+        return {"value": hits / n, "hits": int(hits), "n": int(n), "ci95": [float(ci.low), float(ci.high)]}
+
+    by_kind = {kind: share(int((flagged & (reached["label"] == kind)).sum()), int((reached["label"] == kind).sum()))
+               for kind in JUNK_KINDS}
+    removed = originals_removed[originals_removed["rule"] == QUALITY_RULE]
+    return {"rule": QUALITY_RULE, "reached": int(len(reached)),
+            "precision": share(int((flagged & junk).sum()), int(flagged.sum())),
+            "recall": share(int((flagged & junk).sum()), int(junk.sum())),
+            "recall_by_kind": by_kind,
+            "originals_removed": removed.drop(columns=[c for c in ("source",) if c in removed]).to_dict("records")}
 
 
 def _extractor_summary(comparison: ExtractorComparison, configured: str) -> dict[str, Any]:

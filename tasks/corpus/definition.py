@@ -47,6 +47,10 @@ def check_corpus(out: Path, cfg: Any) -> None:
     from infra.expectations import check_kept_corpus, check_ledger
     from tasks.corpus.stage import manifest_rows
 
+    from tasks.corpus.quality_stage import check_budget
+
+    # The classifier's narrowing first: a source it emptied fails here with the budget's figures and examples.
+    check_budget(out, cfg.corpus.quality_model)
     languages = cfg.corpus.languages + (["unknown"] if cfg.corpus.unknown_language == "keep" else [])
     with duckdb.connect() as con:
         counts = con.execute("SELECT source, rule, count(*) AS n FROM read_parquet(?) GROUP BY source, rule "
@@ -60,9 +64,6 @@ def check_corpus(out: Path, cfg: Any) -> None:
                       {src: "removed by " + ", ".join(rules[:4]) for src, rules in why.items()})
     rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
     check_ledger(rows.assign(removed=[removed.get(s, 0) for s in rows["source"]]), out / "removals.parquet")
-    from tasks.corpus.quality_stage import check_budget
-
-    check_budget(out, cfg.corpus.quality_model)
 
 
 STAGE = Stage(name="corpus", inputs=("sources", "quality_model"), code="tasks.corpus", run=run_corpus,

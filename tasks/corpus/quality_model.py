@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import logging
 import math
+import re
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
@@ -351,6 +352,15 @@ class TrainedModel(ABC):
 
 
 _SPLIT_KEYS = ("train_positive", "heldout_positive", "train_negative", "heldout_negative")
+# CJK ideographs, kana and hangul syllables: scripts written without spaces between words.
+_UNSPACED_RE = re.compile(r"([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff])")
+
+
+def word_units(text: str) -> str:
+    """``text`` with a space around every character of a script written without spaces (Chinese, Japanese,
+    Korean), so that word n-gram features are character n-grams there, as the corpus's rules count them
+    (docs/methods.md §7); other text is unchanged."""
+    return _UNSPACED_RE.sub(r" \1 ", text)
 
 
 class NaiveBayesModel(TrainedModel):
@@ -367,7 +377,7 @@ class NaiveBayesModel(TrainedModel):
         self._column = self.labels.index(positive_label)
 
     def _score(self, texts: Sequence[str]) -> np.ndarray:
-        return self.pipeline.predict_proba(list(texts))[:, self._column]
+        return self.pipeline.predict_proba([word_units(t) for t in texts])[:, self._column]
 
     def _write_model(self, folder: Path) -> Path:
         import skops.io
@@ -498,11 +508,15 @@ def _train_naive_bayes(pos: list[str], neg: list[str], cfg: QualityModelConfig) 
     from sklearn.pipeline import Pipeline
 
     pipeline = Pipeline([
+        # Single-character tokens count: a CJK character is a word here (word_units); the default pattern drops them.
         ("features", HashingVectorizer(analyzer="word", ngram_range=(1, cfg.ngram_max), lowercase=True,
-                                       alternate_sign=False, n_features=cfg.max_features)),
-        ("nb", MultinomialNB(alpha=cfg.nb_alpha)),
+                                       token_pattern=r"(?u)\b\w+\b", alternate_sign=False,
+                                       n_features=cfg.max_features)),
+        # A uniform class prior: the classes' example counts are a choice of the config, not a base rate, and a
+        # short document (little evidence) should score near 0.5 rather than near the larger class.
+        ("nb", MultinomialNB(alpha=cfg.nb_alpha, fit_prior=False)),
     ])
-    pipeline.fit(pos + neg, [POSITIVE] * len(pos) + [NEGATIVE] * len(neg))
+    pipeline.fit([word_units(t) for t in pos + neg], [POSITIVE] * len(pos) + [NEGATIVE] * len(neg))
     return NaiveBayesModel(pipeline, POSITIVE)
 
 

@@ -9,8 +9,8 @@ Inputs: the sources artifact. Examples are declared in ``[corpus.quality_model]`
   will score;
 - ``files``: text files or JSON-lines files, taken as they are;
 - ``negative.corpus_sample``: the same seeded sample over every source that is not a positive source;
-- ``negative.junk``: synthetic navigation, spam and repeated-line pages (``tasks.corpus.junk``) made from such a
-  sample's text, per language.
+- ``negative.junk``: synthetic navigation, spam and repeated-line pages (``tasks.corpus.junk``) made from the
+  text of a seeded sample of every source, per language.
 
 Outputs: ``model/`` (the classifier, ``tasks.corpus.quality_model``), ``metrics.json`` (held-out accuracy, ROC
 AUC, Brier score, calibration bins, example counts by origin), ``reliability.png`` and ``examples.parquet``
@@ -129,7 +129,9 @@ def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], d
             origins["negative.corpus_sample"] = len(got)
             texts += got
         if label == "negative" and examples.junk:
-            got = generate_junk(_sample_frame(src, pool, want, qm.seed + 2, corpus_cfg), examples.junk, qm.seed)
+            # Material from every source: junk that borrowed only the non-reference sources' words would teach
+            # the classifier those sources' vocabulary rather than the junk's structure.
+            got = generate_junk(_sample_frame(src, described, want, qm.seed + 2, corpus_cfg), examples.junk, qm.seed)
             origins["negative.junk"] = len(got)
             texts += got
         classes[label] = texts

@@ -140,7 +140,8 @@ def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path) 
 
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ConfigError(f"{out_dir} exists and is not an empty folder; remove it or choose another output folder")
+        what = "is not an empty folder" if out_dir.is_dir() else "is a file"
+        raise ConfigError(f"{out_dir} exists and {what}; remove it or choose another output folder")
     project, meta, tokenizer_json = _tokenizer_files(tokenizer_dir)
     if is_hf_folder(checkpoint_dir):  # a released base that CPT started from, kept by the gate
         record: dict[str, Any] = {"format": "hugging_face"}

@@ -252,6 +252,52 @@ def test_audit_command_writes_reports_tables_and_mlflow_runs(smoke_runs):
     audit_runs = [r for e in experiments for r in client.search_runs([e.experiment_id])
                   if r.info.run_name == "audit:handbook_en"]
     assert audit_runs and audit_runs[0].info.status == "FINISHED"
+    quality = report["quality_model"]  # the smoke config's classifier, measured on the injected junk
+    assert quality["reached"] > 0 and 0 <= quality["recall"]["value"] <= 1
+    assert set(quality["recall_by_kind"]) == {"navigation", "spam", "repeated", "short"}
+    assert "quality_model_recall" in audit_runs[0].data.metrics
+
+
+def test_quality_classifier_is_trained_scored_audited_and_recorded(smoke_runs):
+    import json
+
+    import pandas as pd
+
+    runs = smoke_runs["runs"]
+    (qm_dir,) = (runs / "artifacts" / "quality_model").iterdir()
+    metrics = json.loads((qm_dir / "metrics.json").read_text())
+    assert metrics["enabled"] and metrics["kind"] == "naive_bayes" and 0.5 < metrics["roc_auc"] <= 1.0
+    assert metrics["origins"]["negative.junk"] == 40  # 20 pages for each of the two languages
+    (corpus_dir,) = (runs / "artifacts" / "corpus").iterdir()
+    kept = pd.read_parquet(corpus_dir / "kept.parquet", columns=["quality_score"])
+    assert kept.quality_score.between(0.5, 1.0).all()  # threshold 0.5
+    manifest = json.loads((corpus_dir / "manifest.json").read_text())["quality_model"]
+    assert manifest["enabled"] and {g["verdict"] for g in manifest["groups"]} == {"within"}
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        removed = con.execute("SELECT count(*), min(value), max(value), min(threshold) FROM removals "
+                              "WHERE rule = 'quality_model.low_score'").fetchone()
+        audit = dict(con.execute("SELECT group_name, removed FROM quality_model_audit WHERE group_kind = 'source'")
+                     .fetchall())
+        scored = con.execute("SELECT count(*), count(*) FILTER (WHERE removed) FROM quality_scores").fetchone()
+    finally:
+        con.close()
+    assert removed[0] > 0 and removed[2] < 0.5 and removed[3] == 0.5
+    assert sum(audit.values()) == removed[0] == scored[1] and set(audit) == set(manifest_sources(runs))
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    (produced,) = client.search_runs([experiment.experiment_id],
+                                     "tags.stage = 'quality_model' AND tags.cached = 'false'")
+    assert produced.data.metrics["roc_auc"] == pytest.approx(metrics["roc_auc"])
+    assert {a.path for a in client.list_artifacts(produced.info.run_id, "plots")} == {"plots/reliability.png"}
+
+
+def manifest_sources(runs):
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        return [s for (s,) in con.execute("SELECT DISTINCT source FROM manifest").fetchall()]
+    finally:
+        con.close()
 
 
 def test_stability_command_fills_the_grid_table_and_an_mlflow_run(smoke_runs):

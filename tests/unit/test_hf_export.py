@@ -234,3 +234,14 @@ def test_export_takes_a_bare_tokenizer_json_and_names_a_missing_tokenizer(made):
         export_checkpoint(root / "ckpt", root / "nowhere", root / "hf")
     record = export_checkpoint(root / "ckpt", root / "tokenizer" / "tokenizer.json", root / "hf")
     assert record["passed"] and record["tokenizer_hash"] == meta["tokenizer_hash"]
+
+
+def test_a_folder_that_is_no_checkpoint_is_named_as_such(tmp_path):
+    from flows.export import checkpoint_folder
+
+    (tmp_path / "main" / "k1").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="is not a checkpoint: it holds no state.json or config.json"):
+        checkpoint_folder(tmp_path / "main")
+    (tmp_path / "export" / "k2" / "model").mkdir(parents=True)
+    (tmp_path / "export" / "k2" / "model" / "config.json").write_text("{}")
+    assert checkpoint_folder(tmp_path / "export" / "k2") == tmp_path / "export" / "k2" / "model"

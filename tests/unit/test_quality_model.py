@@ -404,3 +404,22 @@ def test_load_example_files_errors(tmp_path):
     (tmp_path / "blank.txt").write_text("\n\n")
     with pytest.raises(DataError, match="hold no non-empty document"):
         load_example_files([str(tmp_path / "blank.txt")])
+
+
+def test_naive_bayes_reads_chinese_by_characters_and_ignores_class_sizes():
+    """Text without spaces gets character n-gram features (a whole sentence would otherwise be one unseen token),
+    and a text with no known feature scores about 0.5 however unequal the classes' example counts are."""
+    from tasks.corpus.quality_model import word_units
+
+    assert word_units("软件包 apt") == " 软  件  包  apt"
+    rng = random.Random(0)
+    manual = ["软件包管理器", "配置文件", "系统管理员", "安装程序", "内核模块", "安全更新"]
+    chatter = ["哈哈哈太搞笑了", "我家的猫", "周末去玩", "好饿啊", "生日蛋糕", "笑死我了"]
+    pos = ["".join(rng.choice(manual) + "。" for _ in range(12)) for _ in range(40)]
+    neg = ["".join(rng.choice(chatter) + "！" for _ in range(12)) for _ in range(120)]
+    model = train(pos, neg, cfg(max_examples=120))
+    assert model.metrics["accuracy"] >= 0.95 and model.metrics["roc_auc"] >= 0.99
+    fresh = ["".join(rng.choice(manual) for _ in range(5)), "".join(rng.choice(chatter) for _ in range(5))]
+    high, low = model.score(fresh)
+    assert high > 0.9 and low < 0.1
+    assert model.score(["qqqq zzzz"])[0] == pytest.approx(0.5, abs=0.01)  # only smoothing tells the classes apart
