@@ -62,8 +62,11 @@ def _docs() -> pd.DataFrame:
     rows.append(("forum/exact", "forum", forum[0].upper()))  # an exact copy: exact dedup comes first
     words = forum[1].split()
     rows.append(("forum/near", "forum", " ".join(words[:-3] + ["indeed", "truly", "so"])))  # a near copy
-    return pd.DataFrame([dict(doc_id=d, source=s, language_hint="en", content=t, content_type="text")
-                         for d, s, t in rows])
+    hosts = {"manual": "https://www.debian.org/doc/", "forum": "https://Forum.Example.org:8443/t/"}
+    frame = pd.DataFrame([dict(doc_id=d, source=s, language_hint="en", content=t, content_type="text",
+                               url=hosts[s] + d.split("/")[1]) for d, s, t in rows])
+    frame.loc[frame.doc_id == "manual/0", "url"] = None  # a document without a URL has no host row
+    return frame
 
 
 def _cfg(model_file, **qm) -> CorpusConfig:
@@ -111,6 +114,8 @@ def test_the_audit_finds_the_narrowing_and_the_budget_check_names_it(built, mode
     assert audit.loc[("all", "all"), "docs_scored"] == 19  # every document but the exact copy
     assert audit.loc[("source", "forum"), "score_p90"] < 0.5 < audit.loc[("source", "manual"), "score_p10"]
     assert set(audit.loc["length"].index) <= {"0-200", "200-1000", "1000-5000", "5000-20000", "20000+"}
+    hosts = audit.loc["host"]  # hosts in normal form: lower case, no port, no leading www.
+    assert hosts.loc["forum.example.org", "removed_share"] == 1.0 and hosts.loc["debian.org", "docs_scored"] == 11
     examples = pd.read_parquet(built.out / "quality_examples.parquet")
     forum = examples[(examples.group_kind == "source") & (examples.group_name == "forum")]
     assert list(forum.fate) == ["removed"] * 3 and forum.quality_score.is_monotonic_increasing
