@@ -222,5 +222,6 @@ def test_two_runs_of_one_config_at_once_compute_each_stage_once(smoke_runs, tmp_
 def test_until_stops_after_the_named_stage(smoke_runs, tmp_path):
     runs = _copy_runs(smoke_runs, tmp_path)
     proc = pretrain("run", "configs/smoke.toml", "--until", "tokenizer", runs=runs)
-    assert stage_status(proc.stdout) == {"sources": "cached", "corpus": "cached", "tokenizer": "cached"}
+    assert stage_status(proc.stdout) == {"sources": "cached", "quality_model": "cached", "corpus": "cached",
+                                         "tokenizer": "cached"}
     assert "not run this time: mixture, sweep, main, cpt, gate, export" in proc.stdout

@@ -164,7 +164,7 @@ def test_corpus_and_tokenizer_on_a_ray_cluster_match_the_local_engine(ray_cluste
     started = time.perf_counter()
     proc = pretrain("run", str(config), "--until", "tokenizer", runs=tmp_path / "runs", env=ray_cluster["env"])
     wall_s = time.perf_counter() - started
-    assert stage_status(proc.stdout) == {"sources": "ran", "corpus": "ran", "tokenizer": "ran"}
+    assert stage_status(proc.stdout) == {"sources": "ran", "quality_model": "ran", "corpus": "ran", "tokenizer": "ran"}
 
     local, remote = smoke_runs["runs"], tmp_path / "runs"
     ray_corpus, ray_tokenizer = _artifact(remote, "corpus"), _artifact(remote, "tokenizer")
