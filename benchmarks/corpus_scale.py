@@ -180,6 +180,10 @@ def child(job_path: str) -> None:
     execution = cfg.execution.model_copy(update={"workers": job["workers"], "shard_docs": job["shard_docs"],
                                                  "memory_limit": job["memory_limit"]})
     cfg = cfg.model_copy(update={"execution": execution})
+    quality = getattr(cfg, "quality_model", None)  # absent in checkouts older than the quality classifier
+    if quality is not None and quality.enabled:
+        # The rules and dedup at scale; the classifier's scoring is benchmarks/quality_model.py's.
+        cfg = cfg.model_copy(update={"quality_model": type(quality)()})
     ray_start = 0.0
     address = job.get("ray_address", "local")
     if job["engine"] == "ray" and address == "local":

@@ -218,14 +218,14 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
                        "s_curve": [[s, p] for s, p in s_curve(cfg.near_dedup.bands, cfg.near_dedup.rows)]},
         "eval_sets": sorted({item.set_name for item in eval_items}),
         "eval_items": len(eval_items),
-        "quality_model": _quality_manifest(result.out, cfg),
+        "quality_model": _quality_manifest(result, cfg),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {**body, "manifest_hash": digest}
 
 
 
-def _quality_manifest(out: Path, cfg: CorpusConfig) -> dict[str, Any]:
+def _quality_manifest(result: Any, cfg: CorpusConfig) -> dict[str, Any]:
     """The quality classifier's part of the manifest: its action and threshold, the budget, the groups whose
     narrowing was accepted, and each group's removal share and verdict (``quality_stage.budget_verdicts``)."""
     from tasks.corpus.quality_stage import budget_verdicts
@@ -233,7 +233,7 @@ def _quality_manifest(out: Path, cfg: CorpusConfig) -> dict[str, Any]:
     qm = cfg.quality_model
     if not qm.enabled:
         return {"enabled": False}
-    audit = pd.read_parquet(Path(out) / "quality_audit.parquet")
+    audit = pd.read_parquet(Path(result.out) / "quality_audit.parquet")
     verdicts = budget_verdicts(audit, qm) if len(audit) else pd.DataFrame()
     return {"enabled": True, "kind": qm.kind, "action": qm.action, "threshold": qm.threshold,
             "pareto_alpha": qm.pareto_alpha if qm.action == "sample" else None,

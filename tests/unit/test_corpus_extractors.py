@@ -95,8 +95,8 @@ def test_the_extractor_changes_the_corpus_key_and_everything_after(tmp_path, mon
 
     base, resiliparse = keys(None), keys("resiliparse")
     assert keys("trafilatura") == base  # the default, written out, is the same config
-    assert [s for s in base if base[s] != resiliparse[s]] == ["corpus", "tokenizer", "mixture", "sweep", "main",
-                                                             "cpt", "gate", "export"]
+    assert [s for s in base if base[s] != resiliparse[s]] == ["quality_model", "corpus", "tokenizer", "mixture",
+                                                             "sweep", "main", "cpt", "gate", "export"]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,9 @@ def test_the_audit_of_a_source_compares_its_extractors_and_writes_the_table(tmp_
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(ROOT / "configs" / "smoke.toml")
-    corpus = cfg.corpus.model_copy(update={"extractor": "resiliparse"})
+    # The rules alone: the smoke config's quality classifier needs its trained artifact (tested end to end).
+    corpus = cfg.corpus.model_copy(update={"extractor": "resiliparse", "quality_model": type(
+        cfg.corpus.quality_model)()})
     source = cfg.sources["handbook_en"]
     audit_cfg = AuditConfig(num_originals=6, num_navigation=2, num_spam=2, num_repeated=2, num_short=2,
                             num_exact_copies=2, num_near_per_rate=1, extractor_pages=3, extractor_examples=2)
