@@ -64,6 +64,18 @@ class ExperimentConfig(Section):
         for name in self.cpt.domain_sources:
             if name not in self.sources or self.sources[name].role != "domain":
                 raise ValueError(f"cpt.domain_sources: '{name}' must name a source with role = 'domain'")
+        qm = self.corpus.quality_model
+        for side in ("positive", "negative"):
+            unknown = [n for n in getattr(qm, side).sources if n not in self.sources]
+            if unknown:
+                raise ValueError(f"corpus.quality_model.{side}.sources: {unknown} are not sources "
+                                 f"{sorted(self.sources)}")
+        groups = {*self.sources, *self.corpus.languages, "unknown", "all"}
+        for field in ("max_removed_share_by", "accept_narrowing"):
+            unknown = sorted(set(getattr(qm, field)) - groups)
+            if unknown:
+                raise ValueError(f"corpus.quality_model.{field}: {unknown} name no source, no kept language and not "
+                                 f"'all' (the whole corpus); use one of {sorted(groups)}")
         unknown = set(self.tokenizer.fit_weights) - set(self.sources)
         if unknown:
             raise ValueError(f"tokenizer.fit_weights: {sorted(unknown)} are not sources {sorted(self.sources)}")

@@ -88,6 +88,10 @@ def describe_error(root: type[BaseModel], error: Any) -> str:
 
 def _unquote_hint(kind: str, value: str, key: str) -> str:
     """Suggest the unquoted literal only when the string is one (``"3e-4"`` → ``3e-4``; ``"yes"`` is not)."""
+    if kind == "list_type":
+        return f"write it as a list: {key} = [{value!r}]".replace("'", '"')
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"write {key} as a table ({key} = {{ ... }} or a [{key}] section)"
     if kind.startswith("bool"):
         literal = value.strip().lower() if value.strip().lower() in ("true", "false") else None
         return f"write {key} = {literal} without quotes" if literal else f"write {key} = true or {key} = false"

@@ -117,8 +117,9 @@ class QualityModelConfig(Section):
     ``ft_bucket`` hash buckets for the word n-grams (>= 1; fastText's own default of 2,000,000 makes a 512 MB model
     at dim 64, 2^18 makes 64 MB). fastText trains with one thread, so the same seed gives the same model.
     Blind-spot budget: ``max_removed_share`` is the largest share of the documents (in [0, 1]) the classifier may
-    remove; ``max_removed_share_by`` gives a source name or a language code its own budget (each in [0, 1]);
-    ``accept_narrowing`` lists sources or languages whose excess over their budget is accepted.
+    remove; ``max_removed_share_by`` gives a source name, a language code or "all" (the whole corpus) its own
+    budget (each in [0, 1]); ``accept_narrowing`` lists sources, languages or "all" whose excess over their budget
+    is accepted. The experiment config refuses names that are none of these.
     ``ablate``: request an ablation of the classifier, the corpus with and without its removals (this section only
     carries the switch; the corpus stage acts on it).
     """
@@ -160,6 +161,9 @@ class QualityModelConfig(Section):
         if self.path and not self.path.endswith((NB_SUFFIX, *FASTTEXT_SUFFIXES)):
             raise ConfigError(f"quality_model.path={self.path!r} must name a fastText .bin/.ftz or a saved "
                               f"{NB_SUFFIX} file")
+        if self.enabled and self.kind == "pretrained" and not Path(self.path).is_file():
+            raise ConfigError(f"quality_model.path={self.path!r} is not a file (relative paths are read from the "
+                              "working directory); give the classifier file to load")
         if self.positive.corpus_sample:
             raise ConfigError("quality_model.positive.corpus_sample = true: a sample of the corpus is not "
                               "reference-quality text; use it for negative.corpus_sample only")
@@ -183,7 +187,9 @@ class QualityModelConfig(Section):
             raise ConfigError(f"quality_model.holdout_fraction={self.holdout_fraction} must lie in (0, 0.5]")
         if self.seed < 0:
             raise ConfigError(f"quality_model.seed={self.seed} must be >= 0")
-        _share("threshold", self.threshold)
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"quality_model.threshold={self.threshold} is a score threshold (the classifier's "
+                              "probability of reference quality) and must lie in [0, 1]")
         for name in ("pareto_alpha", "nb_alpha", "ft_lr"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"quality_model.{name}={getattr(self, name)} must be > 0")

@@ -174,10 +174,9 @@ def budget_verdicts(audit: pd.DataFrame, qm: Any) -> pd.DataFrame:
     ``within`` / ``accepted`` / ``over``. Columns: group_kind, group_name, docs_scored, removed, removed_share,
     budget, accepted, verdict."""
     rows = audit[audit.group_kind.isin(["all", "source", "language"])].copy()
-    rows["budget"] = [float(qm.max_removed_share_by.get(name, qm.max_removed_share)) if kind != "all"
-                      else float(qm.max_removed_share) for kind, name in zip(rows.group_kind, rows.group_name)]
-    rows["accepted"] = [kind != "all" and name in set(qm.accept_narrowing)
-                        for kind, name in zip(rows.group_kind, rows.group_name)]
+    # The whole corpus is the group named "all": max_removed_share_by and accept_narrowing may name it too.
+    rows["budget"] = [float(qm.max_removed_share_by.get(name, qm.max_removed_share)) for name in rows.group_name]
+    rows["accepted"] = [name in set(qm.accept_narrowing) for name in rows.group_name]
     over = rows.removed_share > rows.budget
     rows["verdict"] = ["within" if not o else ("accepted" if a else "over") for o, a in zip(over, rows.accepted)]
     return rows[["group_kind", "group_name", "docs_scored", "removed", "removed_share", "budget", "accepted",

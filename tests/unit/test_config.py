@@ -403,3 +403,31 @@ def test_a_cross_section_problem_reads_as_one_field_path(tmp_path):
     assert re.search(r"bad\.toml: invalid config: cpt\.domain_sources: 'handbook_en' must name a source with "
                      r"role = 'domain'", str(err.value)), str(err.value)
     assert ": :" not in str(err.value)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('accept_narrowing = ["nosuch"]', r"accept_narrowing: \['nosuch'\] name no source"),
+    ("max_removed_share_by = {nosuch = 0.3}", r"max_removed_share_by: \['nosuch'\] name no source"),
+    ('positive.sources = ["nosuch"]', r"quality_model.positive.sources: \['nosuch'\] are not sources"),
+])
+def test_quality_model_names_must_be_sources_languages_or_all(tmp_path, line, message):
+    text = (ROOT / "configs/smoke.toml").read_text()
+    text = text.replace('positive.sources = ["handbook_en", "handbook_zh", "fortunes_en", "fortunes_zh", "python_doc"]',
+                        line if line.startswith("positive") else
+                        'positive.sources = ["handbook_en"]\n' + line)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(bad)
+    ok = text.replace("nosuch", "all") if "positive" not in line else None
+    if ok is not None:
+        bad.write_text(ok)
+        assert load_config(bad).corpus.quality_model is not None  # "all" names the whole corpus
+
+
+def test_a_string_where_a_list_belongs_is_told_to_be_a_list(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text((ROOT / "configs/smoke.toml").read_text().replace('languages = ["en", "zh"]', 'languages = "en"', 1))
+    with pytest.raises(ConfigError, match=r'corpus.languages: expected a list, got the string \'en\'; write it as a '
+                                          r'list: languages = \["en"\]'):
+        load_config(bad)

@@ -156,3 +156,13 @@ def test_an_enabled_model_without_its_file_is_refused(model_file):
     with pytest.raises(DataError, match="no trained classifier"):
         curate(None, None, _cfg(model_file).model_copy(update={"quality_model": QualityModelConfig(
             enabled=True, positive={"files": ["x"]}, negative={"corpus_sample": True})}))
+
+
+def test_the_whole_corpus_group_is_named_all(built, model_file):
+    audit = pd.read_parquet(built.out / "quality_audit.parquet")
+    strict = _cfg(model_file, max_removed_share=0.3, accept_narrowing=["forum"]).quality_model
+    verdicts = budget_verdicts(audit, strict).set_index(["group_kind", "group_name"]).verdict
+    assert verdicts[("all", "all")] == "over"  # 7 of 19 > 30%
+    for relaxed in (dict(accept_narrowing=["forum", "all"]), dict(max_removed_share_by={"all": 0.5})):
+        qm = _cfg(model_file, max_removed_share=0.3, **{"accept_narrowing": ["forum"], **relaxed}).quality_model
+        assert budget_verdicts(audit, qm).set_index(["group_kind", "group_name"]).verdict[("all", "all")] != "over"

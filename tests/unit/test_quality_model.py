@@ -359,9 +359,14 @@ def test_config_refusals(kw, message):
         cfg(**kw)
 
 
-def test_config_defaults_and_strict_loading():
+def test_config_defaults_and_strict_loading(tmp_path):
     assert QualityModelConfig().enabled is False  # disabled: no examples needed
-    assert QualityModelConfig(kind="pretrained", path="m.ftz", enabled=True).positive.declared() is False
+    (tmp_path / "m.ftz").write_bytes(b"")
+    assert QualityModelConfig(kind="pretrained", path=str(tmp_path / "m.ftz"), enabled=True).positive.declared() is False
+    with pytest.raises(ConfigError, match="quality_model.path='.*nothere.skops' is not a file"):
+        QualityModelConfig(kind="pretrained", path=str(tmp_path / "nothere.skops"), enabled=True)
+    with pytest.raises(ConfigError, match="threshold=1.5 is a score threshold"):
+        QualityModelConfig(threshold=1.5)
     with pytest.raises(ConfigError, match="examples sources=.* lists a name twice"):
         ExamplesConfig(sources=["a", "a"])
     with pytest.raises(ConfigError, match="quality.toml: invalid config: tresh: unknown key"):
