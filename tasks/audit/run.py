@@ -164,7 +164,9 @@ def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfi
     report = _report(source, language, by_chars, cfg, corpus, documents, funnel, pairs, bins, pr,
                      originals_removed)
     if corpus.quality_model.enabled:
-        report["quality_model"] = _json_safe(quality_model_report(documents, originals_removed))
+        report["quality_model"] = _json_safe({**quality_model_report(documents, originals_removed),
+                                              "model": str(quality_model), "threshold": corpus.quality_model.threshold,
+                                              "action": corpus.quality_model.action})
     extractors = None
     if pages is not None:
         extractors = compare_extractors(pages, source.name, cfg.extractor_examples, cfg.seed)

@@ -46,4 +46,6 @@ def summary(ctx: SummaryContext) -> list[Any]:
     if metrics.get("metrics_note"):
         shown += f" ({metrics['metrics_note']})"
     origins = ", ".join(f"{k} {v:,}" for k, v in metrics["origins"].items())
-    return [f"[bold]Quality model[/] ({metrics['kind']}): held-out {shown}; examples {origins}"]
+    out: list[Any] = [f"[bold]Quality model[/] ({metrics['kind']}): held-out {shown}; examples {origins}"]
+    out += [f"[yellow]quality model warning:[/] {w}" for w in metrics.get("warnings", [])]
+    return out

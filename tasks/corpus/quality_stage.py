@@ -142,6 +142,28 @@ def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], d
     return classes["positive"], classes["negative"], origins
 
 
+# Fewer held-out examples of a class than this make its accuracy and AUC too noisy to read (a Wilson interval on
+# 20 items is about ±0.2 wide at p = 0.5).
+MIN_HELDOUT_PER_CLASS = 20
+
+
+def classifier_warnings(metrics: dict[str, Any]) -> list[str]:
+    """What makes a trained classifier's held-out figures weak evidence: too few held-out examples of a class, or
+    an accuracy no better than always answering the larger class (the all-one-class baseline)."""
+    pos, neg = int(metrics.get("n_heldout_pos", 0)), int(metrics.get("n_heldout_neg", 0))
+    out = [f"only {n} held-out {label} examples (fewer than {MIN_HELDOUT_PER_CLASS}): accuracy and ROC AUC are "
+           "noisy; declare more examples or a larger holdout_fraction"
+           for label, n in (("positive", pos), ("negative", neg)) if 0 < n < MIN_HELDOUT_PER_CLASS]
+    accuracy = metrics.get("accuracy")
+    if pos and neg and accuracy is not None and accuracy == accuracy:
+        baseline = max(pos, neg) / (pos + neg)
+        if accuracy <= baseline:
+            larger = "negative" if neg >= pos else "positive"
+            out.append(f"held-out accuracy {accuracy:.3f} is no better than calling every example {larger} "
+                       f"({baseline:.3f}): the classifier does not separate the classes at its threshold")
+    return out
+
+
 def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     """Train (or load) and evaluate the classifier; write the artifact (module docstring)."""
     from tasks.corpus.quality_model import load_model, reliability_plot, train
@@ -157,14 +179,15 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     saved = model.save(out / MODEL_DIR)
     load_model(saved)  # what the corpus build will load: refused here rather than in every shard worker
     metrics = {"enabled": True, "kind": qm.kind, "model_file": str(saved.relative_to(out)), "origins": origins,
-               **model.metrics, "metrics_note": model.metrics_note}
+               **model.metrics, "metrics_note": model.metrics_note,
+               "warnings": classifier_warnings(model.metrics)}
     (out / METRICS).write_text(json.dumps(metrics, indent=2, default=float))
     reliability_plot(model.metrics, out / "reliability.png")
     heldout = getattr(model, "heldout", None)
     if heldout is not None:
         pd.DataFrame(heldout).to_parquet(out / "examples.parquet", index=False)
-    return {"enabled": True, "kind": qm.kind, **{k: v for k, v in model.metrics.items()
-                                                 if isinstance(v, (int, float))}}
+    return {"enabled": True, "kind": qm.kind, "warnings": metrics["warnings"],
+            **{k: v for k, v in model.metrics.items() if isinstance(v, (int, float))}}
 
 
 def budget_verdicts(audit: pd.DataFrame, qm: Any) -> pd.DataFrame:

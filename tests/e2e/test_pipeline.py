@@ -256,6 +256,7 @@ def test_audit_command_writes_reports_tables_and_mlflow_runs(smoke_runs):
     assert quality["reached"] > 0 and 0 <= quality["recall"]["value"] <= 1
     assert set(quality["recall_by_kind"]) == {"navigation", "spam", "repeated", "short"}
     assert "quality_model_recall" in audit_runs[0].data.metrics
+    assert quality["model"].endswith("quality_model.skops") and quality["threshold"] == 0.5
 
 
 def test_quality_classifier_is_trained_scored_audited_and_recorded(smoke_runs):

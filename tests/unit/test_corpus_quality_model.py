@@ -166,3 +166,13 @@ def test_the_whole_corpus_group_is_named_all(built, model_file):
     for relaxed in (dict(accept_narrowing=["forum", "all"]), dict(max_removed_share_by={"all": 0.5})):
         qm = _cfg(model_file, max_removed_share=0.3, **{"accept_narrowing": ["forum"], **relaxed}).quality_model
         assert budget_verdicts(audit, qm).set_index(["group_kind", "group_name"]).verdict[("all", "all")] != "over"
+
+
+def test_weak_held_out_evidence_is_named():
+    from tasks.corpus.quality_stage import classifier_warnings
+
+    # A narrowed classifier: 40 of 45 held-out examples right by calling everything negative.
+    weak = classifier_warnings({"accuracy": 40 / 45, "n_heldout_pos": 5, "n_heldout_neg": 40})
+    assert len(weak) == 2 and "only 5 held-out positive examples" in weak[0]
+    assert "no better than calling every example negative (0.889)" in weak[1]
+    assert classifier_warnings({"accuracy": 0.95, "n_heldout_pos": 400, "n_heldout_neg": 120}) == []
