@@ -10,8 +10,10 @@ code the corpus build runs:
 
 * rules: ``tasks.corpus.filters.filter_documents`` with the smoke config's ``[corpus]`` section: URL rules,
   sanitise, HTML extraction, Unicode repair, language ID, the Gopher/Chinese/C4 rules and PII, ledger included;
-* classifier: ``TrainedModel.score`` on the rules' survivors (the texts the build's key pass scores), with the
-  naive Bayes the smoke config trains (its sources against 20 generated junk pages per language), or ``--model``.
+* classifier: ``TrainedModel.score`` on the rules' survivors (the call the build's key pass makes per shard,
+  through ``tasks.corpus.build._quality``), with a naive Bayes trained here under the smoke config's settings on
+  the first ``max_examples`` survivors against generated junk pages (``quality_stage.generate_junk``): the same
+  model kind and features as the quality_model stage's, not its seeded sample of examples; or ``--model``.
 
 The process is pinned to one CPU and each side is timed ``--rounds`` times, alternately, after a warm-up; the best
 round counts. Reported: documents per second, microseconds per document and per kilobyte of text (slopes), and the
