@@ -46,6 +46,9 @@ def summary(ctx: SummaryContext) -> list[Any]:
     if metrics.get("metrics_note"):
         shown += f" ({metrics['metrics_note']})"
     origins = ", ".join(f"{k} {v:,}" for k, v in metrics["origins"].items())
-    out: list[Any] = [f"[bold]Quality model[/] ({metrics['kind']}): held-out {shown}; examples {origins}"]
+    used = {k: int(metrics.get(k, 0)) for k in ("n_train_pos", "n_heldout_pos", "n_train_neg", "n_heldout_neg")}
+    out: list[Any] = [f"[bold]Quality model[/] ({metrics['kind']}): held-out {shown}; examples available {origins}; "
+                      f"used {used['n_train_pos']:,} + {used['n_heldout_pos']:,} positive and {used['n_train_neg']:,} + "
+                      f"{used['n_heldout_neg']:,} negative (train + held out)"]
     out += [f"[yellow]quality model warning:[/] {w}" for w in metrics.get("warnings", [])]
     return out
