@@ -167,9 +167,10 @@ def _dry_run(cfg, layout: RunsLayout) -> None:
     from flows.registry import STAGES
 
     console.print_json(cfg.model_dump_json())
+    width = max(len(stage.name) for stage in STAGES)
     for stage in STAGES:
         inputs = ", ".join(stage.inputs) or "-"
-        console.print(f"{stage.name:<10} ← {inputs:<28} → {layout.artifacts / stage.name}/<key>/")
+        console.print(f"{stage.name:<{width}} ← {inputs:<28} → {layout.artifacts / stage.name}/<key>/")
 
 
 @app.command()
@@ -309,9 +310,10 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
         print(json.dumps([asdict(s) for s in statuses], indent=2))
         return
     console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    width = max((len(s.stage) for s in statuses), default=0)
     for s in statuses:
         state = "[green]cached[/]" if s.cached else "[yellow]would run[/]"
-        console.print(f"{s.stage:<10} {s.key}  {state}", soft_wrap=True)
+        console.print(f"{s.stage:<{width}} {s.key}  {state}", soft_wrap=True)
         if explain and not s.cached:
             if s.nearest:
                 console.print(f"           nearest stored artifact {s.nearest}:", soft_wrap=True)
