@@ -56,6 +56,21 @@ def heldout_windows(tokens: np.ndarray, seq_len: int, max_tokens: int | None = N
     return np.stack([used[s:s + seq_len + 1] for s in starts]).astype(np.int64)
 
 
+def window_documents(doc_offsets: np.ndarray, n_windows: int, seq_len: int) -> np.ndarray:
+    """(n_windows,) int64: the index of the document in which each held-out window of :func:`heldout_windows`
+    starts, from the split's (n_docs,) document start offsets. Windows of one document share its content, so they
+    are resampled together (``evals.stats.cluster_bootstrap_ci``).
+
+    Raises:
+        DataError: ``doc_offsets`` empty, not starting at 0 or not increasing.
+    """
+    offsets = np.asarray(doc_offsets, dtype=np.int64)
+    if len(offsets) == 0 or offsets[0] != 0 or (np.diff(offsets) < 0).any():
+        raise DataError(f"document offsets must start at 0 and not decrease, got {offsets[:5].tolist()}…")
+    starts = np.arange(n_windows, dtype=np.int64) * seq_len
+    return np.searchsorted(offsets, starts, side="right").astype(np.int64) - 1
+
+
 def heldout_loss(model: nn.Module, tokens: np.ndarray, *, seq_len: int, batch_size: int = 8,
                  max_tokens: int | None = None) -> HeldoutLoss:
     """Cross-entropy of ``model`` on the first ``max_tokens`` tokens of a 1-D split, in nats per predicted token.

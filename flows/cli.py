@@ -70,10 +70,25 @@ def _quiet_libraries() -> None:
 
 
 class _ExpectedFailures(logging.Filter):
-    """Drops Prefect's traceback records for a ``PretrainError``: its message is printed once, clearly, by ``_fail``."""
+    """Drops Prefect's records of a run that failed with a ``PretrainError``: its message is printed once, clearly,
+    by ``_fail``. They are the traceback record and the run's later ``Finished in state Failed(...)`` record, which
+    repeats the message in full (matched by the run's id, so another run's failure is still logged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._failed_runs: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], PretrainError))
+        run = getattr(record, "task_run_id", None) or getattr(record, "flow_run_id", None)
+        if record.exc_info and isinstance(record.exc_info[1], PretrainError):
+            if run is not None:
+                self._failed_runs.add(str(run))
+            return False
+        if run is not None and str(run) in self._failed_runs and record.getMessage().startswith(
+                "Finished in state Failed"):
+            self._failed_runs.discard(str(run))
+            return False
+        return True
 
 
 def _quiet_expected_failures() -> None:
@@ -96,7 +111,8 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
     tracking_uri: Optional[str] = TrackingUri,
 ) -> None:
-    """Run the pipeline: sources → corpus → tokenizer → mixture → sweep → main → cpt → gate."""
+    """Run the pipeline: sources → quality_model → corpus → tokenizer → mixture → quality_ablation → sweep → main →
+    cpt → gate → export."""
     _set_tracking(tracking_uri)
     layout = RunsLayout.resolve(runs_dir)
     try:

@@ -7,6 +7,7 @@ A new stage is a package under ``tasks/`` exporting a ``STAGE`` (``infra.stage.S
 from __future__ import annotations
 
 from infra.stage import Stage
+from tasks.ablation.definition import STAGE as quality_ablation
 from tasks.corpus.definition import QUALITY_STAGE as quality_model
 from tasks.corpus.definition import STAGE as corpus
 from tasks.cpt.definition import STAGE as cpt
@@ -24,6 +25,7 @@ STAGES: list[Stage] = [
     corpus,
     tokenizer,
     mixture,
+    quality_ablation,
     sweep,
     main,
     cpt,

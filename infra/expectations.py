@@ -235,3 +235,32 @@ def check_heldout(table: pd.DataFrame) -> SuiteResult:
             E.ExpectColumnValuesToBeBetween(column="tokens", min_value=1),
         ],
     )
+
+
+def check_quality_ablation(table: pd.DataFrame) -> SuiteResult:
+    """Quality-ablation suite: a row per evaluated source with finite, positive bits per byte for both arms, an
+    interval that holds its estimate (or none, for a single held-out document, with no decided verdict), and a known
+    verdict (``tasks.ablation.stage``)."""
+    import great_expectations as gx
+
+    E = gx.expectations
+    no_interval = table["delta_low"].isna() & table["delta_high"].isna() & table["verdict"].isin(
+        ["inconclusive", "unchanged"])  # a single held-out document gives no interval
+    frame = table.assign(low_ok=no_interval | (table["delta_low"] <= table["delta_bpb"] + 1e-12),
+                         high_ok=no_interval | (table["delta_high"] >= table["delta_bpb"] - 1e-12))
+    return validate_frame(
+        "quality_ablation",
+        frame[["source", "bpb_with", "bpb_without", "delta_bpb", "low_ok", "high_ok", "verdict", "heldout_docs"]],
+        [
+            E.ExpectTableRowCountToBeBetween(min_value=1),
+            E.ExpectColumnValuesToBeUnique(column="source"),
+            E.ExpectColumnValuesToNotBeNull(column="delta_bpb"),
+            E.ExpectColumnValuesToBeBetween(column="bpb_with", min_value=0.0, max_value=100.0),
+            E.ExpectColumnValuesToBeBetween(column="bpb_without", min_value=0.0, max_value=100.0),
+            E.ExpectColumnValuesToBeInSet(column="low_ok", value_set=[True]),
+            E.ExpectColumnValuesToBeInSet(column="high_ok", value_set=[True]),
+            E.ExpectColumnValuesToBeInSet(column="verdict",
+                                          value_set=["helped", "hurt", "inconclusive", "unchanged"]),
+            E.ExpectColumnValuesToBeBetween(column="heldout_docs", min_value=1),
+        ],
+    )

@@ -675,6 +675,7 @@ AUDIT_COLUMNS = ["group_kind", "group_name", "docs_scored", "removed", "removed_
                  "score_p50", "score_p90"]
 EXAMPLE_COLUMNS = ["group_kind", "group_name", "fate", "doc_id", "source", "language", "quality_score", "snippet"]
 SCORE_COLUMNS = ["doc_id", "source", "language", "length_bucket", "host", "quality_score", "removed"]
+QUALITY_REMOVED_COLUMNS = ["doc_id", "source", "language", "quality_score", "text"]
 EXAMPLES_PER_GROUP, SNIPPET_CHARS = 3, 300
 
 
@@ -690,12 +691,14 @@ def _quality_audit(con: duckdb.DuckDBPyConnection, work: Path, names: list[str],
     bucket and host (documents with a URL), to ``out/quality_audit.parquet`` (``AUDIT_COLUMNS``); and for each
     source and language the ``EXAMPLES_PER_GROUP`` lowest-scoring kept and removed documents, to
     ``out/quality_examples.parquet`` (``EXAMPLE_COLUMNS``); every scored document's score and fate, in corpus
-    order, to ``out/quality_scores.parquet`` (``SCORE_COLUMNS``). All are empty without a classifier."""
+    order, to ``out/quality_scores.parquet`` (``SCORE_COLUMNS``); the text of the documents it removed, to
+    ``out/quality_removed.parquet`` (:func:`_write_quality_removed`). All are empty without a classifier."""
     out.mkdir(parents=True, exist_ok=True)
     if not cfg.quality_model.enabled:
         pd.DataFrame(columns=AUDIT_COLUMNS).to_parquet(out / "quality_audit.parquet", index=False)
         pd.DataFrame(columns=EXAMPLE_COLUMNS).to_parquet(out / "quality_examples.parquet", index=False)
         pd.DataFrame(columns=SCORE_COLUMNS).to_parquet(out / "quality_scores.parquet", index=False)
+        pd.DataFrame(columns=QUALITY_REMOVED_COLUMNS).to_parquet(out / "quality_removed.parquet", index=False)
         return
     con.execute(f"""CREATE OR REPLACE TEMP VIEW scored AS
         SELECT k.pos, k.shard, k.row, k.doc_id, k.source, k.language, k.host, k.quality_score,
@@ -730,6 +733,22 @@ def _quality_audit(con: duckdb.DuckDBPyConnection, work: Path, names: list[str],
             snippets[(int(shard), int(row))] = texts.iloc[int(row)][:SNIPPET_CHARS]
     chosen["snippet"] = [snippets[(int(a), int(b))] for a, b in zip(chosen.shard, chosen.row)]
     chosen[EXAMPLE_COLUMNS].to_parquet(out / "quality_examples.parquet", index=False)
+    _write_quality_removed(con, work, names, out / "quality_removed.parquet")
+
+
+def _write_quality_removed(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], path: Path) -> None:
+    """The whole text of every document the classifier removed (``QUALITY_REMOVED_COLUMNS``), in corpus order, in
+    the form it was scored (after the boilerplate cut): for review beyond the audit's examples, and for the
+    ``quality_ablation`` stage, which trains a proxy with these documents put back. Streamed shard by shard."""
+    with _ParquetStream(path, _QUALITY_REMOVED_SCHEMA) as sink:
+        for shard, name in enumerate(names):
+            part = con.execute("SELECT k.row, k.doc_id, k.source, k.language, k.quality_score FROM quality_low q "
+                               "JOIN keys k USING (pos) WHERE k.shard = ? ORDER BY q.pos", [shard]).df()
+            if part.empty:
+                continue
+            texts = pd.read_parquet(work / "keyed" / name / "docs.parquet", columns=["text"]).text.to_numpy()
+            sink.write(part.assign(text=texts[part.row.to_numpy(dtype=np.int64)])[QUALITY_REMOVED_COLUMNS])
+            del texts
 
 
 def _exact_table(con: duckdb.DuckDBPyConnection, cfg: CorpusConfig) -> None:
@@ -933,6 +952,8 @@ class _ParquetStream:
 _REMOVAL_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("stage", pa.string()),
                              ("rule", pa.string()), ("value", pa.float64()), ("threshold", pa.float64()),
                              ("detail", pa.string())])
+_QUALITY_REMOVED_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("language", pa.string()),
+                                     ("quality_score", pa.float64()), ("text", pa.string())])
 _KEPT_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("language", pa.string()),
                           ("lang_score", pa.float64()), ("text", pa.string()), ("n_chars", pa.int64()),
                           ("n_bytes", pa.int64()), ("n_words", pa.int64()), ("family_id", pa.string()),

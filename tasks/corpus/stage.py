@@ -208,6 +208,7 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
         }
         if "url" in sources[name]["stages"]:  # documents the URL rules could not check
             sources[name]["stages"]["url"]["no_url"] = int(no_url.get(name, 0))
+            sources[name]["stages"]["url"]["url_invalid"] = int(info.get("url_invalid", 0))  # counted in no_url
         if read.get(name, 0) and not n_kept:
             sources[name]["warnings"].append(f"source {name} has no kept document")
     body = {

@@ -65,8 +65,12 @@ class SourceConfig(Section):
             ``*.warc``/``*.warc.gz``, e.g. Common Crawl files).
         text_field: the text column/key for ``jsonl`` and ``parquet``.
         url_field: the column/key of each document's URL for ``jsonl`` and ``parquet`` ("" for none); it fills the
-            documents' ``url`` (a value that is not a string is null), which the corpus URL rules read. A Parquet
-            file without that column is an error. WARC documents always take the record's target URI.
+            documents' ``url``, which the corpus URL rules read. A value that is not a URL with a host
+            (``tasks.sources.read.is_url``: ``"n/a"``, a number, ``mailto:...``) is read as no URL, counted per
+            source as ``url_invalid`` in ``sources.json`` and logged with examples; null and blank values are no
+            URL. A Parquet file without that column, or a source none of whose JSONL records has the key, is an
+            error (``SourceError`` naming the source, the field and the keys the records have). WARC documents
+            always take the record's target URI.
         language: language hint (ISO 639-1 like ``"en"``), used when text is too short to identify.
         role: ``general`` text or ``domain`` text (for continued pretraining).
         max_docs: keep only the first N documents in sorted path order (smoke configs); reading stops at the

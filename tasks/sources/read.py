@@ -19,7 +19,11 @@ stream ends the file with one ``read.bad_compression`` reject row naming where i
   as UTF-8 on its own: a line that is not UTF-8 is one reject row.
 - parquet: one document per row of column ``text_field``.
 - jsonl and parquet: with ``url_field`` set, the document's ``url`` is that key's or column's value when it is a
-  string, else null (neither a reject nor an error; a Parquet file without the column raises).
+  URL (``is_url``); a blank string is kept as it is (no URL). A value that is neither (``"n/a"``, a number, a
+  ``mailto:`` link) is written as null, so nothing downstream takes it for a URL, and it is counted in
+  ``SourceRead.url_invalid`` and logged with examples (its document is read, not rejected). A Parquet file without
+  the column raises, and so does a source none of whose JSONL records has the key (``SourceError`` naming the
+  source, the field and the keys the records have).
 
 Memory does not grow with the input (``read_source``). JSONL files are read one line at a time, Parquet files one
 batch of rows at a time (``iter_batches``) and WARC files one record at a time; html, text and fortune files, a
@@ -46,7 +50,9 @@ import bz2
 import glob
 import gzip
 import hashlib
+import ipaddress
 import json
+import logging
 import lzma
 import os
 import re
@@ -55,6 +61,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pandas as pd
 import pyarrow as pa
@@ -72,6 +79,12 @@ DOC_COLUMNS = ["doc_id", "source", "path", "url", "language_hint", "content", "c
                "encoding_from", "num_replaced", "num_nul_removed", "licence", "snapshot"]
 REJECT_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# A host name once IDNA-encoded: LDH labels (underscores too: they occur in real hostnames) separated by dots.
+_HOST_RE = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*$")
+_MAX_FIELD_NAMES = 30  # keys of the records named in the error for a url_field no record has
+URL_EXAMPLES = 3  # values that are not URLs quoted in the log line and in SourceRead
+
+log = logging.getLogger(__name__)
 
 
 # Row groups: other stages read the documents one row group at a time, so these bound their memory too.
@@ -170,7 +183,8 @@ def text_bytes(text: str) -> int:
 class SourceRead:
     """What ``read_source`` wrote for one source: ``docs_path`` (its documents file), ``num_docs``, ``num_rejects``
     (the rows it added to the rejects file), ``snapshot``, ``licence`` and ``skipped`` (input units that are not
-    documents, counted by kind: WARC ``not_response``, ``http_status``, ``not_html`` records)."""
+    documents, counted by kind: WARC ``not_response``, ``http_status``, ``not_html`` records), ``url_invalid``
+    (``url_field`` values that are not URLs, read as no URL) and up to ``URL_EXAMPLES`` of them, quoted."""
 
     docs_path: Path
     num_docs: int
@@ -178,6 +192,8 @@ class SourceRead:
     snapshot: str
     licence: str
     skipped: dict[str, int] = field(default_factory=dict)
+    url_invalid: int = 0
+    url_invalid_examples: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -204,6 +220,12 @@ class _Acc:
     num_docs: int = 0
     num_rejects: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    # url_field: records read without the key, the keys they had (until one has it), values that are not URLs
+    url_field_missing: int = 0
+    url_field_seen: bool = False
+    record_fields: dict[str, None] = field(default_factory=dict)
+    url_invalid: int = 0
+    url_invalid_examples: list[str] = field(default_factory=list)
 
     def doc(self, doc_id: str, rel: str, text: Decoded, content_type: str, url: str | None = None) -> None:
         self.docs.add(dict(doc_id=doc_id, source=self.cfg.name, path=rel, url=url, language_hint=self.cfg.language,
@@ -221,6 +243,46 @@ class _Acc:
     def full(self) -> bool:
         return self.cfg.max_docs is not None and self.num_docs >= self.cfg.max_docs
 
+    def record_keys(self, record: dict) -> None:
+        """Note whether a JSONL record that became a document has ``url_field`` (with any value, null too)."""
+        if self.url_field_seen:
+            return
+        if self.cfg.url_field in record:
+            self.url_field_seen = True
+            return
+        self.url_field_missing += 1
+        for key in record:
+            if len(self.record_fields) >= _MAX_FIELD_NAMES:
+                break
+            self.record_fields.setdefault(str(key))
+
+    def url(self, value: Any) -> str | None:
+        """A document's ``url`` from a ``url_field`` value: a URL (``is_url``) or a blank string as it is (lone
+        surrogates replaced), None for null; any other value is None too and counted in ``url_invalid``."""
+        if value is None:
+            return None
+        text = scrub(value).text if isinstance(value, str) else None
+        if text is not None and (not text.strip() or is_url(text)):
+            return text
+        self.url_invalid += 1
+        if len(self.url_invalid_examples) < URL_EXAMPLES:
+            self.url_invalid_examples.append(repr(text if text is not None else value)[:80])
+        return None
+
+    def check_url_field(self) -> None:
+        """Raise when ``url_field`` is set and no JSONL record read had it; log the values that are not URLs."""
+        name, url_field = self.cfg.name, self.cfg.url_field
+        if url_field and self.url_field_missing and not self.url_field_seen:
+            fields = sorted(self.record_fields)
+            more = " (and more)" if len(fields) >= _MAX_FIELD_NAMES else ""
+            raise SourceError(f"source {name!r}: url_field={url_field!r} is in none of its "
+                              f"{self.url_field_missing:,} records read; they have the fields {fields}{more}. Set "
+                              "url_field to the key that holds each document's URL, or remove it")
+        if self.url_invalid:
+            log.warning("source %r: %d url_field %r value(s) are not URLs (e.g. %s); those documents are read "
+                        "without a URL (url_invalid in sources.json)", name, self.url_invalid, url_field,
+                        ", ".join(self.url_invalid_examples))
+
 
 def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: RowWriter,
                 release: DebRelease | None = None) -> SourceRead:
@@ -237,12 +299,15 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
     inputs after it give neither documents nor rejects. A Debian source fetches ``release`` when given (the one its
     artifact key names), else ``cfg.version`` or the candidate resolved now.
 
+    ``url_invalid`` counts the ``url_field`` values that are not URLs (module docstring), read as no URL.
+
     Raises:
-        SourceError: no file matches the patterns, a parquet file lacks ``text_field`` (or a set ``url_field``), the
-            package cannot be fetched (see ``fetch_deb``), or an archive is refused by the safe extractor or cannot
-            be read (the message names the source, the archive and any refused member). Damaged content (bad bytes,
-            bad JSON, broken Parquet or WARC files) and inputs over ``max_file_bytes`` never raise: they become
-            reject rows.
+        SourceError: no file matches the patterns, a parquet file lacks ``text_field`` (or a set ``url_field``), a
+            set ``url_field`` is in none of the JSONL records read (the message names the source, the field and
+            the records' keys), the package cannot be fetched (see ``fetch_deb``), or an archive is refused by the
+            safe extractor or cannot be read (the message names the source, the archive and any refused member).
+            Damaged content (bad bytes, bad JSON, broken Parquet or WARC files) and inputs over
+            ``max_file_bytes`` never raise: they become reject rows.
         RunsFolderError: a file is in the way of the archive cache under ``cache_dir``.
     """
     if cfg.kind == "deb":
@@ -263,8 +328,10 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
                 _read_archive(acc, rel, path, Path(cache_dir) / "archives")
             else:
                 _read_file(acc, rel, path)
+        acc.check_url_field()
     return SourceRead(docs_path=Path(docs_path), num_docs=acc.num_docs, num_rejects=acc.num_rejects,
-                      snapshot=snapshot, licence=licence, skipped=acc.skipped)
+                      snapshot=snapshot, licence=licence, skipped=acc.skipped, url_invalid=acc.url_invalid,
+                      url_invalid_examples=acc.url_invalid_examples)
 
 
 def read_small_source(cfg: SourceConfig, cache_dir: Path, release: DebRelease | None = None) -> SourceDocs:
@@ -542,14 +609,49 @@ def _jsonl_line(acc: _Acc, rel: str, field_name: str, limit: int, line_no: int, 
     if not isinstance(value, str):
         acc.reject(doc_id, "read.missing_field", f"{rel} line {line_no}: no string field {field_name!r}")
         return True
-    url = _url_value(record.get(acc.cfg.url_field)) if acc.cfg.url_field else None
+    url = None
+    if acc.cfg.url_field:
+        acc.record_keys(record)
+        url = acc.url(record.get(acc.cfg.url_field))
     acc.doc(doc_id, rel, scrub(value), "text", url)  # JSON "\ud800" escapes give lone surrogates
     return True
 
 
-def _url_value(value: Any) -> str | None:
-    """A document's URL from a JSONL or Parquet value: a string, lone surrogates replaced; anything else None."""
-    return scrub(value).text if isinstance(value, str) else None
+def is_url(text: str) -> bool:
+    """Whether ``text`` is a URL with a host the corpus URL rules can read (``tasks.corpus.urls.url_host``).
+
+    Parsed by ``urllib.parse.urlsplit``: either ``scheme://host...`` whose host is an IP address or a host name,
+    or, without a scheme, a value that reads host first (``example.com/page``, ``www.example.com``) whose host has
+    at least two labels and a last label with a letter. A host name is valid when its IDNA (2003) ASCII form, with
+    percent-escapes and a trailing dot removed, is dot-separated letters, digits, ``-`` and ``_``. Not URLs:
+    ``"n/a"``, ``"3.14"``, ``"mailto:a@b.example"``, ``"javascript:void(0)"``, ``"http:///path"``,
+    ``"http://two words.example/"``.
+    """
+    value = text.strip()
+    try:
+        parts = urlsplit(value)
+        host_first = not parts.netloc and (not parts.scheme or "." in parts.scheme)
+        if host_first:
+            parts = urlsplit("//" + value)
+        host = parts.hostname
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    host = unquote(host or "").rstrip(".")
+    if not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii").lower()
+    except UnicodeError:  # an empty or over-long label
+        return False
+    if not _HOST_RE.match(ascii_host):
+        return False
+    labels = ascii_host.split(".")
+    return not host_first or (len(labels) >= 2 and any(c.isalpha() for c in labels[-1]))
 
 
 def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
@@ -567,8 +669,9 @@ def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
             raise SourceError(f"{path}: no column text_field={acc.cfg.text_field!r}; it has {columns}; set text_field")
         url_field = acc.cfg.url_field
         if url_field and url_field not in columns:
-            raise SourceError(f"{path}: no column url_field={url_field!r}; it has {columns}; set url_field or "
-                              "remove it")
+            raise SourceError(f"source {acc.cfg.name!r}: {path}: no column url_field={url_field!r}; it has {columns}; "
+                              "set url_field or remove it")
+        acc.url_field_seen = acc.url_field_seen or bool(url_field)
         read = list(dict.fromkeys([acc.cfg.text_field, *([url_field] if url_field else [])]))
         i = 0
         try:
@@ -583,7 +686,7 @@ def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
                         return
                     doc_id = f"{acc.cfg.name}/{rel}#{i}"
                     if isinstance(value, str):
-                        acc.doc(doc_id, rel, scrub(value), "text", _url_value(url))
+                        acc.doc(doc_id, rel, scrub(value), "text", acc.url(url) if url_field else None)
                     else:
                         acc.reject(doc_id, "read.missing_field",
                                    f"{rel} row {i}: {acc.cfg.text_field!r} is {type(value).__name__}")

@@ -3,8 +3,9 @@
 Outputs: ``docs/<source>.parquet`` (doc_id, source, path, language_hint, content, content_type, licence,
 snapshot; written as read, in bounded row groups: ``tasks.sources.read.RowWriter``), ``rejects.parquet`` (inputs
 that could not become documents, with a reason, every source's in config order) and
-``sources.json`` (per source: kind, package, snapshot, licence, role, docs read, rejects; for a Debian source
-the pinned ``version`` and the ``release`` fetched: version, architecture, .deb SHA256).
+``sources.json`` (per source: kind, package, snapshot, licence, role, docs read, rejects; with a ``url_field``, the
+count of its values that are not URLs, ``url_invalid``, and a few of them; for a Debian source the pinned
+``version`` and the ``release`` fetched: version, architecture, .deb SHA256).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def run(ctx: StageContext, sources: Mapping[str, SourceConfig],
                 "snapshot": read.snapshot, "licence": read.licence,
                 "docs_read": read.num_docs, "rejects": read.num_rejects, "skipped": dict(read.skipped),
             }
+            if cfg.url_field:  # values of the field that are not URLs, read as no URL
+                described[name]["url_invalid"] = read.url_invalid
+                described[name]["url_invalid_examples"] = list(read.url_invalid_examples)
             if cfg.kind == "deb":
                 described[name]["version"] = cfg.version
                 described[name]["release"] = releases[name].key_fields()

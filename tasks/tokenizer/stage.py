@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from infra.errors import ConfigError
 from infra.stage import StageContext
 from tasks.readers import load_kept, manifest_hash
-from tasks.tokenizer.heldout_overlap import decontaminate_train
+from tasks.train.heldout_overlap import decontaminate_train
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer, padded_vocab_size, sample_texts, tokenizer_hash
 from tasks.train.pretrained_tokenizer import files_digest, read_pretrained

@@ -373,3 +373,33 @@ def test_stage_figures_are_logged_under_plots_of_the_runs_that_made_them(smoke_r
         (produced,) = client.search_runs([experiment.experiment_id],
                                          f"tags.stage = '{stage}' AND tags.cached = 'false'")
         assert {a.path for a in client.list_artifacts(produced.info.run_id, "plots")} == files, stage
+
+
+def test_quality_ablation_compares_both_arms_and_records_them(smoke_runs):
+    import json
+
+    runs = smoke_runs["runs"]
+    (folder,) = (runs / "artifacts" / "quality_ablation").iterdir()
+    record = json.loads((folder / "ablation.json").read_text())
+    assert record["requested"] and record["removed_docs"] > 0
+    import pandas as pd
+
+    table = pd.read_parquet(folder / "ablation.parquet")
+    # every removal of a training source is put back, or left out by the held-out decontamination
+    assert record["readded_docs"] + record["decontaminated_docs"] == table[table.in_training].removed_docs.sum()
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        rows = con.execute("SELECT source, verdict, bpb_with, bpb_without FROM quality_ablation ORDER BY source").fetchall()
+    finally:
+        con.close()
+    assert [r[0] for r in rows] == sorted(manifest_sources(runs))
+    assert {r[1] for r in rows} <= {"helped", "hurt", "inconclusive", "unchanged"}
+    assert all(0 < r[2] < 20 and 0 < r[3] < 20 for r in rows)
+    assert "Quality ablation" in smoke_runs["first"].stdout
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    (produced,) = client.search_runs([experiment.experiment_id],
+                                     "tags.stage = 'quality_ablation' AND tags.cached = 'false'")
+    assert produced.data.tags["quality_ablation.overall"] == record["overall"]["verdict"]
+    assert "overall.delta_bpb" in produced.data.metrics
+    assert {a.path for a in client.list_artifacts(produced.info.run_id, "plots")} == {"plots/ablation.png"}

@@ -140,7 +140,7 @@ def test_audit_of_smoke_source_puts_copies_and_fragments_under_their_rules(tmp_p
     assert len(originals) == 10 and counts["docs_read"] == 14
     # The rules alone here (the smoke config's quality classifier needs its trained artifact, tested end to end).
     corpus = cfg.corpus.model_copy(update={"quality_model": cfg.corpus.quality_model.model_copy(
-        update={"enabled": False})})
+        update={"enabled": False, "ablate": False})})
     result = run_audit(originals, source, corpus, audit_cfg)
     assert "quality_model" not in result.report
     table, docs = result.crosstab, result.documents

@@ -33,8 +33,20 @@ def test_threshold_changes_its_stage_and_everything_after(tmp_path, at_root):
     base = _keys(tmp_path)
     changed = _keys(tmp_path, lambda raw: raw["corpus"].setdefault("gopher", {}).update(min_words=7))
     # The quality model's source examples pass through the corpus rules, so it is retrained too.
-    assert [s for s in base if base[s] != changed[s]] == ["quality_model", "corpus", "tokenizer", "mixture", "sweep",
-                                                          "main", "cpt", "gate", "export"]
+    assert [s for s in base if base[s] != changed[s]] == ["quality_model", "corpus", "tokenizer", "mixture",
+                                                          "quality_ablation", "sweep", "main", "cpt", "gate", "export"]
+
+
+def test_the_ablation_switch_keys_only_the_ablation_and_proxy_settings_key_it_only_when_on(tmp_path, at_root):
+    base = _keys(tmp_path)
+    off = _keys(tmp_path, lambda raw: raw["corpus"]["quality_model"].update(ablate=False))
+    assert [s for s in base if base[s] != off[s]] == ["quality_ablation"]  # the corpus is the same either way
+
+    def proxy_lr(raw):
+        raw["proxy"]["peak_lr"] = 1e-3
+    assert _keys(tmp_path, proxy_lr)["quality_ablation"] != base["quality_ablation"]
+    both = _keys(tmp_path, lambda raw: (raw["corpus"]["quality_model"].update(ablate=False), proxy_lr(raw)))
+    assert both["quality_ablation"] == off["quality_ablation"]  # not requested: an empty artifact, not re-keyed
 
 
 def test_log_interval_and_layout_change_no_key(tmp_path, at_root):

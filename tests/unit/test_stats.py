@@ -79,3 +79,63 @@ def test_bad_inputs_raise_project_errors():
         paired_bootstrap_ci(np.zeros(3), np.zeros(3), confidence=1.5)
     with pytest.raises(ConfigError):
         items_needed(0.5, 0.0)
+
+
+def test_cluster_bootstrap_widens_when_windows_of_a_document_share_its_shift():
+    from evals.stats import cluster_bootstrap_ci
+
+    rng = np.random.default_rng(3)
+    docs, per_doc = 40, 10
+    doc = np.repeat(np.arange(docs), per_doc)
+    base = rng.normal(3.0, 0.3, docs * per_doc)
+    # Each document shifts all its windows' difference together: 40 independent units, not 400.
+    cand = base - 0.1 + np.repeat(rng.normal(0.0, 0.2, docs), per_doc) + rng.normal(0.0, 0.02, docs * per_doc)
+    clustered = cluster_bootstrap_ci(base, cand, doc, seed=0)
+    windows = paired_bootstrap_ci(base, cand, seed=0)
+    assert clustered.delta == pytest.approx(windows.delta)
+    assert (clustered.n_clusters, clustered.n_units) == (docs, docs * per_doc)
+    assert clustered.high - clustered.low > 2.5 * (windows.high - windows.low)  # ≈ √10 wider
+    assert clustered.low < -0.1 < clustered.high
+
+
+def test_cluster_bootstrap_with_one_window_per_document_is_the_window_bootstrap():
+    from evals.stats import cluster_bootstrap_ci
+
+    rng = np.random.default_rng(5)
+    base, cand = rng.normal(3.0, 0.3, 300), rng.normal(2.9, 0.3, 300)
+    tokens = rng.integers(10, 100, 300)
+    clustered = cluster_bootstrap_ci(base, cand, np.arange(300), weights=tokens, seed=2)
+    windows = paired_bootstrap_ci(base, cand, weights=tokens, seed=2)
+    assert clustered.delta == pytest.approx(windows.delta)
+    assert clustered.high - clustered.low == pytest.approx(windows.high - windows.low, rel=0.15)
+
+
+def test_cluster_bootstrap_refuses_a_single_cluster_and_mismatched_clusters():
+    from evals.stats import cluster_bootstrap_ci
+
+    with pytest.raises(DataError, match="2 clusters"):
+        cluster_bootstrap_ci(np.zeros(5), np.ones(5), np.zeros(5))
+    with pytest.raises(DataError, match="shape"):
+        cluster_bootstrap_ci(np.zeros(5), np.ones(5), np.zeros(4))
+
+
+def test_the_seed_bootstrap_widens_by_the_training_noise_that_one_seed_cannot_show():
+    from evals.stats import cluster_bootstrap_ci, seed_cluster_bootstrap_ci
+
+    rng = np.random.default_rng(11)
+    docs, per_doc, seeds = 60, 3, 4
+    doc = np.repeat(np.arange(docs), per_doc)
+    base = rng.normal(3.0, 0.3, (seeds, docs * per_doc))
+    # Each seed shifts the whole difference by its own training noise (sd 0.1) around a true Δ of 0.05.
+    seed_shift = np.array([0.12, -0.08, 0.15, -0.04])
+    cand = base + 0.05 + seed_shift[:, None] + rng.normal(0.0, 0.01, base.shape)
+    both = seed_cluster_bootstrap_ci(base, cand, doc, seed=0)
+    assert both.delta == pytest.approx(np.mean(cand - base))
+    one = cluster_bootstrap_ci(base[0], cand[0], doc, seed=0)
+    single = seed_cluster_bootstrap_ci(base[:1], cand[:1], doc, seed=0)
+    assert single.delta == pytest.approx(one.delta) and single.high - single.low == pytest.approx(
+        one.high - one.low, rel=0.2)
+    assert both.high - both.low > 5 * (one.high - one.low)  # the seed spread dominates the held-out noise
+    assert both.low < 0.05 + seed_shift.mean() < both.high
+    with pytest.raises(DataError, match="shape"):
+        seed_cluster_bootstrap_ci(base, cand[:, :-1], doc)

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from tasks.tokenizer.heldout_overlap import decontaminate_train
+from tasks.train.heldout_overlap import decontaminate_train
 
 PASSAGE = ("the backup script copies every database dump to the remote archive and then checks the checksum "
            "of each file before it deletes the local copy")

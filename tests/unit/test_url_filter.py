@@ -241,7 +241,8 @@ def test_a_jsonl_source_with_url_field_end_to_end_through_the_corpus_build(tmp_p
                               [out / "removals.parquet"], result, cfg, [])
     info = manifest["sources"]["crawl"]
     assert list(info["stages"]) == CURATION_STEPS
-    assert info["stages"]["url"] == {"docs_in": 6, "docs_out": 4, "no_url": 3, "chars_in": sum(map(len, docs.content)),
+    assert info["stages"]["url"] == {"docs_in": 6, "docs_out": 4, "no_url": 3, "url_invalid": 0,
+                                     "chars_in": sum(map(len, docs.content)),
                                      "chars_out": len(GARDEN) + len(BREAD) + len(TIDE) + len(LIBRARY)}
     assert info["stages"]["sanitise"]["docs_in"] == 4
     assert info["removed_by_rule"] == {"url.blocklist": 2}
@@ -316,3 +317,85 @@ def test_a_url_with_a_lone_surrogate_is_written_with_a_replacement_character(tmp
     docs = _frame([("web", GARDEN, "text", "https://blocked.example/\ud800")])
     res = build_corpus(docs, CorpusConfig(urls={"blocklist": ["blocked.example"]}))
     assert res.removals[["doc_id", "rule"]].values.tolist() == [["web/0", "url.blocklist"]]
+
+
+# --- url_field: a field no record has, values that are not URLs ---------------------------------------------
+
+
+def test_a_url_field_that_no_record_has_is_an_error_naming_the_source_the_field_and_the_keys(tmp_path):
+    data = tmp_path / "crawl.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in [{"text": GARDEN, "url": "https://a.example/", "lang": "en"},
+                                                       {"text": RAIL, "url": "https://b.example/"}]) + "\n")
+    cfg = SourceConfig(name="crawl", kind="local", include=[str(data)], url_field="link")
+    with pytest.raises(SourceError, match=r"source 'crawl': url_field='link' is in none of its 2 records read; they "
+                                          r"have the fields \['lang', 'text', 'url'\]"):
+        _read(tmp_path, cfg)
+    # One record with the key (null included) is enough: the others simply have no URL.
+    data.write_text(data.read_text() + json.dumps({"text": BREAD, "link": None}) + "\n")
+    read, _ = _read(tmp_path, cfg)
+    assert read.num_docs == 3 and pq.read_table(read.docs_path).column("url").to_pylist() == [None] * 3
+    assert read.url_invalid == 0
+    rows = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"text": [GARDEN], "url": ["https://a.example/"]}), rows)
+    with pytest.raises(SourceError, match=r"source 'pq': .*rows\.parquet: no column url_field='link'; it has "
+                                          r"\['text', 'url'\]"):
+        _read(tmp_path, SourceConfig(name="pq", kind="local", include=[str(rows)], url_field="link"))
+
+
+def test_url_field_values_that_are_not_urls_are_read_as_no_url_counted_and_logged(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from infra.stage import StageContext
+    from tasks.sources.stage import run as run_sources
+
+    data = tmp_path / "crawl.jsonl"
+    records = [
+        {"text": GARDEN, "link": "https://good.example/garden"},
+        {"text": RAIL, "link": "n/a"},  # not a URL: without it the allowlist would remove the page as host 'n'
+        {"text": BREAD, "link": "example.com/bread"},  # host first: a URL
+        {"text": TIDE, "link": 42},  # a number
+        {"text": LIBRARY, "link": "mailto:editor@good.example"},  # no host
+        {"text": GARDEN.replace("peas", "beans"), "link": None},  # null: no URL, not counted
+        {"text": RAIL.replace("coal", "iron"), "link": " "},  # blank: no URL, kept as it is
+    ]
+    data.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    source = SourceConfig(name="crawl", kind="local", include=[str(data)], url_field="link", language="en")
+    with caplog.at_level("WARNING", logger="tasks.sources.read"):
+        read, rejects = _read(tmp_path, source)
+    assert pq.read_table(read.docs_path).column("url").to_pylist() == [
+        "https://good.example/garden", None, "example.com/bread", None, None, None, " "]
+    assert (read.url_invalid, read.url_invalid_examples) == (3, ["'n/a'", "42", "'mailto:editor@good.example'"])
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "tasks.sources.read"]
+    assert warning == ("source 'crawl': 3 url_field 'link' value(s) are not URLs (e.g. 'n/a', 42, "
+                       "'mailto:editor@good.example'); those documents are read without a URL (url_invalid in "
+                       "sources.json)")
+
+    # The sources stage records the count; the corpus build treats those documents as having no URL.
+    out = tmp_path / "artifact"
+    out.mkdir()
+    ctx = StageContext(out=out, inputs={}, layout=RunsLayout(tmp_path / "runs"), key="k", experiment="t")
+    run_sources(ctx, {"crawl": source})
+    described = json.loads((out / "sources.json").read_text())
+    assert described["crawl"]["url_invalid"] == 3 and described["crawl"]["docs_read"] == 7
+    cfg = CorpusConfig(urls={"allowlist": ["good.example", "example.com"]}, gopher={"min_words": 20})
+    work, built = tmp_path / "work", tmp_path / "built"
+    docs_path = out / "docs" / "crawl.parquet"
+    split_sources([docs_path], work, cfg.execution.shard_docs)
+    result = curate(work, built, cfg)
+    assert not (result.removals.stage == "url").any()
+    manifest = build_manifest(described, [docs_path], [out / "rejects.parquet"], [built / "kept.parquet"],
+                              [built / "removals.parquet"], result, cfg, [])
+    assert manifest["sources"]["crawl"]["stages"]["url"]["no_url"] == 5
+    assert manifest["sources"]["crawl"]["stages"]["url"]["url_invalid"] == 3  # of the 5
+
+
+def test_is_url_reads_urls_with_a_host_only():
+    from tasks.sources.read import is_url
+
+    for text in ["https://a.example/", "HTTP://WWW.Example.COM:8080/x?y#z", "example.com/page", "www.example.com",
+                 "http://localhost:8080/", "http://[::1]:80/", "1.2.3.4/x", "http://bücher.de/", "ftp://f.example",
+                 " https://padded.example "]:
+        assert is_url(text), text
+    for text in ["n/a", "none", "3.14", "42", "mailto:a@b.example", "javascript:void(0)", "http:///path",
+                 "/relative/path", "http://two words.example/", "http://[::1/", "http://a..b/", "file:///etc/x"]:
+        assert not is_url(text), text
