@@ -17,7 +17,8 @@ documents (``evals.stats.seed_cluster_bootstrap_ci``): putting back a few docume
 that training noise alone moves a proxy's loss. The verdict per source: ``helped`` when the interval lies above 0
 (the corpus with the classifier gives the lower loss), ``hurt`` when it lies below 0, else ``inconclusive`` (also
 with a single seed, which cannot tell the classifier from training noise, or a single held-out document);
-``unchanged`` when the classifier removed nothing, so the arms train on identical data.
+``unchanged`` when nothing was put back, or the two arms' losses are bit-identical (the proxy never drew the
+re-added rows).
 
 Outputs: ``ablation.parquet`` (``ABLATION_COLUMNS``, one row per source), ``windows.parquet`` (the paired window
 losses behind it), ``ablation.json`` (arms, weights, budget, decontamination counts, verdicts, overall row) and
@@ -107,6 +108,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
                   "seq_len": cfg.proxy.model.seq_len, "peak_lr": cfg.proxy.peak_lr,
                   "tokens": cfg.proxy.budget.steps * cfg.proxy.budget.batch_size * cfg.proxy.model.seq_len},
         "removed_docs": int(sum(removed_by_source.values())),
+        "removed_docs_training": int(sum(n for s, n in removed_by_source.items() if s in weights)),
         "readded_docs": int(sum(int(len(r["doc_ids"])) for r in readd.values())),
         "decontaminated_docs": int(len(decontam)), "confidence": CONFIDENCE, "overall": overall,
         "verdicts": dict(zip(table.source, table.verdict)),
@@ -230,8 +232,8 @@ def compare(windows: pd.DataFrame, tokens_per_byte: dict[str, float], roles: dic
         roles: source → role ("general", "domain").
         weights: the training mixture (source → weight); its sources are pooled into the overall row.
         removed_by_source: documents the classifier removed, by source.
-        readded: source → (documents, tokens) put back in the ``without_classifier`` arm; empty: the arms trained
-            on identical data, so every verdict is ``unchanged``.
+        readded: source → (documents, tokens) put back in the ``without_classifier`` arm; empty, or both arms'
+            losses equal to the bit (the proxy never drew what was put back): every verdict is ``unchanged``.
         seed: seeds the bootstrap.
 
     Each window enters as its bits per byte, nats / (ln 2 · bytes), weighted by its bytes = tokens / (tokens per
@@ -250,7 +252,9 @@ def compare(windows: pd.DataFrame, tokens_per_byte: dict[str, float], roles: dic
     window_bytes = (keys.tokens / keys.source.map(tokens_per_byte)).to_numpy()
     bpb = {arm: np.stack([wide[(arm, s)].to_numpy() for s in seeds]) / (math.log(2) * window_bytes)
            for arm in ARMS}  # (S, N) per arm
-    identical = not readded
+    # Documents put back that the proxy never draws (best-fit packing can slot them into existing padding, leaving
+    # the row order as it was) leave the arms bit-identical: that is no evidence either way.
+    identical = not readded or bool(np.array_equal(bpb[ARMS[0]], bpb[ARMS[1]]))
     rows = []
     for source in sorted(keys.source.unique()):
         mask = (keys.source == source).to_numpy()

@@ -21,17 +21,26 @@ def _record(path: Path) -> dict[str, Any]:
 
 def interval_text(low: float, high: float, docs: int) -> str:
     """``[low, high]`` in bits/byte, or why there is none (a single held-out document)."""
-    if math.isnan(low) or math.isnan(high):
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
         return f"no interval ({docs} held-out document)"
     return f"[{low:+.4f}, {high:+.4f}]"
 
 
+def _seed_sd(sd: float | None) -> str:
+    if sd is None or math.isnan(sd):
+        return "one seed: training noise not measured, so nothing is decided"
+    return f"seed sd {sd:.4f}"
+
+
 def _headline(record: dict[str, Any]) -> str:
     o = record["overall"]
-    return (f"{record['readded_docs']:,} of {record['removed_docs']:,} removed documents put back "
-            f"({record['decontaminated_docs']:,} left out by the held-out decontamination); proxy of "
+    training = record.get("removed_docs_training", record["removed_docs"])
+    untrained = record["removed_docs"] - training
+    other = f"; {untrained:,} removed from sources the proxy does not train on" if untrained else ""
+    return (f"{record['readded_docs']:,} of the {training:,} documents removed from the training sources put back "
+            f"({record['decontaminated_docs']:,} left out by the held-out decontamination{other}); proxy of "
             f"{record['proxy']['tokens']:,} tokens per arm at {len(record['seeds'])} seed(s); over the training "
-            f"sources Δ {o['delta_bpb']:+.4f} bits/byte (seed sd {o['seed_sd']:.4f}) "
+            f"sources Δ {o['delta_bpb']:+.4f} bits/byte ({_seed_sd(o['seed_sd'])}) "
             f"{interval_text(o['delta_low'], o['delta_high'], o['heldout_docs'])} over {o['heldout_docs']:,} held-out "
             f"documents: "
             f"{o['verdict']}")
@@ -49,8 +58,8 @@ def summary(ctx: SummaryContext) -> list[Any]:
         trained = "" if r.in_training else " (not in the proxy's training mixture)"
         out.append(f"  {r.source}{trained}: {r.bpb_with:.4f} with, {r.bpb_without:.4f} without; "
                    f"Δ {r.delta_bpb:+.4f} "
-                   f"{interval_text(r.delta_low, r.delta_high, r.heldout_docs)} → {r.verdict} ({r.readded_docs:,} documents "
-                   "put back)")
+                   f"{interval_text(r.delta_low, r.delta_high, r.heldout_docs)} → {r.verdict} ({r.readded_docs:,} "
+                   f"document{'' if r.readded_docs == 1 else 's'} put back)")
     return out
 
 

@@ -381,11 +381,11 @@ def _by_chars(languages: Sequence[str]) -> list[bool]:
 
 
 @functools.lru_cache(maxsize=2)
-def _classifier(path: str) -> Any:
-    """The saved quality classifier at ``path``, loaded once per worker process."""
+def _classifier(path: str, positive_label: str = "") -> Any:
+    """The saved quality classifier at ``path`` with its configured positive label, loaded once per worker process."""
     from tasks.corpus.quality_model import load_model
 
-    return load_model(Path(path))
+    return load_model(Path(path), positive_label)
 
 
 def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: int, quality_model: str = "") -> bool:
@@ -437,7 +437,7 @@ def _quality(docs: pd.DataFrame, cfg: CorpusConfig, model_path: str) -> tuple[np
         return np.full(n, np.nan), np.ones(n, dtype=bool), np.ones(n)
     from tasks.corpus.quality_model import keep_decisions
 
-    scores = np.asarray(_classifier(model_path).score(docs.text.tolist()), dtype=np.float64) if n else np.zeros(0)
+    scores = np.asarray(_classifier(model_path, cfg.quality_model.positive_label).score(docs.text.tolist()), dtype=np.float64) if n else np.zeros(0)
     keep, keep_p = keep_decisions(scores, docs.doc_id.tolist(), cfg.quality_model)
     return scores, np.asarray(keep, dtype=bool), np.asarray(keep_p, dtype=np.float64)
 

@@ -246,7 +246,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
         positives, negatives, origins, provenance = gather_examples(ctx.inputs["sources"], cfg.corpus)
         model = train(positives, negatives, qm)
     saved = model.save(out / MODEL_DIR)
-    load_model(saved)  # what the corpus build will load: refused here rather than in every shard worker
+    load_model(saved, qm.positive_label)  # what the corpus build loads: refused here, not in every shard worker
     metrics = {"enabled": True, "kind": qm.kind, "model_file": str(saved.relative_to(out)), "origins": origins,
                **model.metrics, "metrics_note": model.metrics_note,
                "warnings": classifier_warnings(model.metrics)}
@@ -324,6 +324,8 @@ def budget_message(verdicts: pd.DataFrame, examples: pd.DataFrame) -> str:
     order = {"source": 0, "language": 1, "all": 2}
     for row in sorted(over.itertuples(), key=lambda r: order.get(r.group_kind, 3)):
         group = examples[(examples.group_kind == row.group_kind) & (examples.group_name == row.group_name)]
+        # removed ones first: they are what the budget is about
+        group = group.sort_values("fate", key=lambda f: f.ne("removed"), kind="stable")
         fresh = [e for e in group.itertuples() if e.doc_id not in seen][:BUDGET_EXAMPLES_PER_GROUP]
         for e in fresh[:max(0, BUDGET_EXAMPLES - len(shown))]:
             seen.add(e.doc_id)

@@ -333,7 +333,8 @@ def test_report_matches_the_warehouse_and_every_documented_query_runs(smoke_runs
     assert f"wrote {folder / 'report.md'}" in proc.stdout and "missing stages" not in proc.stdout
     md, html = (folder / "report.md").read_text(), (folder / "report.html").read_text()
     figures = sorted(p.name for p in (folder / "plots").glob("*.png"))
-    assert figures == ["funnel.png", "gate_scatter.png", "mixture_scores.png", "s_curve.png", "training_curves.png"]
+    assert figures == ["ablation.png", "funnel.png", "gate_scatter.png", "mixture_scores.png", "s_curve.png",
+                       "training_curves.png"]
     assert all(f"](plots/{name})" in md for name in figures)
     embedded = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
     assert len(embedded) == len(figures)

