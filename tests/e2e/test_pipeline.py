@@ -361,7 +361,7 @@ def test_report_matches_the_warehouse_and_every_documented_query_runs(smoke_runs
     for candidate, decision, is_kept in decisions:
         shown = f"{decision} (kept)" if is_kept else decision
         assert re.search(rf"^\| {re.escape(candidate)} \|.*\| {re.escape(shown)} \|$", md, re.M), candidate
-    assert 8 <= len(queries) <= 10
+    assert 8 <= len(queries) <= 11
     assert all(results), [q.splitlines()[0] for q, rows in zip(queries, results) if not rows]
 
 
