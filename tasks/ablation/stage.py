@@ -77,7 +77,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     removed_path = corpus_dir / "quality_removed.parquet"
     if not removed_path.is_file():
         raise DataError(f"{corpus_dir} has no quality_removed.parquet: rebuild the corpus with this version "
-                        "(`pretrain run CONFIG --until corpus --force corpus`)")
+                        "(`pretrain run CONFIG --refresh corpus`)")
     general = [s for s in cfg.general_sources if tokenized.has(s, "train")]
     sizes = tokenized.train_sizes(general)
     total = sum(sizes.values())
