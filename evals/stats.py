@@ -123,39 +123,20 @@ def cluster_bootstrap_ci(a: np.ndarray, b: np.ndarray, clusters: np.ndarray, *, 
     ``a``, ``b``, ``clusters`` and ``weights``: shape (N,) over the same N paired units (e.g. nats/token of each
     held-out window for two models, the document each window starts in, and tokens per window). Windows cut from
     one document are correlated, so whole clusters are resampled with replacement (Cameron, Gelbach & Miller 2008;
-    percentile interval of the ratio Σ_c Σw(b−a) / Σ_c Σw, with ``scipy.stats.bootstrap``). With one unit per
-    cluster this is :func:`paired_bootstrap_ci`'s interval.
+    percentile interval of the ratio Σ_c Σw(b−a) / Σ_c Σw: :func:`seed_cluster_bootstrap_ci` with one seed). With one
+    unit per cluster this is :func:`paired_bootstrap_ci`'s interval.
 
     Raises:
         DataError: mismatched shapes, non-finite values, negative weights, or fewer than 2 clusters of positive
             weight.
         ConfigError: confidence outside (0, 1) or n_resamples < 1.
     """
-    _check_confidence(confidence)
-    if n_resamples < 1:
-        raise ConfigError(f"n_resamples must be >= 1, got {n_resamples}")
-    ids = np.asarray(clusters)
-    if ids.shape != np.shape(a):
-        raise DataError(f"clusters need the shape of the paired samples, got {ids.shape} and {np.shape(a)}")
-    w_in = np.ones(len(ids)) if weights is None else np.asarray(weights, dtype=float)
-    keep_units = w_in > 0
-    a, b, w = _as_paired(a, b, w_in)
-    _, cluster = np.unique(ids[keep_units], return_inverse=True)
-    num = np.bincount(cluster, weights=w * (b - a))
-    den = np.bincount(cluster, weights=w)
-    delta = float(num.sum() / den.sum())
-    if len(num) < 2:
-        raise DataError(f"cluster bootstrap needs >= 2 clusters of positive weight, got {len(num)}; evaluate on "
-                        "more documents")
-
-    def ratio(n: np.ndarray, d: np.ndarray, axis: int = -1) -> np.ndarray:
-        return np.sum(n, axis=axis) / np.sum(d, axis=axis)
-
-    res = stats.bootstrap((num, den), ratio, paired=True, vectorized=True, n_resamples=n_resamples,
-                          confidence_level=confidence, method="percentile", batch=256,
-                          rng=np.random.default_rng(seed))
-    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return ClusterCI(delta, min(low, delta), max(high, delta), int(len(num)), int(len(a)))
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if np.shape(clusters) != a.shape or a.shape != b.shape or a.ndim != 1:
+        raise DataError(f"clusters need the shape of the paired samples, got {np.shape(clusters)}, {a.shape} and "
+                        f"{b.shape}")
+    return seed_cluster_bootstrap_ci(a[None], b[None], clusters, weights=weights, n_resamples=n_resamples,
+                                     confidence=confidence, seed=seed)
 
 
 def seed_cluster_bootstrap_ci(a: np.ndarray, b: np.ndarray, clusters: np.ndarray, *,
