@@ -292,8 +292,11 @@ def content_hash(stage: str, folder: Path) -> str:
         shards = sorted(p for p in (folder / "shards").rglob("*") if p.suffix in (".bin", ".npy"))
         return _sha((folder / "tokenizer.json").read_bytes(), _frame_bytes(splits),
                     *[p.relative_to(folder).as_posix().encode() + p.read_bytes() for p in shards])
-    if stage == "mixture":
-        return _sha((folder / "choice.json").read_bytes())
+    if stage == "mixture":  # the decision record's timestamps say when, not what
+        choice = json.loads((folder / "choice.json").read_text())
+        for stamp in ("declared_at", "decided_at"):
+            choice.get("decision", {}).pop(stamp, None)
+        return _sha(json.dumps(choice, sort_keys=True).encode())
     if stage == "sweep":
         best = json.loads((folder / "best.json").read_text())
         return _sha(json.dumps([best["best_lr"], best["best_value"]]).encode())

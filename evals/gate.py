@@ -6,10 +6,17 @@ confidence interval from paired data — the same held-out windows and the same 
 candidate (docs/methods.md §10) — so a criterion is ``pass`` only when the whole interval is on the right side,
 ``fail`` when the whole interval is on the wrong side, and ``inconclusive`` otherwise.
 
+Held-out windows cut from one document share its content, so their losses are correlated and a bootstrap over
+windows gives too narrow an interval. The loss intervals therefore resample whole documents, every window of a
+drawn document together (cluster bootstrap, Cameron, Gelbach & Miller 2008; ``evals.stats.cluster_bootstrap_ci``;
+docs/methods.md §14): the number of documents is the effective number of independent units. Windows without
+document ids (``HeldoutArrays.window_docs`` None) are each their own cluster, and the table says so. The
+window-level interval (paired bootstrap over windows) is kept beside it for comparison only.
+
 Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
 
-- ``domain_loss_reduction_nats`` = base − candidate domain held-out loss (paired bootstrap over windows);
-- ``general_loss_rise_nats``     = candidate − base general held-out loss (paired bootstrap over windows);
+- ``domain_loss_reduction_nats`` = base − candidate domain held-out loss (paired bootstrap over documents);
+- ``general_loss_rise_nats``     = candidate − base general held-out loss (paired bootstrap over documents);
 - ``cloze_accuracy``             = candidate cloze accuracy (Wilson interval, ``scipy.stats.binomtest``);
 - ``cloze_accuracy_delta``       = candidate − base accuracy (paired bootstrap over items, exact McNemar p);
 - ``harness_accuracy``, ``harness_accuracy_delta``: the same two on the documents of an lm-evaluation-harness task
@@ -36,7 +43,8 @@ import pandas as pd
 from pydantic import field_validator, model_validator
 from scipy import stats
 
-from evals.stats import BootstrapCI, binomial_se, items_needed, mcnemar_exact, paired_bootstrap_ci
+from evals.stats import (BootstrapCI, binomial_se, cluster_bootstrap_ci, items_needed, mcnemar_exact,
+                         paired_bootstrap_ci)
 from infra.errors import DataError
 from infra.section import Section
 
@@ -48,6 +56,7 @@ CLOZE_METRICS = frozenset({"cloze_accuracy", "cloze_accuracy_delta"})
 HARNESS_METRICS = frozenset({"harness_accuracy", "harness_accuracy_delta"})
 ITEM_METRICS = CLOZE_METRICS | HARNESS_METRICS  # judged on paired items (min_items applies)
 ACCURACY_METRICS = frozenset({"cloze_accuracy", "harness_accuracy"})
+LOSS_METRICS = frozenset({"domain_loss_reduction_nats", "general_loss_rise_nats"})  # judged on held-out documents
 
 
 class GateCriterion(Section):
@@ -158,10 +167,22 @@ def gate_hash(cfg: GateConfig) -> str:
 @dataclass(frozen=True)
 class HeldoutArrays:
     """Per-window held-out results: ``window_nats`` (N,) mean loss of each window in nats per predicted token,
-    ``window_tokens`` (N,) predicted tokens per window (the bootstrap weights)."""
+    ``window_tokens`` (N,) predicted tokens per window (the bootstrap weights), ``window_docs`` (N,) integer id of
+    the document each window starts in, unique across sources (the bootstrap clusters); None: unknown, each window
+    is its own cluster.
+
+    Raises:
+        DataError: ``window_docs`` is not of the windows' shape.
+    """
 
     window_nats: np.ndarray
     window_tokens: np.ndarray
+    window_docs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.window_docs is not None and np.shape(self.window_docs) != np.shape(self.window_nats):
+            raise DataError(f"window_docs has shape {np.shape(self.window_docs)}, the windows "
+                            f"{np.shape(self.window_nats)}: give one document id per window")
 
 
 @dataclass(frozen=True)
@@ -192,14 +213,20 @@ class GateDecision:
     criteria: tuple[GateCriterion, ...] = ()
 
     def summary(self) -> str:
-        """A short human-readable report: gate hash, one line per candidate with criterion statuses, the choice."""
+        """A short human-readable report: gate hash, one line per candidate with criterion statuses (loss criteria
+        with the documents and windows behind their interval), the choice."""
         lines = [f"gate {self.gate_hash[:12]}: {len(self.table)} candidate(s)"]
         for _, row in self.table.iterrows():
             parts = []
             for c in self.criteria:
                 value = row[c.column]
+                units = "" if c.metric not in LOSS_METRICS else (
+                    f" over {row[c.column + '_docs']} documents/{row[c.column + '_windows']} windows"
+                    if row[c.column + "_cluster_unit"] == "document" else
+                    f" over {row[c.column + '_windows']} windows (no document ids)")
                 parts.append(f"{c.name} {value:+.3f} [{row[c.column + '_ci_low']:+.3f}, "
-                             f"{row[c.column + '_ci_high']:+.3f}] {c.op} {c.threshold:g}: {row['status_' + c.name]}")
+                             f"{row[c.column + '_ci_high']:+.3f}]{units} {c.op} {c.threshold:g}: "
+                             f"{row['status_' + c.name]}")
             lines.append(f"  {row['candidate']}: {row['decision']}  (" + "; ".join(parts) + ")")
         lines.append(f"kept: {self.kept}")
         return "\n".join(lines)
@@ -212,19 +239,49 @@ class _Interval:
     point: float
     low: float
     high: float
-    n: int  # units behind the interval: windows for losses, items for cloze
+    n: int  # independent units behind the interval: documents (clusters) for losses, items for cloze
+    windows: int = 0  # losses: windows behind the interval
+    window_low: float = math.nan  # losses: the window-level interval, for comparison only
+    window_high: float = math.nan
+    by_document: bool = False  # losses: clusters are documents (False: each window its own cluster)
+
+
+def _window_docs(base: HeldoutArrays, cand: HeldoutArrays, what: str) -> np.ndarray | None:
+    """The shared (N,) document ids of the windows, or None when neither model has them."""
+    docs = [None if h.window_docs is None else np.asarray(h.window_docs) for h in (base, cand)]
+    if docs[0] is None and docs[1] is None:
+        return None
+    if docs[0] is None or docs[1] is None or not np.array_equal(docs[0], docs[1]):
+        raise DataError(f"{what}: the windows' document ids differ from the base's (or only one has them); "
+                        "evaluate every model on the same held-out windows")
+    return docs[0]
 
 
 def _paired_loss(base: HeldoutArrays, cand: HeldoutArrays, *, rise: bool, confidence: float, seed: int,
                  what: str) -> _Interval:
-    """Token-weighted paired loss difference: rise = cand − base, reduction = base − cand (nats/token)."""
+    """Token-weighted paired loss difference: rise = cand − base, reduction = base − cand (nats/token).
+
+    The interval resamples documents (``cluster_bootstrap_ci``, Cameron, Gelbach & Miller 2008), the window-level
+    one windows (``paired_bootstrap_ci``); same seed. With fewer than 2 documents of positive weight there is no
+    document-level interval: (−inf, +inf), so every criterion on it is inconclusive.
+    """
     if base.window_nats.shape != cand.window_nats.shape or not np.array_equal(base.window_tokens,
                                                                                cand.window_tokens):
         raise DataError(f"{what}: candidate windows differ from the base's (shape or tokens per window); "
                         "evaluate every model on the same held-out windows")
+    docs = _window_docs(base, cand, what)
     a, b = (base.window_nats, cand.window_nats) if rise else (cand.window_nats, base.window_nats)
-    ci: BootstrapCI = paired_bootstrap_ci(a, b, weights=base.window_tokens, confidence=confidence, seed=seed)
-    return _Interval(ci.delta, ci.low, ci.high, int(len(a)))
+    weights = np.asarray(base.window_tokens, dtype=float)
+    by_window: BootstrapCI = paired_bootstrap_ci(a, b, weights=weights, confidence=confidence, seed=seed)
+    clusters = np.arange(len(a)) if docs is None else docs
+    _, cluster = np.unique(clusters, return_inverse=True)
+    live = int((np.bincount(cluster, weights=weights) > 0).sum())
+    if live < 2:
+        return _Interval(by_window.delta, -math.inf, math.inf, live, int(len(a)), by_window.low, by_window.high,
+                         docs is not None)
+    ci = cluster_bootstrap_ci(a, b, clusters, weights=weights, confidence=confidence, seed=seed)
+    return _Interval(ci.delta, ci.low, ci.high, ci.n_clusters, ci.n_units, by_window.low, by_window.high,
+                     docs is not None)
 
 
 def _cloze_accuracy(cand: np.ndarray, confidence: float) -> _Interval:
@@ -281,11 +338,16 @@ def _status(c: GateCriterion, iv: _Interval) -> str:
 
 
 def _units_needed(c: GateCriterion, iv: _Interval) -> float:
-    """Rough windows/items for the CI to clear the threshold at the current point value.
+    """Rough documents (loss metrics) or items (cloze, harness) for the CI to clear the threshold at the current
+    point value.
 
     Accuracy: ``items_needed`` with half-width |p − threshold| (docs/methods.md §10). Other metrics: the CI half-width
-    shrinks as 1/√n, so n · (half-width / |point − threshold|)². Infinite when the point sits on the threshold.
+    shrinks as 1/√n in the n independent units (held-out documents for losses, Cameron, Gelbach & Miller 2008), so
+    n · (half-width / |point − threshold|)². Infinite when the point sits on the threshold; 2 when a loss interval
+    rests on fewer than 2 documents (the least that gives an interval).
     """
+    if c.metric in LOSS_METRICS and iv.n < 2:
+        return 2.0
     gap = abs(iv.point - c.threshold)
     if gap == 0:
         return math.inf
@@ -317,6 +379,10 @@ def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, se
         shown = next((c.confidence for c in cfg.criteria if c.metric == metric), 0.95)
         iv = interval(metric, shown)
         row.update({metric: iv.point, f"{metric}_ci_low": iv.low, f"{metric}_ci_high": iv.high})
+        if metric in LOSS_METRICS:
+            row.update({f"{metric}_docs": iv.n, f"{metric}_windows": iv.windows,
+                        f"{metric}_cluster_unit": "document" if iv.by_document else "window",
+                        f"{metric}_window_ci_low": iv.window_low, f"{metric}_window_ci_high": iv.window_high})
     if has_cloze:
         base_c, cand_c = np.asarray(base.cloze_correct, bool), np.asarray(cand.cloze_correct, bool)
         row["cloze_accuracy_se_pts"] = 100.0 * binomial_se(float(cand_c.mean()), int(cand_c.size))
@@ -333,6 +399,9 @@ def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, se
         status = _status(c, iv)
         row[f"status_{c.name}"] = status
         row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "inconclusive" else math.nan
+        if c.metric in LOSS_METRICS:  # what the window-level interval would have said (comparison only)
+            row[f"window_status_{c.name}"] = _status(c, _Interval(iv.point, iv.window_low, iv.window_high,
+                                                                  iv.windows))
     statuses = [row[f"status_{c.name}"] for c in cfg.criteria]
     row["decision"] = ("pass" if all(s == "pass" for s in statuses)
                        else "fail" if "fail" in statuses else "inconclusive")
@@ -344,18 +413,25 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
 
     Table columns, one row per candidate: ``candidate``, ``param_<key>`` per params entry; for each metric
     ``<metric>``, ``<metric>_ci_low``, ``<metric>_ci_high`` (losses in nats/token, accuracies as fractions;
-    interval at the confidence of the first criterion on that metric, else 0.95; NaN when no cloze results);
+    interval at the confidence of the first criterion on that metric, else 0.95; NaN when no cloze results; for
+    losses resampling held-out documents, Cameron, Gelbach & Miller 2008, and (−inf, +inf) under 2 documents);
+    for each loss metric ``<metric>_docs`` (independent clusters: the effective units), ``<metric>_windows``,
+    ``<metric>_cluster_unit`` ("document", or "window" when the windows carry no document ids and each is its
+    own cluster) and ``<metric>_window_ci_low``/``_window_ci_high`` (paired bootstrap over windows, for
+    comparison only: no verdict uses it);
     ``cloze_accuracy_se_pts`` (binomial SE of the candidate's accuracy, points) and
     ``cloze_accuracy_delta_mcnemar_p`` (exact McNemar vs base); per harness criterion ``<metric>.<task>.<task_metric>``
     with ``_ci_low``/``_ci_high`` at its confidence (and ``_mcnemar_p`` for a delta); per criterion ``status_<name>``
-    (pass/fail/inconclusive) and ``needed_<name>`` (for inconclusive ones: estimated windows or items to
-    resolve it, NaN otherwise); ``decision`` (pass only if every criterion passes; fail if any fails; else
-    inconclusive) and ``kept`` (bool).
+    (pass/fail/inconclusive) and ``needed_<name>`` (for inconclusive ones: estimated documents — loss metrics —
+    or items to resolve it, NaN otherwise); per loss criterion ``window_status_<name>`` (its status under the
+    window-level interval, for comparison); ``decision`` (pass only if every criterion passes; fail if any fails;
+    else inconclusive) and ``kept`` (bool).
 
     ``kept`` is the passing candidate with the largest domain-loss reduction (``select=
     "max_domain_loss_reduction"``) or the smallest general-loss rise (``"min_general_loss_rise"``); "base"
     when none passes. Raises DataError for no candidates, duplicate names or a candidate named "base", for
-    windows or items that differ from the base's, and for a harness criterion whose task results a model lacks.
+    windows (tokens or document ids) or items that differ from the base's, and for a harness criterion whose task
+    results a model lacks.
     """
     names = [c.name for c in candidates]
     if not names or len(set(names)) != len(names) or "base" in names:

@@ -264,14 +264,19 @@ def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_d
 def plan(
     config: Path = typer.Argument(..., help=r"plan TOML (\[model] + \[\[runs]]) or an experiment TOML (plans \[main])"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of tables"),
+    runs_dir: Optional[str] = RunsDir,
 ) -> None:
-    """Pre-launch arithmetic: FLOPs, GPU-hours, memory per device by ZeRO stage, batch, checkpoints, Chinchilla."""
+    """Pre-launch arithmetic: FLOPs, GPU-hours, memory per device by ZeRO stage, batch, checkpoints, and the
+    scaling allocation (the experiment's fitted ladder law when its artifact is in the runs folder, else
+    Chinchilla's)."""
     from rich.table import Table
 
-    from flows.plan import as_rows, build_plan, load_plan
+    from flows.plan import as_rows, build_plan, ladder_law, load_plan
 
     try:
-        tables = build_plan(load_plan(config))
+        planned = load_plan(config)
+        law, note = ladder_law(config, RunsLayout.resolve(runs_dir))
+        tables = build_plan(planned, law=law, law_note=note)
     except PretrainError as err:
         _fail(err)
     if as_json:

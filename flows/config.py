@@ -18,6 +18,7 @@ from evals.gate import GateConfig
 from infra.errors import ConfigError
 from infra.section import Section
 from tasks.corpus.config import CorpusConfig
+from tasks.ladder.config import LadderConfig
 from tasks.mixture.config import MixtureConfig
 from tasks.sources.config import SourceConfig
 from tasks.stability.experiment import StabilityExperimentConfig
@@ -44,6 +45,7 @@ class ExperimentConfig(Section):
     proxy: ProxyConfig
     sweep: SweepConfig
     main: MainConfig
+    ladder: LadderConfig = LadderConfig()
     cpt: CptConfig
     gate: GateConfig
     stability: StabilityExperimentConfig = StabilityExperimentConfig()
@@ -89,6 +91,11 @@ class ExperimentConfig(Section):
         for width in self.sweep.widths:
             if width % heads or (width // heads) % 2:
                 raise ValueError(f"sweep.widths: {width} must be a multiple of 2 × proxy n_heads = {2 * heads} "
+                                 "(an even head dimension for RoPE)")
+        main_heads = self.main.model.n_heads
+        for width in self.ladder.widths:
+            if width % main_heads or (width // main_heads) % 2:
+                raise ValueError(f"ladder.widths: {width} must be a multiple of 2 × main n_heads = {2 * main_heads} "
                                  "(an even head dimension for RoPE)")
         unknown = set(self.cpt.replay_weights) - set(general)
         if unknown:

@@ -22,6 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.context import get_run_context
 
 from flows.config import ExperimentConfig, load_config
+from flows.forecasts import after_stage
 from flows.gates import record_gate
 from flows.keys import StageKey, chain_keys
 from flows.preflight import preflight
@@ -182,6 +183,8 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
         with env.progress:
             for stage in STAGES[:len(keys)]:
                 upstream[stage.name], cached[stage.name] = run_stage(stage, keys[stage.name], env, upstream)
+                # The ladder's forecast goes on record before main starts, and is checked once main exists.
+                after_stage(stage.name, upstream, keys["main"].key if "main" in keys else None, env.target)
         status = "FINISHED"
     finally:
         env.tracker.end_run(env.parent_run_id, status)

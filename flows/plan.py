@@ -5,11 +5,16 @@ devices and layout; an experiment config is planned too, from its ``[main]`` sec
 The plan is a list of tables (section, rows of label/value/note) so the CLI can print it and tests can read it.
 
     pretrain plan configs/plan_case_study.toml
-    pretrain plan configs/demo.toml
+    pretrain plan configs/demo.toml --runs-dir runs   # with the law its scaling ladder fitted, when there is one
+
+The scaling table uses the published Chinchilla constants (Hoffmann et al. 2022), or, for an experiment config whose
+``[ladder]`` artifact is in the runs folder, the constants that ladder fitted (``ladder_law``; N is then the
+non-embedding parameter count, the ladder's convention). The table's title and its ``law`` row say which.
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,8 +108,56 @@ def _from_experiment(cfg) -> PlanConfig:
                                                  micro_batch=main.budget.batch_size, check_this_machine=True)])
 
 
-def build_plan(plan: PlanConfig) -> list[PlanTable]:
-    """The tables of a plan: shape, then per run compute/time, memory, parallelism and recovery, then Chinchilla."""
+@dataclass(frozen=True)
+class FittedLaw:
+    """A scaling law fitted by an experiment's ladder (``tasks.ladder``): its constants, the artifact they come
+    from and the form fitted (``full`` or a reduced form, whose forecast is not trusted)."""
+
+    law: Chinchilla
+    artifact_key: str
+    form: str
+    verdict: str
+
+
+def ladder_law(path: Path, layout: Any) -> tuple[FittedLaw | None, str]:
+    """The law fitted by the ladder artifact of the experiment config at ``path`` in the runs folder ``layout``
+    (``infra.runs.RunsLayout``), found by the config's own chain of keys; None and the reason when there is none
+    (a plan file, a disabled ladder, no such artifact, or keys that cannot be computed here). Reads only.
+    """
+    from flows.config import load_config
+    from flows.keys import chain_keys
+    from infra.artifacts import ArtifactStore
+    from infra.errors import PretrainError
+
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"{path}: {err}") from err
+    if "runs" in raw or "main" not in raw:
+        return None, "a plan file has no ladder"
+    cfg = load_config(path)
+    if not cfg.ladder.enabled:
+        return None, "[ladder] is not enabled in this config"
+    try:
+        key = chain_keys(cfg, until="ladder")["ladder"].key
+    except PretrainError as err:
+        return None, f"the ladder's key cannot be computed here: {err}"
+    artifact = ArtifactStore(layout.artifacts).get("ladder", key)
+    if artifact is None or not (artifact.path / "forecast.json").is_file():
+        return None, f"no complete ladder artifact {key} in {layout.artifacts} (run `pretrain run CONFIG`)"
+    forecast = json.loads((artifact.path / "forecast.json").read_text())
+    fitted = forecast["law"]
+    if min(fitted["alpha"], fitted["beta"], fitted["A"], fitted["B"]) <= 0:
+        return None, (f"the law of ladder artifact {key} has a zero exponent or coefficient (α {fitted['alpha']:.3g}, "
+                      f"β {fitted['beta']:.3g}): no compute-optimal allocation to plan with")
+    law = Chinchilla(E=fitted["E"], A=fitted["A"], B=fitted["B"], alpha=fitted["alpha"], beta=fitted["beta"])
+    return FittedLaw(law, key, fitted["form"], forecast["decision"]["verdict"]), f"ladder artifact {key}"
+
+
+def build_plan(plan: PlanConfig, law: FittedLaw | None = None, law_note: str = "") -> list[PlanTable]:
+    """The tables of a plan: shape, then per run compute/time, memory, parallelism and recovery, then the scaling
+    allocation: with ``law`` the ladder's fitted constants (N non-embedding), else the published Chinchilla ones
+    (``law_note``: why no fitted law was used, shown in the table)."""
     cfg = plan.model
     counts = param_count(cfg)
     shape = PlanTable("Model")
@@ -114,7 +167,19 @@ def build_plan(plan: PlanConfig) -> list[PlanTable]:
     tables = [shape]
     for run in plan.runs:
         tables += _run_tables(cfg, run)
-    tables.append(_chinchilla(cfg, plan.runs[0].tokens))
+    if law is None:
+        table = _chinchilla(cfg, plan.runs[0].tokens, Chinchilla(), param_count(cfg).total,
+                            "Chinchilla allocation (L = 1.69 + 406.4/N^0.34 + 410.7/D^0.28, C6 = 6ND)")
+        table.rows.insert(0, ("law", "published (Hoffmann et al. 2022)", law_note))
+    else:
+        c = law.law
+        table = _chinchilla(cfg, plan.runs[0].tokens, c, param_count(cfg).blocks,
+                            f"Fitted scaling law of the ladder (L = {c.E:.4g} + {c.A:.4g}/N^{c.alpha:.3g} + "
+                            f"{c.B:.4g}/D^{c.beta:.3g}, N non-embedding, C6 = 6ND)")
+        trust = "" if law.verdict == "decided" else f"; its forecast is {law.verdict}"
+        table.rows.insert(0, ("law", f"fitted by ladder artifact {law.artifact_key}",
+                              f"{law.form} form{trust}; used instead of the published Chinchilla constants"))
+    tables.append(table)
     return tables
 
 
@@ -169,10 +234,10 @@ def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
     return [compute, memory, parallel]
 
 
-def _chinchilla(cfg: ModelConfig, tokens: float) -> PlanTable:
-    law, n = Chinchilla(), param_count(cfg).total
+def _chinchilla(cfg: ModelConfig, tokens: float, law: Chinchilla, n: int, title: str) -> PlanTable:
+    """The allocation table of ``law`` for this run of ``n`` parameters (its convention) and ``tokens``."""
     c6 = 6.0 * n * tokens
-    table = PlanTable("Chinchilla allocation (L = 1.69 + 406.4/N^0.34 + 410.7/D^0.28, C6 = 6ND)")
+    table = PlanTable(title)
     loss = law.loss(n, tokens)
     table.add("this run", f"N {_si(n)}, D {_si(tokens)}", f"loss {loss:.6f}")
     n_opt, d_opt = law.optimum(c6)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from infra.stage import Stage
 from tasks.ablation.definition import STAGE as quality_ablation
+from tasks.branches.definition import STAGE as branches
 from tasks.corpus.definition import QUALITY_STAGE as quality_model
 from tasks.corpus.definition import STAGE as corpus
 from tasks.cpt.definition import STAGE as cpt
 from tasks.export.definition import STAGE as export
 from tasks.gate.definition import STAGE as gate
+from tasks.ladder.definition import STAGE as ladder
 from tasks.main.definition import STAGE as main
 from tasks.mixture.definition import STAGE as mixture
 from tasks.sources.definition import STAGE as sources
@@ -27,7 +29,9 @@ STAGES: list[Stage] = [
     mixture,
     quality_ablation,
     sweep,
+    ladder,
     main,
+    branches,
     cpt,
     gate,
     export,

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from evals.decision import DecisionRecord
 from flows.registry import STAGES
 from infra.runs import RunsLayout
 from infra.stage import SummaryContext
@@ -39,6 +40,12 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
             ctx = SummaryContext(path=paths[stage.name], paths=paths, layout=layout, max_epochs=max_epochs, cfg=cfg)
             for item in stage.summary(ctx):
                 console.print(item)
+    decisions = collect_decisions(paths)
+    if decisions:
+        console.rule("decisions")
+        for record in decisions:
+            colour = "green" if record.verdict == "decided" else "yellow"
+            console.print(f"[{colour}]{record.line()}[/]", soft_wrap=True)
     missing = [stage.name for stage in with_section if stage.name not in paths]
     if missing:
         console.print(f"[bold]Stopped early[/] (--until): not run this time: {', '.join(missing)}")
@@ -49,3 +56,28 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
     console.print(f"DuckDB:      {layout.duckdb}   (tables, columns and example queries: docs/duckdb.md)")
     console.print(f"Artifacts:   {layout.artifacts}")
+
+
+def collect_decisions(paths: dict[str, Path]) -> list[DecisionRecord]:
+    """Every settled decision record (``evals.decision``) the run's artifacts hold, in pipeline order: the
+    ``"decision"`` entry of any top-level JSON file of a stage's artifact folder."""
+    import json
+
+    records = []
+    for stage in STAGES:
+        folder = paths.get(stage.name)
+        if folder is None or not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            found = data.get("decision") if isinstance(data, dict) else None
+            if isinstance(found, dict) and found.get("kind") and found.get("verdict"):
+                records.append(DecisionRecord.from_dict(found))
+            extra = data.get("decisions") if isinstance(data, dict) else None
+            for item in extra if isinstance(extra, list) else []:
+                if isinstance(item, dict) and item.get("kind") and item.get("verdict"):
+                    records.append(DecisionRecord.from_dict(item))
+    return records

@@ -10,7 +10,8 @@ Before training: the base checkpoint's tokenizer is checked against the experime
 against the CPT training stream (``tasks/cpt/eval_overlap.py``).
 
 Outputs: ``candidates/<name>/`` checkpoints, ``decontamination.parquet`` (evaluation windows/items left out), ``evals/<name>.npz`` (per-window general/domain nats and
-tokens, cloze correctness — the paired units the gate compares), ``heldout.parquet``, ``cloze.parquet``,
+tokens, ``<role>_window_docs`` the document each window starts in, cloze correctness — the paired units the gate
+compares, resampling documents), ``heldout.parquet``, ``cloze.parquet``,
 ``candidates.json``, and with ``[samples]`` prompts ``samples.parquet`` (each candidate's continuations of them at its
 evaluation points, ``tasks.train.samples``).
 """
@@ -25,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from evals.cloze import ClozeItem, score_cloze
-from evals.heldout import bits_per_byte, heldout_windows, keep_windows
-from infra.errors import CheckpointError
+from evals.heldout import bits_per_byte, heldout_windows, keep_windows, window_documents
+from infra.errors import CheckpointError, DataError
 from infra.stage import StageContext
 from models.decoder import Decoder
 from tasks.cpt.eval_overlap import cloze_hits, hits_frame, training_ngrams, window_hits
@@ -39,6 +40,9 @@ from tasks.train.runner import (MetricsToTracker, PeriodicEval, SourceEval, eval
 from tasks.train.sections import CptConfig
 from tasks.train.samples import PeriodicSamples, SampleConfig, samples_frame
 from tasks.train.packing import PackingConfig
+
+
+DOC_ID_STRIDE = 10**9  # window document id = source index · stride + document index in the source's held-out split
 
 
 def replay_weights(domain: list[str], general_weights: dict[str, float], replay_fraction: float) -> dict[str, float]:
@@ -168,12 +172,26 @@ class _Scorer:
         self.heldout, self.cloze, self.candidates = [], [], {}
         (ctx.out / "evals").mkdir(parents=True, exist_ok=True)
 
-    def _arrays(self, model, sources) -> tuple[np.ndarray, np.ndarray, list]:
-        evals = [self._decontaminated(e) for e in evaluate_sources(
-            model, self.corpus, sources, seq_len=model.cfg.seq_len, eval_tokens=self.cfg.budget.eval_tokens)]
+    def _arrays(self, model, sources) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        raw = evaluate_sources(model, self.corpus, sources, seq_len=model.cfg.seq_len,
+                               eval_tokens=self.cfg.budget.eval_tokens)
+        docs = np.concatenate([self._window_docs(e, sources.index(e.source), model.cfg.seq_len) for e in raw])
+        evals = [self._decontaminated(e) for e in raw]
         nats = np.concatenate([e.loss.window_nats for e in evals])
         tokens = np.concatenate([e.loss.window_tokens for e in evals])
-        return nats / np.maximum(tokens, 1), tokens, evals
+        return nats / np.maximum(tokens, 1), tokens, docs, evals
+
+    def _window_docs(self, e: SourceEval, index: int, seq_len: int) -> np.ndarray:
+        """(n_kept_windows,) int64 id of the document each kept window starts in: ``index`` · ``DOC_ID_STRIDE`` +
+        its index in the held-out split, so ids are unique across sources; the windows decontamination drops
+        drop theirs too."""
+        offsets = self.corpus.stream(e.source, e.split).doc_offsets
+        if len(offsets) >= DOC_ID_STRIDE:
+            raise DataError(f"{e.source} {e.split}: {len(offsets):,} documents, more than the {DOC_ID_STRIDE:,} a "
+                            "window document id can number")
+        docs = window_documents(offsets, len(e.loss.window_nats), seq_len) + index * DOC_ID_STRIDE
+        mask = self.masks.get(e.source)
+        return docs if mask is None or mask.all() else docs[mask]
 
     def _decontaminated(self, e: SourceEval) -> SourceEval:
         mask = self.masks.get(e.source)
@@ -184,12 +202,12 @@ class _Scorer:
                                                                  self.corpus.tokens_per_byte(e.source, e.split)))
 
     def score(self, name: str, model, params: dict, step: int) -> None:
-        g_nats, g_tokens, g_evals = self._arrays(model, self.general)
-        d_nats, d_tokens, d_evals = self._arrays(model, self.cfg.domain_sources)
+        g_nats, g_tokens, g_docs, g_evals = self._arrays(model, self.general)
+        d_nats, d_tokens, d_docs, d_evals = self._arrays(model, self.cfg.domain_sources)
         cloze = score_cloze(model, self.encode, self.items, max_len=model.cfg.seq_len).assign(checkpoint=name)
         np.savez(self.ctx.out / "evals" / f"{name}.npz", general_window_nats=g_nats, general_window_tokens=g_tokens,
-                 domain_window_nats=d_nats, domain_window_tokens=d_tokens,
-                 cloze_correct=cloze["correct"].to_numpy(bool))
+                 general_window_docs=g_docs, domain_window_nats=d_nats, domain_window_tokens=d_tokens,
+                 domain_window_docs=d_docs, cloze_correct=cloze["correct"].to_numpy(bool))
         self.heldout.append(evals_frame(g_evals + d_evals, checkpoint=name, step=step,
                                         tokens_seen=step * self.cfg.budget.batch_size * model.cfg.seq_len))
         self.cloze.append(cloze)

@@ -1,15 +1,19 @@
 """What a gate artifact puts into DuckDB and MLflow: the decision table, each candidate's verdict, the parent
 run's headline (the kept model's held-out figures), and the model registry: the candidates not kept as versions of
 ``<experiment>-cpt-candidates``. The kept model is registered by the export stage (``tasks/export/publish.py``), as
-the Hugging Face folder behind the alias ``kept`` of ``<experiment>-base``."""
+the Hugging Face folder behind the alias ``kept`` of ``<experiment>-base``. The gate's decision record
+(``evals.decision``, docs/methods.md §14) goes to the ``decisions`` table, the tag ``decision.gate.verdict`` and the
+metrics ``decision.gate.estimate``/``low``/``high`` (domain loss reduction, nats/token)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
 
+from evals.decision import DecisionRecord, decisions_frame
 from infra.stage import PublishContext, Published, Registration
 
 
@@ -27,6 +31,8 @@ def publish(ctx: PublishContext) -> Published:
                                   if c.startswith("status_") and row[c] != "pass"] for row in rows}
     out.tags = {f"verdict.{row['candidate']}": row["decision"] + (
         f" ({', '.join(failing[row['candidate']])})" if failing[row["candidate"]] else "") for row in rows}
+    if isinstance(decision.get("decision"), dict):  # gate artifacts written before decision records have none
+        _decision_record(out, DecisionRecord.from_dict(decision["decision"]))
     cpt_dir = Path(decision["candidates_dir"]) if decision.get("candidates_dir") else None
     if cpt_dir is not None and ctx.remote_tracker:
         # A server registers uploaded copies only; the rejected candidates' verdicts stay as tags of this run
@@ -58,3 +64,14 @@ def _headline(out: Published, decision: dict, table: pd.DataFrame, cpt) -> None:
         for row in heldout[heldout["checkpoint"] == kept].drop_duplicates("source", keep="last").to_dict("records"):
             out.parent_metrics[f"kept.heldout_loss_nats.{row['source']}"] = row["loss_nats"]
             out.parent_metrics[f"kept.heldout_bits_per_byte.{row['source']}"] = row["bits_per_byte"]
+
+
+def _decision_record(out: Published, record: DecisionRecord) -> None:
+    """The record's ``decisions`` row, its verdict as tags of the stage and parent runs, and its finite figures as
+    metrics of the stage run."""
+    out.tables["decisions"] = decisions_frame([record])
+    out.tags[f"decision.{record.kind}.verdict"] = record.verdict
+    out.parent_tags[f"decision.{record.kind}.verdict"] = record.verdict
+    out.metrics.update({f"decision.{record.kind}.{name}": value for name, value in
+                        (("estimate", record.estimate), ("low", record.low), ("high", record.high))
+                        if math.isfinite(value)})

@@ -1,32 +1,46 @@
-"""Gate stage: apply the predeclared gate to the CPT candidates with paired statistics.
+"""Gate stage: apply the predeclared gate to the CPT candidates with paired statistics (docs/methods.md §11).
+
+The loss intervals resample held-out documents, all windows of a document together (Cameron, Gelbach & Miller
+2008; docs/methods.md §14), from the document ids the CPT stage stores per window; the window-level interval stays
+in the table for comparison.
 
 Outputs: ``decisions.parquet`` (the decision table: per candidate the general loss rise, the domain loss
-reduction and cloze accuracy with confidence intervals, each criterion pass/fail/inconclusive, the overall
-decision and which one is kept) and ``decision.json`` (gate hash, kept candidate, kept checkpoint path); with
+reduction and cloze accuracy with confidence intervals, the documents and windows behind each loss interval, each
+criterion pass/fail/inconclusive, the overall decision and which one is kept) and ``decision.json`` (gate hash,
+kept candidate, kept checkpoint path, and under ``"decision"`` the gate's ``evals.decision.DecisionRecord``); with
 harness criteria, ``harness_items.parquet`` (``tasks.gate.harness``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from evals.gate import HARNESS_METRICS, CandidateEval, GateConfig, HeldoutArrays, decide, gate_hash
+from evals.decision import DecisionRecord
+from evals.gate import (HARNESS_METRICS, LOSS_METRICS, CandidateEval, GateConfig, GateDecision, HeldoutArrays,
+                        decide, gate_hash)
 from infra.stage import StageContext
 from tasks.readers import load_candidates
 
 
 def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | None = None) -> CandidateEval:
     """The paired arrays one model was scored on (same windows and items as every other model); ``harness_correct``
-    the per-document arrays of the gate's harness criteria (``tasks.gate.harness``)."""
+    the per-document arrays of the gate's harness criteria (``tasks.gate.harness``). The windows' document ids
+    (``<role>_window_docs``) are read when the file has them; older files have none (each window its own cluster)."""
     data = np.load(cpt_dir / "evals" / f"{name}.npz", allow_pickle=False)
+
+    def heldout(role: str) -> HeldoutArrays:
+        docs = data[f"{role}_window_docs"] if f"{role}_window_docs" in data.files else None
+        return HeldoutArrays(data[f"{role}_window_nats"], data[f"{role}_window_tokens"], docs)
+
     return CandidateEval(
         name=name,
-        general=HeldoutArrays(data["general_window_nats"], data["general_window_tokens"]),
-        domain=HeldoutArrays(data["domain_window_nats"], data["domain_window_tokens"]),
+        general=heldout("general"),
+        domain=heldout("domain"),
         cloze_correct=data["cloze_correct"].astype(bool),
         params=params,
         harness_correct=dict(harness_correct or {}),
@@ -43,10 +57,13 @@ def plot_decision(table, cfg: GateConfig, path: Path) -> None:
 
     colours = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange"}
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    def bar(row, metric):  # an unbounded side (fewer than 2 documents) is drawn without its bar
+        low, high = row[metric] - row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] - row[metric]
+        return [[low if np.isfinite(low) else 0.0], [high if np.isfinite(high) else 0.0]]
+
     for row in table.to_dict("records"):
         x, y = row["domain_loss_reduction_nats"], row["general_loss_rise_nats"]
-        xerr = [[x - row["domain_loss_reduction_nats_ci_low"]], [row["domain_loss_reduction_nats_ci_high"] - x]]
-        yerr = [[y - row["general_loss_rise_nats_ci_low"]], [row["general_loss_rise_nats_ci_high"] - y]]
+        xerr, yerr = bar(row, "domain_loss_reduction_nats"), bar(row, "general_loss_rise_nats")
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color=colours.get(row["decision"], "grey"), capsize=3)
         ax.annotate(row["candidate"] + (" (kept)" if row.get("kept") else ""), (x, y), fontsize=7,
                     xytext=(4, 4), textcoords="offset points")
@@ -63,8 +80,76 @@ def plot_decision(table, cfg: GateConfig, path: Path) -> None:
     plt.close(fig)
 
 
+def gate_rule(cfg: GateConfig) -> str:
+    """The gate's rule in words: its criteria, the selection among passing candidates and the fallback."""
+    criteria = "; ".join(f"{c.name}: {c.column} {c.op} {c.threshold:g} with the {c.confidence:.0%} interval wholly "
+                         "on that side" for c in cfg.criteria)
+    select = ("the largest domain loss reduction" if cfg.select == "max_domain_loss_reduction"
+              else "the smallest general loss rise")
+    return (f"every criterion passes ({criteria}; loss intervals resample held-out documents); among passing "
+            f"candidates keep the one with {select}; none passes: keep the base")
+
+
+def _resolve(decision: GateDecision, inconclusive, prefer: str) -> str:
+    """The largest finite ``needed_<criterion>`` over the inconclusive candidates' inconclusive criteria, in
+    documents (loss criteria) or items; on a tie, candidate ``prefer``'s."""
+    found = [(row[f"needed_{c.name}"], c, row) for row in inconclusive.to_dict("records") for c in decision.criteria
+             if row[f"status_{c.name}"] == "inconclusive" and not math.isnan(row[f"needed_{c.name}"])]
+    if not found:
+        return "more held-out documents and items"
+    finite = [f for f in found if math.isfinite(f[0])]
+    needed, c, row = max(finite or found, key=lambda f: (f[0], f[2]["candidate"] == prefer))
+    unit = "held-out documents" if c.metric in LOSS_METRICS else "items"
+    if not math.isfinite(needed):
+        return f"{c.name} of {row['candidate']} sits on its threshold: no finite number of {unit} settles it"
+    if c.metric not in LOSS_METRICS:
+        return f"about {needed:,.0f} {unit} for {c.name} of {row['candidate']}"
+    docs = row[c.column + "_docs"]
+    if docs < 2:
+        return f"at least 2 {unit} for {c.name} of {row['candidate']} ({docs} now: one gives no interval)"
+    return f"about {needed:,.0f} {unit} for {c.name} of {row['candidate']}, {docs} now"
+
+
+def decision_record(cfg: GateConfig, decision: GateDecision, declared: DecisionRecord, *,
+                    evidence: dict[str, Any]) -> DecisionRecord:
+    """The gate's decision record (``evals.decision``, docs/methods.md §14).
+
+    ``decided`` when a candidate passes (it is kept) or when every candidate fails (the base is kept);
+    ``undetermined`` when none passes but some are inconclusive: the base is kept as the fallback, and ``resolve``
+    gives the largest number of documents (loss criteria) or items that a criterion of an inconclusive candidate
+    needs. The estimate and interval are the domain loss reduction (nats/token, document-level interval) of the
+    kept candidate, or of the best inconclusive one (by the gate's ``select``); NaN when every candidate fails.
+    """
+    table = decision.table
+    metric = "domain_loss_reduction_nats"
+    confidence = next((c.confidence for c in cfg.criteria if c.metric == metric), 0.95)
+    inconclusive = table[table["decision"] == "inconclusive"]
+    if decision.kept != "base":
+        shown, verdict, fallback, resolve = table[table["candidate"] == decision.kept].iloc[0], "decided", "", ""
+    elif len(inconclusive):
+        by_max = cfg.select == "max_domain_loss_reduction"
+        key = inconclusive[metric if by_max else "general_loss_rise_nats"]
+        shown = inconclusive.loc[key.idxmax() if by_max else key.idxmin()]
+        verdict, fallback = "undetermined", "keep the base"
+        resolve = _resolve(decision, inconclusive, shown["candidate"])
+    else:
+        shown, verdict, fallback, resolve = None, "decided", "", ""
+    values = (math.nan,) * 3 if shown is None else (shown[metric], shown[f"{metric}_ci_low"],
+                                                      shown[f"{metric}_ci_high"])
+    estimate, low, high = (float(v) for v in values)
+    return declared.settle(choice=decision.kept, verdict=verdict, estimate=estimate, low=low, high=high,
+                           unit="nats/token", confidence=confidence, fallback=fallback, resolve=resolve,
+                           evidence=evidence)
+
+
 def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
-    """Decide; the kept checkpoint is the best passing candidate, else the base (the main run)."""
+    """Decide; the kept checkpoint is the best passing candidate, else the base (the main run).
+
+    The decision record is declared when this stage starts, before any evidence is read: the stage has no access
+    to the ``gates`` table, whose ``declared_at`` (written before any CPT step, ``flows.gates``) is the earlier
+    time the same rule (``gate_hash``) was fixed.
+    """
+    declared = DecisionRecord.declare("gate", rule=gate_rule(cfg), rule_config=cfg.model_dump(mode="json"))
     cpt_dir = ctx.inputs["cpt"]
     described = load_candidates(cpt_dir)
     # "base" is the checkpoint CPT started from: the main run's, or an external one ([cpt] base_checkpoint).
@@ -84,9 +169,11 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
     decision = decide(cfg, base, candidates, seed=ctx.seed)
     decision.table.to_parquet(ctx.out / "decisions.parquet", index=False)
     kept_path = base_path if decision.kept == "base" else cpt_dir / "candidates" / decision.kept
+    evidence = {"table": "gate_decisions", "gate_hash": gate_hash(cfg), "artifact_key": ctx.key}
+    settled = decision_record(cfg, decision, declared, evidence=evidence)
     record = {"gate_hash": gate_hash(cfg), "kept": decision.kept, "kept_checkpoint": str(kept_path),
               "candidates_dir": str(cpt_dir / "candidates"), "base_checkpoint": str(base_path),
-              "summary": decision.summary()}
+              "summary": decision.summary(), "decision": settled.as_dict()}
     (ctx.out / "decision.json").write_text(json.dumps(record, indent=2))
     plot_decision(decision.table, cfg, ctx.out / "gate_scatter.png")
     return {"kept": decision.kept, "gate_hash": record["gate_hash"]}

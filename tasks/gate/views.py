@@ -1,5 +1,7 @@
 """What the console summary, ``pretrain report`` and ``pretrain gate show`` show of the gate: the decision, its
-table with intervals, and what would resolve inconclusive criteria."""
+table with intervals, and what would resolve inconclusive criteria; in the summary also the decision record's line
+and, per candidate, the held-out documents and windows behind each loss interval and whether the window-level
+interval (correlated windows counted as independent, docs/methods.md §14) would have given another verdict."""
 
 from __future__ import annotations
 
@@ -9,21 +11,57 @@ from typing import Any
 
 import pandas as pd
 
+from evals.decision import DecisionRecord
 from infra.report_blocks import Block, Figure, Heading, TableBlock, Text, rich_table
 from infra.stage import ReportContext, SummaryContext
 
 
 def inconclusive_lines(table: pd.DataFrame) -> list[str]:
-    """For each inconclusive criterion of each candidate in the gate's decision table, how many more items or
-    windows would resolve it."""
+    """For each inconclusive criterion of each candidate in the gate's decision table, how many items or held-out
+    documents would resolve it (documents for a loss criterion, the units its interval resamples; "items/windows"
+    for tables written before loss intervals resampled documents)."""
     lines = []
     for row in table.to_dict("records"):
         for column in (c for c in table.columns if c.startswith("status_")):
             name = column.removeprefix("status_")
             needed = row.get(f"needed_{name}")
             if row[column] == "inconclusive" and needed is not None and needed == needed:
-                resolve = "no finite number of items would" if needed == float("inf") else f"about {needed:,.0f} items/windows would"
+                units = ("held-out documents" if f"window_status_{name}" in row
+                         else "items" if "domain_loss_reduction_nats_docs" in row else "items/windows")
+                if units == "held-out documents" and needed == 2:  # fewer than 2 documents (evals.gate)
+                    lines.append(f"{row['candidate']}: {name} is inconclusive; it rests on fewer than 2 held-out "
+                                 "documents, and at least 2 are needed for any interval")
+                    continue
+                resolve = (f"no finite number of {units} would" if needed == float("inf")
+                           else f"about {needed:,.0f} {units} would")
                 lines.append(f"{row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+    return lines
+
+
+LOSS_COLUMNS = {"general_loss_rise_nats": "general rise", "domain_loss_reduction_nats": "domain reduction"}
+
+
+def cluster_lines(table: pd.DataFrame) -> list[str]:
+    """Per candidate and loss metric: the documents and windows behind the interval, the document-level interval
+    beside the window-level one, and for each loss criterion on it whether the window-level interval would have
+    given another status. Empty for tables written before loss intervals resampled documents."""
+    lines = []
+    for row in table.to_dict("records"):
+        parts = []
+        for metric, label in LOSS_COLUMNS.items():
+            if f"{metric}_docs" not in row or row.get(metric) != row.get(metric):
+                continue
+            unit = "documents" if row[f"{metric}_cluster_unit"] == "document" else "clusters (no document ids)"
+            part = (f"{label} [{row[f'{metric}_ci_low']:+.3f}, {row[f'{metric}_ci_high']:+.3f}] over "
+                    f"{row[f'{metric}_docs']} {unit} / {row[f'{metric}_windows']} windows; by window "
+                    f"[{row[f'{metric}_window_ci_low']:+.3f}, {row[f'{metric}_window_ci_high']:+.3f}]")
+            parts.append(part)
+        names = [c.removeprefix("window_status_") for c in table.columns if c.startswith("window_status_")]
+        changed = [f"{name} would be {row['window_status_' + name]} by window (is {row['status_' + name]})"
+                   for name in names if row["window_status_" + name] != row["status_" + name]]
+        if parts:
+            verdict = "; ".join(changed) if changed else "the window-level interval gives the same verdicts"
+            lines.append(f"{row['candidate']}: " + "; ".join(parts) + f" — {verdict}")
     return lines
 
 
@@ -78,10 +116,15 @@ def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary(ctx: SummaryContext) -> list[Any]:
-    """The decision's summary and what would resolve each inconclusive criterion."""
+    """The decision's summary, the decision record's line, the documents against windows behind each candidate's
+    loss intervals, and what would resolve each inconclusive criterion."""
     decision = json.loads((ctx.path / "decision.json").read_text())
+    table = pd.read_parquet(ctx.path / "decisions.parquet")
     out: list[Any] = [f"[bold]Gate decision[/]\n{decision['summary']}"]
-    out.extend(f"  {line}" for line in inconclusive_lines(pd.read_parquet(ctx.path / "decisions.parquet")))
+    if isinstance(decision.get("decision"), dict):
+        out.append(f"  {DecisionRecord.from_dict(decision['decision']).line()}")
+    out.extend(f"  {line}" for line in cluster_lines(table))
+    out.extend(f"  {line}" for line in inconclusive_lines(table))
     return out
 
 
@@ -103,8 +146,9 @@ def report(ctx: ReportContext) -> list[Block]:
     counts = table["decision"].value_counts()
     out.append(Text(f"**Verdict:** kept `{decision['kept']}` ({len(table)} candidates: "
                     + ", ".join(f"{n} {d}" for d, n in counts.items()) + ")."))
-    out.append(TableBlock("Decisions with intervals (domain reduction and general rise in nats, paired bootstrap)",
-                          decision_frame(table)))
+    units = "held-out documents" if "domain_loss_reduction_nats_docs" in table.columns else "windows"
+    out.append(TableBlock(f"Decisions with intervals (domain reduction and general rise in nats, paired bootstrap "
+                          f"over {units})", decision_frame(table)))
     out.extend(Text(line + ".") for line in inconclusive_lines(table))
     if (path / "gate_scatter.png").exists():
         shutil.copyfile(path / "gate_scatter.png", ctx.plots_dir / "gate_scatter.png")

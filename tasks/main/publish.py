@@ -1,6 +1,6 @@
 """What a main-run artifact puts into DuckDB and MLflow: held-out loss per source, training events, the packing
-report, the epochs per source, the lineage of the two proxy decisions it consumed, its training mixture, and its
-text samples (an MLflow table)."""
+report, the epochs per source, the lineage of the two proxy decisions it consumed, its training mixture, its LR
+schedule (tags; under WSD the trunk key of its stable checkpoints), and its text samples (an MLflow table)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,11 @@ def publish(ctx: PublishContext) -> Published:
         profile |= {f"weight/{k}": float(v) for k, v in weights.items()}
         out.datasets.append(Dataset("main_training_mixture", f"{tokenizer.key}-{mixture.key}",
                                     tokenizer.path / "shards", "training", profile))
-    main_epochs = json.loads((path / "run.json").read_text()).get("epochs", {})
+    run = json.loads((path / "run.json").read_text())
+    out.tags["schedule"] = run.get("schedule", "cosine")
+    if run.get("schedule") == "wsd":  # where the stable checkpoints of this run (and its decay branches) live
+        out.tags |= {"trunk_key": run["trunk_key"], "decay_start": run["decay_start"], "decay_shape": run["decay_shape"]}
+    main_epochs = run.get("epochs", {})
     out.metrics = {f"epochs.{source}": e for source, e in main_epochs.items()}
     # The threshold is read from the current config, so a cached run is judged by today's limit.
     warnings = epoch_warnings(main_epochs, ctx.cfg.mixture.max_epochs)

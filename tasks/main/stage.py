@@ -7,6 +7,10 @@ Outputs: ``checkpoint/`` (model.safetensors, optimizer.pt, state.json, checksums
 (held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing,
 the step it resumed from, and the epochs of each mixture source e_s = w_s · D / U_s, docs/methods.md §8), and with
 ``[samples]`` prompts ``samples.parquet`` (their continuations at every evaluation point, ``tasks.train.samples``).
+
+Under ``budget.schedule = "wsd"`` the run also keeps stable-phase checkpoints at its branch steps and its last stable
+step in ``<runs>/cache/stable/<trunk_key>/`` (``tasks.train.trunk``), and a run without scratch checkpoints starts
+from the newest of those at or before its own decay start: growing the budget retrains only the steps it adds.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import pandas as pd
 from accelerate import Accelerator
 
+from infra.artifacts import code_version_closure
 from infra.errors import ConfigError
 from infra.stage import ProgressReporter, StageContext
 from tasks.train.epochs import epoch_warnings, epochs
@@ -37,6 +42,7 @@ from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_
                                 make_sampler, run_training, seed_everything, StepProgress)
 from models.planning import require_fit
 from tasks.train.sections import MainConfig
+from tasks.train.trunk import StableSaver, resume_trunk, stable_steps, trunk_config, trunk_folder, trunk_key
 from tasks.train.samples import PeriodicSamples, SampleConfig
 from infra.threads import ThreadPolicy, apply_wait_policy
 from tasks.train.packing import PackingConfig
@@ -57,6 +63,8 @@ class MainJob:
     max_epochs: float
     packing: dict
     samples: dict = field(default_factory=dict)  # [samples]: prompts continued at each evaluation point
+    trunk: str = ""  # WSD: the stable-checkpoint folder (tasks.train.trunk); "" under cosine
+    trunk_steps: list[int] = field(default_factory=list)  # steps whose state is kept there
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -84,6 +92,9 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     job = MainJob(out=str(ctx.out), scratch=str(ctx.scratch), inputs={k: str(v) for k, v in ctx.inputs.items()},
                   seed=ctx.seed, torch_threads=ctx.torch_threads, cfg=cfg.model_dump(), sources=list(sources),
                   max_epochs=max_epochs, packing=packing.model_dump(), samples=samples.model_dump())
+    if cfg.budget.schedule == "wsd":
+        job.trunk = str(trunk_folder(ctx.layout.root, main_trunk_key(cfg, ctx.inputs, packing=packing, seed=ctx.seed)))
+        job.trunk_steps = stable_steps(cfg)
     if cfg.distributed.launch == "accelerate":
         from tasks.main.launch import launch
 
@@ -130,6 +141,14 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
     checkpointer = Checkpointer(scratch, accelerator=accelerator, extra=extra, keep_last=cfg.keep_checkpoints,
                                 asynchronous=cfg.async_checkpoints)
     state = _resume(checkpointer, model, optimizer, sampler)
+    resumed_from = "scratch" if state else ""
+    if state is None and job.trunk:  # WSD: the stable phase of a run with another budget is this run's too
+        saved = resume_trunk(Path(job.trunk), checkpointer, model, optimizer, sampler,
+                             max_step=cfg.budget.decay_start)
+        if saved is not None:
+            state, resumed_from = saved["state"], "stable"
+            if main_rank:
+                print(f"main: resuming from stable checkpoint step {state.step:,} ({saved['directory']})")
     # Training advances ``state`` in place: read the resume point before it moves.
     resumed_from_step = state.step if state else 0
     if not main_rank:
@@ -149,6 +168,11 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
         *([text_samples] if text_samples is not None else []),
         checkpointer,
     ]
+    saver = None
+    if job.trunk and job.trunk_steps:
+        saver = StableSaver(Path(job.trunk), job.trunk_steps, model=model, optimizer=optimizer, sampler=sampler,
+                            accelerator=accelerator, extra=extra)
+        callbacks.append(saver)
     events = EventLog(log_metrics)
     started = time.perf_counter()
     with progress.task("main: training steps", cfg.budget.steps) as advance:
@@ -157,7 +181,7 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
                               callbacks=[*callbacks, events, StepProgress(advance)], state=state, optimizer=optimizer,
                               checkpoint_every=cfg.checkpoint_every, stability=cfg.stability,
                               rewind=lambda: checkpointer.rewind(model, optimizer),
-                              accelerator=accelerator)
+                              accelerator=accelerator, min_lr_ratio=cfg.min_lr_ratio)
     checkpointer.wait()
     wall_s = time.perf_counter() - started
     checkpointer.save_final(out / "checkpoint", model=model, optimizer=result.optimizer, state=result.state,
@@ -178,9 +202,16 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
                "train_wall_s": wall_s, "mixture": choice["name"],
                "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,
                "resumed_from_step": resumed_from_step, "epochs": main_epochs, "spike_events": len(result.events),
+               "schedule": cfg.budget.schedule,
                "peak_lr_source": lr_source,
                "world_size": processes, "strategy": dist.strategy if processes > 1 else "single",
                "activation_checkpointing": dist.activation_checkpointing}
+    if resumed_from:
+        summary["resumed_from"] = resumed_from
+    if cfg.budget.schedule == "wsd":
+        summary |= {"decay_start": cfg.budget.decay_start, "decay_steps": cfg.budget.decay_steps,
+                    "decay_shape": cfg.budget.decay_shape, "min_lr_ratio": cfg.min_lr_ratio,
+                    "trunk_key": Path(job.trunk).name, "stable_checkpoints": saver.saved if saver else []}
     (out / "run.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -204,6 +235,16 @@ def main_peak_lr(cfg: MainConfig, best: dict | None) -> tuple[float, dict]:
     nearest = min(widths, key=lambda w: abs(math.log(target / w["d_model"])) if w["d_model"] else 0.0)
     return float(nearest["best_lr"]), {"from": "sweep", "d_model": nearest["d_model"], "study": nearest["study_name"],
                                        "main_d_model": target}
+
+
+def main_trunk_key(cfg: MainConfig, inputs: dict[str, Path], *, packing: PackingConfig, seed: int) -> str:
+    """The trunk key of the WSD main run (``tasks.train.trunk.trunk_key``) from its input artifacts: the tokenizer's
+    key, the mixture's weights and the peak LR it resolves to (``main_peak_lr``), and the code of this module's
+    import closure (the training library included)."""
+    choice = load_choice(Path(inputs["mixture"]))
+    peak_lr, _ = main_peak_lr(cfg, load_best(Path(inputs["sweep"])) if "sweep" in inputs else None)
+    config = trunk_config(cfg, packing=packing, seed=seed, peak_lr=peak_lr, weights=choice["weights"])
+    return trunk_key(config, Path(inputs["tokenizer"]).name, code_version_closure("tasks.main.stage"))
 
 
 def planned_epochs(cfg: MainConfig, weights: dict[str, float], corpus: TokenizedCorpus) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """What the console summary and ``pretrain report`` show of the main run's artifact: held-out loss per source,
-the resume point, where the peak LR came from, epochs per source, and the text samples."""
+the resume point, the WSD schedule and its stable checkpoints, where the peak LR came from, epochs per source, and
+the text samples."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from tasks.train.samples import final_samples, read_samples, samples_block_frame
 
 
 def main_run_lines(run: dict[str, Any], max_epochs: float) -> list[str]:
-    """The main run's resume point and epochs per source (w·D/U, docs/methods.md §8), with a warning (rich markup)
-    for each source repeated more than ``max_epochs`` times.
+    """The main run's resume point, its WSD schedule (decay start, length, shape, floor, the stable checkpoints it
+    kept; docs/methods.md §6) and epochs per source (w·D/U, docs/methods.md §8), with a warning (rich markup) for each
+    source repeated more than ``max_epochs`` times.
 
     Args:
         run: the artifact's ``run.json``.
@@ -24,7 +26,11 @@ def main_run_lines(run: dict[str, Any], max_epochs: float) -> list[str]:
     """
     out = []
     if run.get("resumed_from_step"):
-        out.append(f"  resumed from step {run['resumed_from_step']:,} of {run['steps']:,} (scratch checkpoint)")
+        where = ("the stable-phase checkpoint of a WSD run with another budget" if run.get("resumed_from") == "stable"
+                 else "scratch checkpoint")
+        out.append(f"  resumed from step {run['resumed_from_step']:,} of {run['steps']:,} ({where})")
+    if run.get("schedule") == "wsd":
+        out.append(f"  {wsd_line(run)}")
     source = run.get("peak_lr_source", {})
     if source.get("from") == "sweep" and source.get("d_model"):
         out.append(f"  peak LR {run['peak_lr']:.2e} from the sweep at d_model {source['d_model']} (the swept width "
@@ -35,6 +41,15 @@ def main_run_lines(run: dict[str, Any], max_epochs: float) -> list[str]:
     for warning in epoch_warnings(main_epochs, max_epochs):
         out.append(f"  [yellow]warning:[/] {warning}")
     return out
+
+
+def wsd_line(run: dict[str, Any]) -> str:
+    """One line on a WSD run's schedule (docs/methods.md §6) from its ``run.json``: the peak held to the decay start,
+    the decay length, shape and floor, and the stable checkpoints this run kept."""
+    kept = ", ".join(f"{s:,}" for s in run.get("stable_checkpoints", [])) or "none this run"
+    return (f"schedule WSD: peak to step {run['decay_start']:,}, then {run['decay_steps']:,} decay steps "
+            f"({run['decay_shape']}) to {run['min_lr_ratio']:g} × peak; stable checkpoints kept at steps {kept} "
+            f"(trunk {run['trunk_key']})")
 
 
 def summary(ctx: SummaryContext) -> list[Any]:
@@ -61,6 +76,8 @@ def report(ctx: ReportContext) -> list[Block]:
         f"{run['steps']:,} steps, tokens_seen {run['tokens_seen']:,}, peak_lr {run['peak_lr']:.3e}, mixture "
         f"{run['mixture']}, final training loss {fmt_value(run.get('final_loss_nats'), '{:.4f}')} nats/token, "
         f"{run.get('world_size', 1)} process(es) ({run.get('strategy', 'single')}).")]
+    if run.get("schedule") == "wsd":
+        out.append(Text(wsd_line(run) + "."))
     run_id = json.loads((path / "meta.json").read_text()).get("mlflow_run_id", "")
     history = ctx.history if ctx.history is not None else pd.DataFrame()
     figures = main_figures(path, ctx.plots_dir, history)

@@ -104,6 +104,14 @@ class MixtureConfig(Section):
             τ between the two sizes' scores, and whether the winner flips. The choice uses ``[proxy]``'s size.
         propose: fit a per-source regression on the trials, propose the mixture it predicts best, verify it with
             one more proxy run and let it compete under the same rule.
+        seeds: training seeds per leading candidate (≥ 1): every candidate trains at the experiment seed, then the
+            ``top_k`` leading eligible ones train at ``seeds − 1`` derived seeds more, until the top ``top_k`` by
+            mean all have them (docs/methods.md §14).
+        top_k: how many leading candidates of that first single-seed round get the extra seeds (≥ 2).
+        confidence: level of the intervals (the leader's margin over the runner-up, each candidate's seed interval).
+        on_undetermined: what is chosen when the margin's interval does not lie above 0: ``natural`` keeps the
+            natural mixture; ``least_repeated`` takes, among the leader and the candidates not separable from it,
+            the one whose most-repeated source has the smallest w_s/U_s (fewest main-run epochs, docs/methods.md §8).
 
     Raises:
         ConfigError: naming the field and the fix.
@@ -116,6 +124,10 @@ class MixtureConfig(Section):
     generate: MixtureGenerate | None = None
     transfer_model: ModelShape | None = None
     propose: bool = False
+    seeds: int = 3
+    top_k: int = 2
+    confidence: float = 0.95
+    on_undetermined: Literal["natural", "least_repeated"] = "natural"
 
     @model_validator(mode="before")
     @classmethod
@@ -151,6 +163,14 @@ class MixtureConfig(Section):
             raise ConfigError(f"mixture.max_regression_bpb = {self.max_regression_bpb}: must be ≥ 0 bits/byte")
         if not (math.isfinite(self.max_epochs) and self.max_epochs > 0.0):
             raise ConfigError(f"mixture.max_epochs = {self.max_epochs}: must be > 0 (docs/methods.md §8 suggests ~4)")
+        if self.seeds < 1:
+            raise ConfigError(f"mixture.seeds = {self.seeds}: must be ≥ 1 (1 = the experiment seed only; 3 measures "
+                              "seed noise)")
+        if self.top_k < 2:
+            raise ConfigError(f"mixture.top_k = {self.top_k}: must be ≥ 2 (the leader and its runner-up get the "
+                              "extra seeds)")
+        if not (math.isfinite(self.confidence) and 0.0 < self.confidence < 1.0):
+            raise ConfigError(f"mixture.confidence = {self.confidence}: must lie in (0, 1), e.g. 0.95")
         return self
 
     def natural_name(self) -> str:

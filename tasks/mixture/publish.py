@@ -1,5 +1,6 @@
 """What a mixture artifact puts into DuckDB and MLflow: the trials with the epochs each source would get in the
-main run, and the choice (name, rule, runner-up, weights, transfer flips, epoch warnings)."""
+main run, the choice (name, rule, runner-up, weights, transfer flips, epoch warnings) and its decision record
+(DuckDB ``decisions``; MLflow ``decision.mixture.*``, docs/methods.md §14)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 import pandas as pd
 
+from evals.decision import DecisionRecord, decisions_frame
 from infra.stage import PublishContext, Published
 
 
@@ -24,6 +26,12 @@ def publish(ctx: PublishContext) -> Published:
     out.params = {"choice.mixture": choice["name"], "choice.rule_text": choice["rule"][:500],
                   "choice.runner_up": str(choice.get("runner_up")),
                   **{f"choice.weight.{s}": round(w, 6) for s, w in choice["weights"].items()}}
+    if choice.get("decision"):  # artifacts built before decisions were recorded have none
+        record = DecisionRecord.from_dict(choice["decision"])
+        out.tables["decisions"] = decisions_frame([record])
+        out.tags |= {"decision.mixture.verdict": record.verdict, "decision.mixture.choice": record.choice}
+        out.metrics |= {"decision.mixture.margin": record.estimate, "decision.mixture.margin_low": record.low,
+                        "decision.mixture.margin_high": record.high}
     if choice.get("transfer"):
         t = choice["transfer"]
         out.tags |= {"choice.transfer_winner_flips": str(t["winner_flips"]).lower(),

@@ -26,6 +26,13 @@ class SweepConfig(Section):
             the optimum"; their LR range is reported as the spread of the choice.
         forecast_windows: shares of the best trial's tokens on which L(D) = L∞ + a·D^−γ is fitted to forecast its
             final held-out loss (docs/methods.md §10); at least 3 held-out reports must fall in a window.
+        lr_decided_factor: the peak LR is decided when the bootstrap interval of the fitted optimum spans at most
+            this factor (high/low), > 1 (docs/methods.md §14).
+        confidence: of that interval, and the share of bootstrap replicates that must have an interior optimum,
+            in (0, 1).
+        min_fit_trials: COMPLETE trials the quadratic LR fit needs before it may decide, ≥ 4; with fewer the main
+            run takes the best trial's LR. At confidence 0.95 the bootstrap also needs ≥ 6 trials at distinct LRs
+            (with 5, 10% of resamples hold fewer than 3 distinct LRs and cannot be fitted).
 
     Raises:
         ConfigError: naming the field and the fix.
@@ -42,6 +49,9 @@ class SweepConfig(Section):
     widths: list[int] = []
     spread_tolerance: float = 0.02
     forecast_windows: list[float] = [0.5, 0.75]
+    lr_decided_factor: float = 3.0
+    confidence: float = 0.95
+    min_fit_trials: int = 4
 
     @model_validator(mode="after")
     def _check(self) -> "SweepConfig":
@@ -66,4 +76,11 @@ class SweepConfig(Section):
         if not self.forecast_windows or any(not 0.0 < w < 1.0 for w in self.forecast_windows):
             raise ConfigError(f"sweep.forecast_windows = {self.forecast_windows}: give at least one share in (0, 1) "
                               "(a window of 1 would fit the very point it forecasts)")
+        if not (math.isfinite(self.lr_decided_factor) and self.lr_decided_factor > 1.0):
+            raise ConfigError(f"sweep.lr_decided_factor = {self.lr_decided_factor}: must be > 1 (a high/low ratio)")
+        if not 0.0 < self.confidence < 1.0:
+            raise ConfigError(f"sweep.confidence = {self.confidence}: must lie in (0, 1), e.g. 0.95")
+        if self.min_fit_trials < 4:
+            raise ConfigError(f"sweep.min_fit_trials = {self.min_fit_trials}: must be ≥ 4 (a quadratic has three "
+                              "coefficients, and three trials fit it exactly, which leaves nothing to resample)")
         return self

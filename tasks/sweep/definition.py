@@ -15,5 +15,6 @@ def run_sweep(ctx: StageContext, cfg: Any) -> dict[str, Any]:
 
 STAGE = Stage(name="sweep", inputs=("tokenizer", "mixture"), code="tasks.sweep", run=run_sweep,
               sections=("sweep", "proxy", "packing"), seeded=True, publish=lazy("tasks.sweep.publish:publish"),
+              figures=lazy("tasks.sweep.plots:sweep_figures"),
               step_unit="optimiser steps (per trial run)",
               summary=lazy("tasks.sweep.views:summary"), report=lazy("tasks.sweep.views:report"))

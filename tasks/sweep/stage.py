@@ -5,9 +5,12 @@ general sources every ``sweep.report_every`` steps, so the median pruner can sto
 studies live in ``<runs>/optuna/`` (journal file with a lock, shared by workers, resumable after a kill). A study's
 name leaves ``n_trials`` out (TPE), so raising it continues the study instead of starting over.
 
-Outputs: ``trials.parquet`` (every trial of every width) and ``best.json``: the best peak LR at the proxy width
-(it feeds the main run) with the spread of LRs near the optimum, the best LR per width and the drift between
-widths, and the loss forecast of the best trial (docs/methods.md §10).
+Outputs: ``trials.parquet`` (every trial of every width) and ``best.json``: per width, a quadratic fit of held-out
+loss in ln(peak LR) with a bootstrap interval of its optimum and the declared rule's verdict (``tasks.sweep.lr_fit``,
+docs/methods.md §14): decided → the fitted optimum, undetermined → the best COMPLETE trial's LR (``best_lr``, which
+the main run reads), the ``decision`` record of the proxy width, the drift of the LR optimum across widths (an
+exponent only from ≥ 3 widths), the spread of LRs near the best trial, and the loss forecast of the best trial
+(docs/methods.md §10).
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 
+from evals.decision import DecisionRecord
 from infra.artifacts import artifact_key, code_version
 from infra.errors import DataError
 from infra.runs import ensure_folder
@@ -27,6 +30,7 @@ from infra.stage import StageContext
 from tasks.readers import load_choice
 from tasks.sweep.config import SweepConfig
 from tasks.sweep.forecast import forecast
+from tasks.sweep.lr_fit import LrFit, LrRule, exponent_verdict, fit_lr, judge, width_exponent
 from tasks.sweep.study import SweepResult, run_sweep
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.loop import Callback
@@ -67,13 +71,23 @@ def at_width(shape: ModelShape, width: int) -> ModelShape:
 
 def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: list[str],
         packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
-    """Run (or resume, or extend) the study at each width; returns the best peak LR at the proxy width."""
+    """Run (or resume, or extend) the study at each width and decide its peak LR; returns the peak LR at the proxy
+    width (``best_lr``: the fitted optimum when decided, else the best trial's), its verdict and interval."""
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     weights = load_choice(ctx.inputs["mixture"])["weights"]
     budget = proxy.budget.model_copy(update={"eval_every": cfg.report_every})
     base = proxy.model.d_model
     widths = [base, *(w for w in cfg.widths if w != base)]
     ensure_folder(ctx.layout.optuna)
+    rule = lr_rule(cfg)
+    # The rules are fixed before any trial runs (docs/methods.md §14).
+    declared = {w: DecisionRecord.declare("peak_lr", rule=rule.text(cfg.lr_min, cfg.lr_max),
+                                          rule_config={**rule.config(cfg.lr_min, cfg.lr_max), "d_model": w})
+                for w in widths}
+    exponent_record = (DecisionRecord.declare("lr_width_exponent", rule=EXPONENT_RULE.format(c=cfg.confidence),
+                                              rule_config={"confidence": cfg.confidence, "widths": sorted(widths),
+                                                           "replicates": rule.replicates})
+                       if len(widths) > 1 else None)
     results: dict[int, SweepResult] = {}
     with ctx.progress.task("sweep: Optuna trials", cfg.n_trials * len(widths)) as advance:
         for width in widths:
@@ -101,29 +115,69 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
                        ignore_index=True)
     best = results[base]
     tokens_per_step = budget.batch_size * proxy.model.seq_len
-    record = {"best_lr": best.best_lr, "best_value": best.best_value, "study_name": best.study_name,
+    fits = {w: fit_lr(r.trials, lr_min=cfg.lr_min, lr_max=cfg.lr_max, confidence=cfg.confidence,
+                      seed=[ctx.seed, cfg.seed, w], replicates=rule.replicates) for w, r in results.items()}
+    entries = [width_entry(w, results[w], fits[w], rule, declared[w], cfg, ctx.key) for w in widths]
+    chosen = entries[0]
+    record = {"best_lr": chosen["best_lr"], "best_trial_lr": best.best_lr, "best_value": best.best_value,
+              "study_name": best.study_name, "lr_source": chosen["lr_source"], "fit": chosen["fit"],
+              "decision": chosen["decision"],
               "warning": edge_warning(best.best_lr, cfg),
               "spread": lr_spread(best.trials, cfg.spread_tolerance),
-              "widths": [{"d_model": w, "best_lr": r.best_lr, "best_value": r.best_value, "study_name": r.study_name,
-                          "edge_warning": edge_warning(r.best_lr, cfg)} for w, r in results.items()],
+              "widths": entries,
               "forecast": best_trial_forecast(best.trials, tokens_per_step, cfg.forecast_windows)}
-    if len(widths) > 1:
-        record["lr_drift"] = width_drift(results)
+    if exponent_record is not None:
+        record["lr_drift"] = width_drift(entries, fits, cfg.confidence, exponent_record, ctx.key)
+        record["decisions"] = [record["lr_drift"]["decision"]]
     trials["intermediate"] = trials["intermediate"].map(lambda d: json.dumps(d, default=str))
     trials.to_parquet(ctx.out / "trials.parquet", index=False)
     (ctx.out / "best.json").write_text(json.dumps(record, indent=2))
-    summary = {"best_lr": best.best_lr, "best_value": best.best_value, "study_name": best.study_name,
-               "lr_low": record["spread"]["lr_low"], "lr_high": record["spread"]["lr_high"]}
-    if "lr_drift" in record:
-        summary["lr_width_exponent"] = record["lr_drift"]["exponent"]
+    summary = {"best_lr": chosen["best_lr"], "best_trial_lr": best.best_lr, "best_value": best.best_value,
+               "study_name": best.study_name, "peak_lr_verdict": chosen["verdict"]}
+    fit = fits[base]
+    summary.update({k: v for k, v in (("peak_lr_fit", fit.optimum), ("peak_lr_low", fit.low),
+                                      ("peak_lr_high", fit.high)) if math.isfinite(v)})
+    exponent = record.get("lr_drift", {}).get("exponent")
+    if exponent is not None:
+        summary["lr_width_exponent"] = exponent
     return summary
+
+
+EXPONENT_RULE = ("lr* ∝ d_model^b with b the least-squares slope of ln(fitted LR optimum) on ln(d_model) over ≥ 3 "
+                 "widths; decided that the LR optimum moves with width when ≥ {c:.0%} of the bootstrap replicates "
+                 "(trials resampled within each width) give a slope and its {c:.0%} percentile interval excludes 0; "
+                 "an interval containing 0 is undetermined (it does not show that the LR transfers)")
+
+
+def lr_rule(cfg: SweepConfig) -> LrRule:
+    """The declared peak-LR rule of ``cfg`` (``lr_decided_factor``, ``confidence``, ``min_fit_trials``)."""
+    return LrRule(factor=cfg.lr_decided_factor, confidence=cfg.confidence, min_fit_trials=cfg.min_fit_trials)
+
+
+def width_entry(width: int, result: SweepResult, fit: LrFit, rule: LrRule, declared: DecisionRecord,
+                cfg: SweepConfig, key: str) -> dict[str, Any]:
+    """One width's part of ``best.json``: ``best_lr`` (the LR the rule chose: the fitted optimum when decided,
+    else the best trial's), the best trial, the fit, the verdict and the settled ``peak_lr`` decision record."""
+    judged = judge(fit, rule)
+    decision = declared.settle(
+        choice=f"{judged.lr:.4g}", verdict=judged.verdict, estimate=fit.optimum, low=fit.low, high=fit.high,
+        unit="peak LR", confidence=rule.confidence, fallback=judged.fallback, resolve=judged.resolve,
+        evidence={"table": "sweep_trials", "artifact_key": key, "study_name": result.study_name, "d_model": width,
+                  "state": "COMPLETE", "n_trials": fit.n_trials, "n_pruned_left_out": fit.n_pruned,
+                  "ok_share": fit.ok_share, "ratio": fit.ratio if math.isfinite(fit.ratio) else None})
+    return {"d_model": width, "best_lr": judged.lr, "lr_source": judged.source, "best_trial_lr": result.best_lr,
+            "best_value": result.best_value, "study_name": result.study_name,
+            "edge_warning": edge_warning(result.best_lr, cfg), "verdict": judged.verdict,
+            "fallback": judged.fallback, "resolve": judged.resolve, "fit": fit.as_dict(),
+            "decision": decision.as_dict()}
 
 
 def study_key(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, shape: ModelShape,
               packing: PackingConfig) -> str:
     """Key of one width's study: what changes its trials, without ``n_trials`` for TPE (raising it continues the
     study; a grid's points depend on it, so a grid keeps it) and without the reporting-only fields."""
-    fields = cfg.model_dump(exclude={"widths", "spread_tolerance", "forecast_windows"}
+    fields = cfg.model_dump(exclude={"widths", "spread_tolerance", "forecast_windows", "lr_decided_factor",
+                                     "confidence", "min_fit_trials"}
                             | ({"n_trials"} if cfg.sampler == "tpe" else set()))
     config = {"sweep": fields, "proxy": proxy.model_copy(update={"model": shape}).model_dump(),
               "packing": packing.model_dump(), "seed": ctx.seed}
@@ -141,15 +195,28 @@ def lr_spread(trials: pd.DataFrame, tolerance: float) -> dict[str, Any]:
             "lr_high": float(near["peak_lr"].max()), "n_within": int(len(near)), "n_complete": int(len(done))}
 
 
-def width_drift(results: dict[int, SweepResult]) -> dict[str, Any]:
-    """Best LR against width: the ratio between the widest and the narrowest sweep and the fitted exponent b of
-    lr* ∝ d_model^b (least squares in log–log; b ≈ 0 means the LR transfers across widths)."""
-    widths = sorted(results)
-    x = np.log([float(w) for w in widths])
-    y = np.log([results[w].best_lr for w in widths])
-    exponent = float(np.polyfit(x, y, 1)[0])
-    return {"widths": widths, "best_lrs": [results[w].best_lr for w in widths],
-            "ratio": results[widths[-1]].best_lr / results[widths[0]].best_lr, "exponent": exponent}
+def width_drift(entries: list[dict[str, Any]], fits: dict[int, LrFit], confidence: float,
+                declared: DecisionRecord, key: str) -> dict[str, Any]:
+    """The chosen LR against width: the ratio between the widest and the narrowest sweep, and the exponent b of
+    lr* ∝ d_model^b with its bootstrap interval (``lr_fit.width_exponent``; None with a ``reason`` below 3 widths
+    with a fitted optimum), settled as the ``lr_width_exponent`` decision record."""
+    by_width = {e["d_model"]: e for e in entries}
+    widths = sorted(by_width)
+    drift = width_exponent(fits, confidence)
+    verdict, resolve = exponent_verdict(drift, confidence)
+    nan = math.nan
+    estimate, low, high = (nan if drift[k] is None else drift[k] for k in ("exponent", "low", "high"))
+    choice = (f"lr* ∝ d_model^{estimate:+.2f}" if verdict == "decided" else
+              "per-width LRs" if drift["exponent"] is None else f"b = {estimate:+.2f}, not separated from 0")
+    decision = declared.settle(
+        choice=choice, verdict=verdict, estimate=estimate, low=low, high=high, unit="exponent of d_model",
+        confidence=confidence, resolve=resolve,
+        fallback="no exponent is used: each width keeps its own swept LR and the main run takes the width nearest "
+                 "its d_model",
+        evidence={"table": "sweep_trials", "artifact_key": key, "d_model": widths, "state": "COMPLETE"})
+    return {**drift, "best_lrs": [by_width[w]["best_lr"] for w in widths],
+            "ratio": by_width[widths[-1]]["best_lr"] / by_width[widths[0]]["best_lr"], "verdict": verdict,
+            "decision": decision.as_dict()}
 
 
 def best_trial_forecast(trials: pd.DataFrame, tokens_per_step: int, windows: list[float]) -> list[dict] | str:

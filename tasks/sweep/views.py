@@ -1,5 +1,6 @@
-"""What the console summary and ``pretrain report`` show of the sweep artifact: the best peak LR, the spread of
-good trials, the LR drift across widths and the loss forecast."""
+"""What the console summary and ``pretrain report`` show of the sweep artifact: the peak LR with its fitted
+optimum, interval and verdict (and, undetermined, the fallback and what would resolve it), per width, the LR
+drift across widths and the loss forecast."""
 
 from __future__ import annotations
 
@@ -8,23 +9,62 @@ from typing import Any
 
 import pandas as pd
 
-from infra.report_blocks import Block, Heading, TableBlock, Text
+from infra.report_blocks import Block, Figure, Heading, TableBlock, Text
 from infra.stage import ReportContext, SummaryContext
 
 
+def fit_line(entry: dict) -> str:
+    """One width's peak LR in words: the fit (trials used, optimum with its interval), the verdict, and
+    (undetermined) the fallback and what would resolve it."""
+    fit = entry.get("fit") or {}
+    if not fit:
+        return ""
+    pruned = f", {fit['n_pruned']} pruned not fitted" if fit.get("n_pruned") else ""
+    if fit.get("optimum") is not None:
+        outcome = f"optimum {fit['optimum']:.2e}"
+        if fit.get("low") is not None:
+            outcome += (f" [{fit['low']:.2e}, {fit['high']:.2e}] ({fit['confidence']:.0%}, high/low "
+                        f"{fit['ratio']:.3g}, {fit['ok_share']:.0%} of replicates with a minimum)")
+        else:
+            outcome += " (no interval)"
+    elif fit.get("a") is not None:
+        outcome = f"no minimum (a = {fit['a']:.3g} ≤ 0)"
+    else:
+        outcome = "too few distinct LRs to fit"
+    line = f"quadratic fit in ln(LR) over {fit['n_trials']} COMPLETE trials{pruned}: {outcome} — {entry['verdict']}"
+    if entry.get("verdict") == "undetermined":
+        line += f"; {entry['fallback']}; to resolve: {entry['resolve']}"
+    return line
+
+
+def drift_line(drift: dict) -> str:
+    """The LR against width: the chosen LR per width, their ratio and the exponent with its interval, or the reason
+    there is none."""
+    lrs = ", ".join(f"d{w}: {lr:.2e}" for w, lr in zip(drift["widths"], drift["best_lrs"]))
+    line = f"LR by width {lrs}; ratio {drift['ratio']:.2f}"
+    if drift.get("exponent") is None:
+        return line + f"; no width exponent: {drift.get('reason', '')}"
+    interval = f" [{drift['low']:+.2f}, {drift['high']:+.2f}]" if drift.get("low") is not None else ""
+    verdict = f" ({drift.get('confidence', 0.95):.0%}) — {drift['verdict']}" if drift.get("verdict") else ""
+    return line + f"; lr* ∝ d_model^b, b = {drift['exponent']:+.2f}{interval}{verdict}"
+
+
 def summary(ctx: SummaryContext) -> list[Any]:
-    """The best peak LR (proxy held-out nats/token), the spread, the drift across widths, the forecast and any
-    warning."""
+    """The peak LR (proxy held-out nats/token) with its fit, interval and verdict, per width, the drift across
+    widths, the forecast and any warning."""
     best = json.loads((ctx.path / "best.json").read_text())
-    out: list[Any] = [f"[bold]Peak LR:[/] {best['best_lr']:.3e} (proxy held-out {best['best_value']:.4f} nats/token)"]
-    if best.get("spread"):
-        sp = best["spread"]
-        out.append(f"  {sp['n_within']} of {sp['n_complete']} completed trials within {sp['tolerance']:.0%} of the "
-                   f"best loss, LR {sp['lr_low']:.2e} – {sp['lr_high']:.2e}")
+    trial_lr = best.get("best_trial_lr", best["best_lr"])
+    trial = f"best trial {trial_lr:.3e} at proxy held-out {best['best_value']:.4f} nats/token"
+    source = (f"the fitted optimum, decided; {trial}" if best.get("lr_source") == "fit" else
+              f"the {trial}" + ("; the fit is undetermined" if best.get("fit") else ""))
+    out: list[Any] = [f"[bold]Peak LR:[/] {best['best_lr']:.3e} ({source})"]
+    widths = best.get("widths") or []
+    for entry in widths:
+        if "fit" in entry:
+            prefix = f"d{entry['d_model']}: LR {entry['best_lr']:.2e}, " if len(widths) > 1 else ""
+            out.append(f"  {prefix}{fit_line(entry)}")
     if best.get("lr_drift"):
-        d = best["lr_drift"]
-        lrs = ", ".join(f"d{w}: {lr:.2e}" for w, lr in zip(d["widths"], d["best_lrs"]))
-        out.append(f"  best LR by width {lrs}; ratio {d['ratio']:.2f}, lr* ∝ d_model^{d['exponent']:.2f}")
+        out.append(f"  {drift_line(best['lr_drift'])}")
     if isinstance(best.get("forecast"), list):
         for f in best["forecast"]:
             out.append(f"  loss forecast from the first {f['window']:.0%} of the best trial: predicted "
@@ -37,23 +77,38 @@ def summary(ctx: SummaryContext) -> list[Any]:
 
 
 def report(ctx: ReportContext) -> list[Block]:
-    """The learning-rate sweep: best LR and study, best LR per width, spread, drift, forecast, warning, and the
-    trials."""
+    """The learning-rate sweep: the peak LR with its fit, interval, verdict, fallback and resolution per width, the
+    figure of loss against LR, the spread of good trials, the drift, the forecast, any warning, and the trials."""
+    from tasks.sweep.plots import sweep_figures
+
     path = ctx.path
     best = json.loads((path / "best.json").read_text())
     out: list[Block] = [Heading("Learning-rate sweep"), Text(
-        f"**Best peak LR** {best['best_lr']:.3e} (proxy held-out {best['best_value']:.4f} nats/token), study "
-        f"`{best['study_name']}`.")]
-    if best.get("widths"):
-        out.append(TableBlock("Best LR per width", pd.DataFrame(best["widths"])[["d_model", "best_lr", "best_value",
-                                                                                "study_name"]]))
+        f"**Peak LR** {best['best_lr']:.3e} (from the {best.get('lr_source', 'best trial')}); best trial "
+        f"{best.get('best_trial_lr', best['best_lr']):.3e} at proxy held-out {best['best_value']:.4f} nats/token, "
+        f"study `{best['study_name']}`.")]
+    widths = best.get("widths") or []
+    for entry in widths:
+        if "fit" in entry:
+            out.append(Text(f"d_model {entry['d_model']}: {fit_line(entry)}."))
+    if widths:
+        frame = pd.DataFrame([{"d_model": w["d_model"], "best_lr": w["best_lr"], "verdict": w.get("verdict", ""),
+                               "fitted_optimum": (w.get("fit") or {}).get("optimum"),
+                               "low": (w.get("fit") or {}).get("low"), "high": (w.get("fit") or {}).get("high"),
+                               "best_trial_lr": w.get("best_trial_lr", w["best_lr"]), "best_value": w["best_value"],
+                               "study_name": w["study_name"]} for w in widths])
+        out.append(TableBlock("Peak LR per width (fitted optimum and its interval)", frame))
+    figures = sweep_figures(path, ctx.plots_dir)
+    if figures:
+        out.append(Figure(figures[0], "Held-out loss against peak LR: COMPLETE trials (dots), pruned trials at their "
+                                      "last report (crosses, not fitted), the fitted parabola, the interval of its "
+                                      "optimum (band) and the chosen LR (dashed)"))
     if best.get("spread"):
         sp = best["spread"]
         out.append(Text(f"Spread: {sp['n_within']} of {sp['n_complete']} completed trials within "
                         f"{sp['tolerance']:.0%} of the best loss, LR {sp['lr_low']:.2e} – {sp['lr_high']:.2e}."))
     if best.get("lr_drift"):
-        d = best["lr_drift"]
-        out.append(Text(f"Drift across widths: ratio {d['ratio']:.2f}, lr* ∝ d_model^{d['exponent']:.2f}."))
+        out.append(Text(f"Drift across widths: {drift_line(best['lr_drift'])}."))
     if isinstance(best.get("forecast"), list):
         out.append(TableBlock("Loss forecast of the best trial from the start of its curve",
                               pd.DataFrame(best["forecast"])))

@@ -33,7 +33,7 @@ from tasks.train.instruments import device_peak_flops, peak_memory_mb
 from tasks.train.optim import build_optimizer
 from tasks.train.parallel import (all_finite, all_sum, clip_grad_norm, global_norm, gradient_sync, is_sharded,
                                   rank_rows, unwrap)
-from tasks.train.schedule import lr_at
+from tasks.train.schedule import lr_schedule
 
 
 @dataclass
@@ -316,7 +316,8 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
           callbacks: Sequence[Any] = (), state: TrainState | None = None, optimizer: torch.optim.Optimizer | None = None,
           accelerator: Accelerator | None = None, seed: int = 0, checkpoint_every: int = 0,
           spike: SpikeRule | None = None, rewind: Any = None, instrument_every: int = 0) -> TrainResult:
-    """Train ``model`` on ``sampler.next_batch()`` until ``total_steps`` optimiser steps (warmup-cosine LR, docs/methods.md §6).
+    """Train ``model`` on ``sampler.next_batch()`` until ``total_steps`` optimiser steps (LR schedule
+    ``optim_cfg.schedule``: warmup-cosine or WSD over ``total_steps``, docs/methods.md §6).
 
     A fresh run (``state`` None) seeds python/numpy/torch with ``seed``; a resumed run passes the restored
     ``state`` and ``optimizer`` (RNG and sampler already restored from the checkpoint). Without an
@@ -349,8 +350,11 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
             _fire(callbacks, "on_checkpoint", state, model, optimizer, sampler)
         if state.step >= total_steps:
             return result
-        lr = spikes.lr_scale * lr_at(state.step + 1, peak_lr=optim_cfg.peak_lr, warmup_steps=optim_cfg.warmup_steps,
-                                     total_steps=total_steps, min_lr_ratio=optim_cfg.min_lr_ratio)
+        lr = spikes.lr_scale * lr_schedule(
+            state.step + 1, schedule=optim_cfg.schedule, peak_lr=optim_cfg.peak_lr,
+            warmup_steps=optim_cfg.warmup_steps, total_steps=total_steps, min_lr_ratio=optim_cfg.min_lr_ratio,
+            decay_fraction=optim_cfg.decay_fraction, decay_shape=optim_cfg.decay_shape,
+            decay_steps=optim_cfg.decay_steps)
         instrument = instrument_every > 0 and (state.step + 1) % instrument_every == 0
         t0, batch = time.perf_counter(), sampler.next_batch()
         with attention_probe(model, instrument) as probe:

@@ -133,12 +133,16 @@ class PeriodicEval(Callback):
 def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: float, budget: RunBudget,
                  seed: int, callbacks: Sequence[Callback] = (), min_lr_ratio: float = 0.1,
                  state: TrainState | None = None, optimizer=None, checkpoint_every: int = 0,
-                 stability: StabilityConfig | None = None, rewind=None, accelerator=None) -> TrainResult:
-    """Warmup-cosine AdamW training for ``budget.steps`` optimiser steps (docs/methods.md §6 settings); with ``stability``,
-    its z-loss, accumulation, instruments and spike policy (``rewind`` reloads the last checkpoint)."""
+                 stability: StabilityConfig | None = None, rewind=None, accelerator=None,
+                 decay_steps: int | None = None) -> TrainResult:
+    """AdamW training for ``budget.steps`` optimiser steps under ``budget.schedule`` (warmup-cosine or WSD, floor
+    ``min_lr_ratio``·peak; docs/methods.md §6 settings); with ``stability``, its z-loss, accumulation, instruments
+    and spike policy (``rewind`` reloads the last checkpoint). ``decay_steps``: WSD decay length in steps instead
+    of ``budget.decay_fraction`` (a decay branch; 0 = the stable trunk, no decay)."""
     st = stability or StabilityConfig(spike_policy="warn", instrument_every=0)
     optim = OptimConfig(peak_lr=peak_lr, warmup_steps=budget.warmup_steps, min_lr_ratio=min_lr_ratio,
-                        z_loss=st.z_loss, micro_batches=st.micro_batches)
+                        z_loss=st.z_loss, micro_batches=st.micro_batches, schedule=budget.schedule,
+                        decay_fraction=budget.decay_fraction, decay_shape=budget.decay_shape, decay_steps=decay_steps)
     spike = None if stability is None else SpikeRule(
         window=st.spike_window, factor=st.spike_factor, min_history=st.spike_min_history, policy=st.spike_policy,
         lr_factor=st.rewind_lr_factor, max_consecutive=st.max_consecutive_spikes)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 
 from infra.section import NOT_IN_KEY, Section
 from models.config import ModelConfig
+from tasks.train.schedule import decay_start, decay_steps_of
 
 
 class ModelShape(Section):
@@ -65,20 +67,67 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+WSD_FIELDS = ("schedule", "decay_fraction", "decay_shape")
+
+
 class RunBudget(Section):
-    """Steps and batch of one training run; tokens per step = batch_size · seq_len."""
+    """Steps, batch and LR schedule of one training run; tokens per step = batch_size · seq_len.
+
+    ``schedule``: ``cosine`` (warmup-cosine) or ``wsd`` (warmup-stable-decay: linear warmup, the peak held, then a
+    decay over the last ``decay_fraction`` of the steps, K = max(1, ⌊f·steps + ½⌋), in ``decay_shape``;
+    docs/methods.md §6; Hu et al. 2024; Hägele et al. 2024). ``1-sqrt`` is the default shape: Hägele et al. 2024
+    found it below linear and cosine cooldowns at equal length.
+
+    Keys: the three schedule fields change results only under ``wsd``, so a ``cosine`` budget dumps without them
+    and every cosine run keeps the key (and proxy cache entry) it had before WSD existed.
+
+    Raises:
+        ValueError (reported as ConfigError under the section): warmup_steps ≥ steps; under ``wsd`` a decay that
+            would start inside the warmup (name: decay_fraction).
+    """
 
     steps: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     warmup_steps: int = Field(ge=0)
     eval_every: int = Field(default=0, ge=0, description="steps between held-out evaluations; 0 = end only")
     eval_tokens: int = Field(default=16_384, gt=0, description="held-out tokens scored per source")
+    schedule: Literal["cosine", "wsd"] = Field(default="cosine", description="LR schedule: warmup-cosine or "
+                                               "warmup-stable-decay")
+    decay_fraction: float = Field(default=0.2, gt=0, le=1, description="wsd: share of the steps spent decaying")
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field(default="1-sqrt", description="wsd: shape of the "
+                                                                "decay from peak to the floor")
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> "RunBudget":
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < steps ({self.steps}); lower it")
+        if self.schedule == "wsd":
+            start = decay_start(self.steps, self.decay_fraction)
+            if start < self.warmup_steps:
+                raise ValueError(f"decay_fraction = {self.decay_fraction} decays over the last "
+                                 f"{decay_steps_of(self.steps, self.decay_fraction)} of {self.steps} steps, starting "
+                                 f"inside the warmup of {self.warmup_steps} steps; lower decay_fraction or "
+                                 "warmup_steps")
         return self
+
+    @model_serializer(mode="wrap")
+    def _cosine_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if self.schedule == "cosine":  # the WSD fields do not act: leave them out of dumps and so out of keys
+            for name in WSD_FIELDS:
+                data.pop(name, None)
+        return data
+
+    @property
+    def decay_steps(self) -> int:
+        """WSD decay length K in steps (0 under ``cosine``, whose decay spans the whole run after warmup)."""
+        return decay_steps_of(self.steps, self.decay_fraction) if self.schedule == "wsd" else 0
+
+    @property
+    def decay_start(self) -> int:
+        """WSD: the last stable step D = steps − K (the state after D steps does not depend on ``steps``);
+        cosine: ``warmup_steps``, where its decay begins."""
+        return self.steps - self.decay_steps if self.schedule == "wsd" else self.warmup_steps
 
 
 class ProxyConfig(Section):
@@ -154,12 +203,63 @@ class DistributedConfig(Section):
         return self
 
 
+class BranchConfig(Section):
+    """Decay branches of a WSD main run (docs/methods.md §6; Hägele et al. 2024): from the main run's stable phase at
+    each of ``at_steps``, decay to the floor over ``decay_steps`` and score every source's held-out loss.
+
+    Fields:
+        at_steps: stable-phase steps s of the main run, each ≥ its warmup_steps and < its decay start.
+        decay_steps: the branch length k: an integer number of steps (≥ 1), or a float in (0, 1], the fraction of
+            the branch step (k = max(1, ⌊f·s + ½⌋)).
+        weights: the branch's per-source mixture (an anneal on higher-quality or specialised sources; every
+            source of the experiment may take part); empty = the main run's mixture. With weights, each step also
+            gets a branch on the main mixture, the reference of the anneal's deltas.
+
+    Not in the main run's key (it only says where the main run keeps stable checkpoints); the ``branches`` stage
+    keys on it.
+    """
+
+    at_steps: list[int] = Field(min_length=1)
+    decay_steps: int | float = 0.2
+    weights: dict[str, float] = {}
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "BranchConfig":
+        if min(self.at_steps) < 1 or len(set(self.at_steps)) != len(self.at_steps):
+            raise ValueError(f"at_steps {self.at_steps}: give distinct steps ≥ 1")
+        if isinstance(self.decay_steps, float):
+            if not 0.0 < self.decay_steps <= 1.0:
+                raise ValueError(f"decay_steps = {self.decay_steps}: a fraction of the branch step must be in (0, 1]; "
+                                 "give an integer for a number of steps")
+        elif self.decay_steps < 1:
+            raise ValueError(f"decay_steps = {self.decay_steps}: a branch needs at least 1 decay step")
+        if self.weights:
+            total = sum(self.weights.values())
+            if min(self.weights.values()) < 0 or abs(total - 1.0) > 1e-6:
+                raise ValueError(f"weights {self.weights} must be ≥ 0 and sum to 1 (they sum to {total:g})")
+        return self
+
+    def length(self, at_step: int) -> int:
+        """The branch's decay steps k for branch step s."""
+        if isinstance(self.decay_steps, float):
+            return max(1, int(self.decay_steps * at_step + 0.5))
+        return self.decay_steps
+
+
 class MainConfig(Section):
-    """The main pretraining run (docs/methods.md §2, §6). ``peak_lr`` comes from the sweep unless set here."""
+    """The main pretraining run (docs/methods.md §2, §6). ``peak_lr`` comes from the sweep unless set here.
+
+    ``min_lr_ratio``: the schedule's floor as a fraction of peak (WSD usually decays to about 0); in the key only
+    when it differs from 0.1, the floor every main run used before it was configurable. ``branches``: decay branches
+    of a WSD run (``BranchConfig``), computed by the ``branches`` stage.
+    """
 
     model: ModelShape
     budget: RunBudget
     peak_lr: float | None = Field(default=None, gt=0, description="override the swept LR (not recommended)")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="LR floor at the end of the decay, as a "
+                                "fraction of peak_lr")
+    branches: BranchConfig | None = Field(default=None, json_schema_extra=NOT_IN_KEY)
     log_every: int = Field(default=10, gt=0, json_schema_extra=NOT_IN_KEY)
     checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints; 0 = end only",
                                   json_schema_extra=NOT_IN_KEY)
@@ -181,7 +281,24 @@ class MainConfig(Section):
         if self.async_checkpoints and self.distributed.launch == "accelerate":
             raise ValueError("async_checkpoints applies to in-process runs; a launched run writes sharded "
                              "checkpoints collectively: set async_checkpoints = false")
+        if self.branches is not None:
+            if self.budget.schedule != "wsd":
+                raise ValueError("branches need budget.schedule = \"wsd\" (a decay branch starts from the stable "
+                                 "phase, which warmup-cosine does not have)")
+            low, high = self.budget.warmup_steps, self.budget.decay_start
+            outside = [s for s in self.branches.at_steps if not low <= s < high]
+            if outside:
+                raise ValueError(f"branches.at_steps {outside} lie outside the stable phase [{low}, {high}) of the "
+                                 f"main run (warmup_steps = {low}; the decay follows step {high} of "
+                                 f"{self.budget.steps})")
         return self
+
+    @model_serializer(mode="wrap")
+    def _default_floor_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if self.min_lr_ratio == 0.1:  # the fixed floor of earlier main runs: their keys stay as they were
+            data.pop("min_lr_ratio", None)
+        return data
 
 
 class CptConfig(Section):

@@ -224,4 +224,4 @@ def test_until_stops_after_the_named_stage(smoke_runs, tmp_path):
     proc = pretrain("run", "configs/smoke.toml", "--until", "tokenizer", runs=runs)
     assert stage_status(proc.stdout) == {"sources": "cached", "quality_model": "cached", "corpus": "cached",
                                          "tokenizer": "cached"}
-    assert "not run this time: mixture, quality_ablation, sweep, main, cpt, gate, export" in proc.stdout
+    assert "not run this time: mixture, quality_ablation, sweep, ladder, main, branches, cpt, gate, export" in proc.stdout

@@ -39,7 +39,8 @@ def test_first_run_computes_every_stage_and_second_is_cached(smoke_runs):
 
 
 @pytest.mark.parametrize("table", ["manifest", "removals", "heldout_loss", "cloze_results", "mixture_trials",
-                                   "sweep_trials", "gates", "gate_decisions"])
+                                   "sweep_trials", "gates", "gate_decisions", "ladder_points", "forecasts",
+                                   "forecast_checks", "decisions", "decay_branches"])
 def test_warehouse_tables_are_filled(smoke_runs, table):
     assert _table_count(smoke_runs["runs"], table) > 0
 
@@ -184,7 +185,11 @@ def test_eval_reproduces_the_main_run_scores_and_gate_show_prints_the_table(smok
     assert all(row["domain_loss_reduction_nats_ci_low"] <= row["domain_loss_reduction_nats"]
                <= row["domain_loss_reduction_nats_ci_high"] for row in shown["decisions"])
     text = _pretrain("gate", "show", "configs/smoke.toml", runs=runs).stdout
-    assert "Decisions under gate" in text and "(kept)" in text
+    kept = [row["candidate"] for row in shown["decisions"] if row["kept"]]
+    assert "Decisions under gate" in text and ("(kept)" in text) == bool(kept)
+    # A loss interval over fewer than 2 held-out documents decides nothing, however many windows it has.
+    assert all(row["status_domain_gain"] == "inconclusive" and not row["kept"] for row in shown["decisions"]
+               if row["domain_loss_reduction_nats_docs"] < 2)
 
 
 def test_deleting_an_artifact_reruns_that_stage(smoke_runs, tmp_path):
@@ -334,7 +339,7 @@ def test_report_matches_the_warehouse_and_every_documented_query_runs(smoke_runs
     md, html = (folder / "report.md").read_text(), (folder / "report.html").read_text()
     figures = sorted(p.name for p in (folder / "plots").glob("*.png"))
     assert figures == ["ablation.png", "funnel.png", "gate_scatter.png", "mixture_scores.png", "s_curve.png",
-                       "training_curves.png"]
+                       "sweep_lr_fit.png", "training_curves.png"]
     assert all(f"](plots/{name})" in md for name in figures)
     embedded = re.findall(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
     assert len(embedded) == len(figures)
@@ -356,13 +361,17 @@ def test_report_matches_the_warehouse_and_every_documented_query_runs(smoke_runs
         assert f"| {docs_in:,} | {kept:,} | {docs_in - kept:,} |" in row
     for source, bpb in heldout:
         assert re.search(rf"^\| {source} \| [\d,]+ \| [\d.]+ \| {bpb:.4f} \|$", md, re.M), source
-    (kept,) = [c for c, _, is_kept in decisions if is_kept]
+    assert sum(bool(is_kept) for *_, is_kept in decisions) <= 1
+    kept = next((c for c, _, is_kept in decisions if is_kept), "base")  # no candidate passed: the base is kept
     assert f"**Verdict:** kept `{kept}`" in md and f"kept <code>{kept}</code>" in html
     for candidate, decision, is_kept in decisions:
         shown = f"{decision} (kept)" if is_kept else decision
         assert re.search(rf"^\| {re.escape(candidate)} \|.*\| {re.escape(shown)} \|$", md, re.M), candidate
     assert 8 <= len(queries) <= 11
-    assert all(results), [q.splitlines()[0] for q, rows in zip(queries, results) if not rows]
+    # With the base kept (no candidate passed the gate), the lineage of a kept candidate has no rows.
+    empty = [q.splitlines()[0] for q, rows in zip(queries, results)
+             if not rows and not (kept == "base" and "WHERE g.kept" in q)]
+    assert not empty, empty
 
 
 def test_stage_figures_are_logged_under_plots_of_the_runs_that_made_them(smoke_runs):
@@ -404,3 +413,40 @@ def test_quality_ablation_compares_both_arms_and_records_them(smoke_runs):
     assert produced.data.tags["quality_ablation.overall"] == record["overall"]["verdict"]
     assert "overall.delta_bpb" in produced.data.metrics
     assert {a.path for a in client.list_artifacts(produced.info.run_id, "plots")} == {"plots/ablation.png"}
+
+
+def test_the_ladder_forecast_is_on_record_before_main_and_checked_after(smoke_runs):
+    """The smoke ladder (2 × 2: a reduced fit, so undetermined) records one forecast across both runs, before the
+    main artifact was made, and checks it against the main run's held-out loss over the general sources."""
+    runs = smoke_runs["runs"]
+    (folder,) = (runs / "artifacts" / "ladder").iterdir()
+    forecast = json.loads((folder / "forecast.json").read_text())
+    (main,) = (runs / "artifacts" / "main").iterdir()
+    made_at = json.loads((main / "meta.json").read_text())["committed_at"]
+    con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
+    try:
+        recorded = con.execute("SELECT forecast_hash, epoch(declared_at), main_artifact_key, predicted, low, high "
+                               "FROM forecasts").fetchall()
+        checks = con.execute("SELECT forecast_hash, main_artifact_key, actual, error, covered, prospective "
+                             "FROM forecast_checks").fetchall()
+        general = forecast["target"]["general_sources"]
+        assert general == ["fortunes_en", "fortunes_zh", "handbook_en", "handbook_zh"]  # python_doc is domain
+        measured = con.execute("SELECT sum(loss_nats * tokens) / sum(tokens) FROM heldout_loss WHERE stage = 'main' "
+                               f"AND source IN ({', '.join('?' * len(general))})", general).fetchone()[0]
+        decisions = con.execute("SELECT verdict FROM decisions WHERE kind = 'forecast'").fetchall()
+    finally:
+        con.close()
+    ((hash_, declared_at, main_key, predicted, low, high),) = recorded  # the second run added no row
+    assert hash_ == forecast["forecast_hash"] and main_key == main.name and declared_at <= made_at
+    assert (predicted, low, high) == tuple(forecast["prediction"][k] for k in ("predicted", "low", "high"))
+    ((checked_hash, checked_main, actual, error, covered, prospective),) = checks
+    assert (checked_hash, checked_main) == (hash_, main.name) and prospective
+    assert actual == pytest.approx(measured) and error == pytest.approx(predicted - actual)
+    assert covered == (low <= actual <= high)
+    assert decisions == [("undetermined",)] and forecast["fit"]["form"] != "full"
+    out = smoke_runs["first"].stdout
+    assert "Scaling ladder" in out and "forecast: " in out and "main run measured" in out
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    parents = client.search_runs([experiment.experiment_id], "tags.mlflow.runName = 'pipeline'")
+    assert all(p.data.tags["forecast_hash"] == hash_ and "forecast.actual" in p.data.metrics for p in parents)

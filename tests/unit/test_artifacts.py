@@ -54,7 +54,7 @@ def test_main_budget_and_epoch_limit_leave_mixture_and_sweep_keys_alone():
 
 def test_downstream_closure_follows_the_graph():
     assert downstream({"cpt"}) == {"cpt", "gate", "export"}
-    assert downstream({"mixture"}) == {"mixture", "sweep", "main", "cpt", "gate", "export"}
+    assert downstream({"mixture"}) == {"mixture", "sweep", "ladder", "main", "branches", "cpt", "gate", "export"}
     assert downstream(set()) == set()
 
 

@@ -34,7 +34,8 @@ def test_threshold_changes_its_stage_and_everything_after(tmp_path, at_root):
     changed = _keys(tmp_path, lambda raw: raw["corpus"].setdefault("gopher", {}).update(min_words=7))
     # The quality model's source examples pass through the corpus rules, so it is retrained too.
     assert [s for s in base if base[s] != changed[s]] == ["quality_model", "corpus", "tokenizer", "mixture",
-                                                          "quality_ablation", "sweep", "main", "cpt", "gate", "export"]
+                                                          "quality_ablation", "sweep", "ladder", "main", "branches", "cpt",
+                                                          "gate", "export"]
 
 
 def test_the_ablation_switch_keys_only_the_ablation_and_proxy_settings_key_it_only_when_on(tmp_path, at_root):

@@ -96,8 +96,8 @@ def test_the_extractor_changes_the_corpus_key_and_everything_after(tmp_path, mon
     base, resiliparse = keys(None), keys("resiliparse")
     assert keys("trafilatura") == base  # the default, written out, is the same config
     assert [s for s in base if base[s] != resiliparse[s]] == ["quality_model", "corpus", "tokenizer", "mixture",
-                                                             "quality_ablation", "sweep", "main", "cpt", "gate",
-                                                             "export"]
+                                                             "quality_ablation", "sweep", "ladder", "main", "branches",
+                                                             "cpt", "gate", "export"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The mixture stage on a tiny synthetic token corpus: per-candidate proxy cache, transfer τ, verified proposal."""
+"""The mixture stage on a tiny synthetic token corpus: per-candidate and per-seed proxy cache, transfer τ, verified
+proposal."""
 
 import json
 
@@ -16,7 +17,20 @@ PROXY = ProxyConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_hea
 CANDIDATES = [{"name": "natural", "alpha": 1.0}, {"name": "a_heavy", "weights": {"a": 0.9, "b": 0.1}}]
 CFG = MixtureConfig(candidates=CANDIDATES, generate={"kind": "grid", "count": 3, "step": 0.5},
                     transfer_model=ModelShape(n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, seq_len=8),
-                    propose=True)
+                    propose=True, seeds=2)
+
+
+def _decision_content(out):
+    """choice.json without the times its decision was declared and settled (the rest must not depend on them)."""
+    choice = json.loads((out / "choice.json").read_text())
+    for field in ("declared_at", "decided_at"):
+        assert choice["decision"].pop(field)
+    return choice
+
+
+def _results(cache):
+    """The per-source result files of the proxy cache (each has its ``.windows.parquet`` beside it)."""
+    return sorted(p for p in cache.glob("*.parquet") if not p.name.endswith(".windows.parquet"))
 
 
 def _run(tmp_path, inputs, name, cfg, metrics=None):
@@ -32,10 +46,17 @@ def test_candidates_transfer_proposal_and_per_candidate_reuse(tmp_path, inputs):
     metrics = {}
     summary, out = _run(tmp_path, inputs, "first", CFG, metrics)
     # 2 listed + 3 generated candidates at two sizes, plus the verified proposal at the proxy size (read back
-    # from the cache when the proposal coincides with a candidate already trained).
-    assert summary["proxies_trained"] + summary["proxies_reused"] == 11 and summary["proxies_trained"] >= 10
+    # from the cache when the proposal coincides with a candidate already trained), plus one more seed for each
+    # of the 2 leading candidates.
+    assert summary["proxies_trained"] + summary["proxies_reused"] == 13 and summary["proxies_trained"] >= 10
     choice = json.loads((out / "choice.json").read_text())
     trials = pd.read_parquet(out / "trials.parquet")
+    extra = choice["seeds"]["derived"]
+    assert len(extra) == 1 and trials.groupby(["candidate", "proxy", "seed", "source"]).size().eq(1).all()
+    twice = sorted(c for c, seeds in choice["seeds"]["by_candidate"].items() if len(seeds) == 2)
+    assert len(twice) == 2 and sorted(trials[trials["seed"] == extra[0]]["candidate"].unique()) == twice
+    assert set(trials[trials["proxy"] == "transfer"]["seed"]) == {0}  # the transfer size stays single-seed
+    assert f"{twice[0]}.seed{extra[0]}.a.bits_per_byte" in metrics
     assert set(trials["candidate"]) == {"natural", "a_heavy", "grid-1", "grid-2", "grid-3", "proposed"}
     assert sorted(set(trials["d_model"])) == [16, 32]
     assert abs(sum(choice["proposal"]["weights"].values()) - 1.0) < 1e-9
@@ -51,8 +72,9 @@ def test_candidates_transfer_proposal_and_per_candidate_reuse(tmp_path, inputs):
         candidates=[{"name": "natural", "alpha": 1.0}, {"name": "b_heavy", "weights": {"a": 0.2, "b": 0.8}}]
     ).candidates[1:]]})
     summary, out = _run(tmp_path, inputs, "second", more)
-    assert summary["proxies_trained"] <= 3  # b_heavy at two sizes (+ a moved proposal)
-    assert summary["proxies_reused"] == 13 - summary["proxies_trained"]
+    # b_heavy at two sizes (+ a moved proposal, + the extra seed of new leaders)
+    assert summary["proxies_trained"] <= 3 + 2
+    assert summary["proxies_reused"] == 15 - summary["proxies_trained"]
     assert "b_heavy" in set(pd.read_parquet(out / "trials.parquet")["candidate"])
 
 
@@ -68,7 +90,7 @@ def test_cached_proxy_results_equal_fresh_ones(tmp_path, inputs):  # noqa: F811
     out.mkdir(parents=True)
     summary = run(StageContext(out=out, inputs={"tokenizer": inputs["tokenizer"]}, layout=RunsLayout(tmp_path / "runs"),
                                key="third", experiment="t", torch_threads=1), cfg, other, general=["a", "b"])
-    assert (summary["proxies_trained"], summary["proxies_reused"]) == (2, 0)
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (6, 0)  # 2 candidates × 3 seeds
 
 
 def test_choice_is_the_same_after_an_interrupted_run(tmp_path, inputs):  # noqa: F811
@@ -76,11 +98,11 @@ def test_choice_is_the_same_after_an_interrupted_run(tmp_path, inputs):  # noqa:
     cfg = MixtureConfig(candidates=CANDIDATES, generate={"kind": "grid", "count": 1, "step": 0.5})
     _, cold = _run(tmp_path / "cold", inputs, "k", cfg)
     _, first = _run(tmp_path / "warm", inputs, "first", cfg)
-    cache = sorted((tmp_path / "warm" / "runs" / "cache" / "proxies").glob("*.parquet"))
-    assert len(cache) == 3
+    cache = _results(tmp_path / "warm" / "runs" / "cache" / "proxies")
+    assert len(cache) == 3 + 2 * 2  # round 1, then 2 more seeds of the 2 leading candidates
     for path in cache[1:]:  # as if the run died after its first proxy was cached
         path.unlink()
     summary, resumed = _run(tmp_path / "warm", inputs, "k", cfg)
-    assert (summary["proxies_trained"], summary["proxies_reused"]) == (2, 1)
-    assert (resumed / "choice.json").read_bytes() == (cold / "choice.json").read_bytes()
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (6, 1)
+    assert _decision_content(resumed) == _decision_content(cold)
     pd.testing.assert_frame_equal(pd.read_parquet(resumed / "trials.parquet"), pd.read_parquet(cold / "trials.parquet"))

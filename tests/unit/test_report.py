@@ -58,12 +58,12 @@ def test_a_runs_folder_without_artifacts_reports_every_stage_missing(tmp_path, m
     layout = RunsLayout(tmp_path / "runs")
     report = build_report(cfg, layout, tmp_path / "out" / "plots")
     assert report.missing == ["sources", "quality_model", "corpus", "tokenizer", "mixture", "quality_ablation",
-                              "sweep", "main", "cpt", "gate", "export"]
+                              "sweep", "ladder", "main", "branches", "cpt", "gate", "export"]
     assert [b.text for b in report.blocks if isinstance(b, Heading)] == ["Lineage"]
     assert not layout.root.exists()  # reading creates no runs folder
     md_path, _ = write_report(report, tmp_path / "out")
-    assert ("**Missing stages:** sources, quality_model, corpus, tokenizer, mixture, quality_ablation, sweep, main, "
-            "cpt, gate, export."
+    assert ("**Missing stages:** sources, quality_model, corpus, tokenizer, mixture, quality_ablation, sweep, ladder, "
+            "main, branches, cpt, gate, export."
             in md_path.read_text())
     console = Console(record=True, width=200)
     print_report(report, console)

@@ -1,4 +1,5 @@
-"""The sweep stage on a tiny synthetic token corpus: widths, spread, forecast, and a study that grows."""
+"""The sweep stage on a tiny synthetic token corpus: widths, the peak-LR decision, spread, forecast, what publish
+and the views show, and a study that grows."""
 
 import json
 
@@ -6,11 +7,18 @@ import optuna
 import pandas as pd
 import pytest
 
+from rich.console import Console
+
+from infra.artifacts import Artifact
 from infra.errors import DataError
+from infra.report_blocks import Figure, TableBlock
 from infra.runs import RunsLayout
-from infra.stage import StageContext
+from infra.stage import PublishContext, ReportContext, StageContext, SummaryContext
+from infra.warehouse import Warehouse
 from tasks.sweep.config import SweepConfig
+from tasks.sweep.publish import publish
 from tasks.sweep.stage import at_width, lr_spread, run
+from tasks.sweep.views import report, summary as summary_lines
 from tasks.train.sections import ModelShape, ProxyConfig, RunBudget
 from tests.unit.test_train_stage import inputs  # noqa: F401  (fixture: tokenizer artifact + mixture choice)
 
@@ -37,11 +45,25 @@ def test_widths_spread_forecast_and_a_growing_study(tmp_path, inputs):  # noqa: 
     best = json.loads((out / "best.json").read_text())
     assert [w["d_model"] for w in best["widths"]] == [16, 32]
     assert best["best_lr"] == best["widths"][0]["best_lr"] == summary["best_lr"]  # the proxy width feeds main
-    assert best["spread"]["lr_low"] <= best["best_lr"] <= best["spread"]["lr_high"]
+    assert best["spread"]["lr_low"] <= best["best_trial_lr"] <= best["spread"]["lr_high"]
     assert 1 <= best["spread"]["n_within"] <= best["spread"]["n_complete"] <= 3
+    # Three trials are fewer than min_fit_trials = 4: undetermined, and the main run gets the best trial's LR.
+    for entry in best["widths"]:
+        assert entry["verdict"] == "undetermined" and entry["best_lr"] == entry["best_trial_lr"]
+        assert entry["fit"]["n_trials"] + entry["fit"]["n_pruned"] <= 3
+        assert entry["resolve"].startswith("add ≥ ") and entry["fallback"]
+    decision = best["decision"]
+    assert decision["kind"] == "peak_lr" and decision["verdict"] == "undetermined"
+    assert decision["declared_at"] <= decision["decided_at"]
+    assert decision["choice"] == f"{best['best_lr']:.4g}" and decision["evidence"]["table"] == "sweep_trials"
     drift = best["lr_drift"]
     assert drift["widths"] == [16, 32] and drift["ratio"] == pytest.approx(
         best["widths"][1]["best_lr"] / best["widths"][0]["best_lr"])
+    assert drift["exponent"] is None and drift["reason"].startswith("needs ≥ 3 widths with a fitted optimum; got ")
+    assert "lr_width_exponent" not in summary
+    assert [d["kind"] for d in best["decisions"]] == ["lr_width_exponent"]
+    assert best["decisions"][0]["verdict"] == "undetermined"
+    _published_and_shown(tmp_path, out, best)
     assert [f["window"] for f in best["forecast"]] == [0.5, 0.9]
     assert all(f["points"] >= 3 and f["target_tokens"] == 6 * 2 * 8 for f in best["forecast"])
     assert best["forecast"][1]["actual"] == pytest.approx(best["best_value"])  # judged on the final loss
@@ -54,6 +76,35 @@ def test_widths_spread_forecast_and_a_growing_study(tmp_path, inputs):  # noqa: 
     assert len(second) == 8 and set(second["study_name"]) == set(first["study_name"])
     kept = second.merge(first, on=["study_name", "number"], suffixes=("", "_before"))
     assert len(kept) == 6 and (kept["peak_lr"] == kept["peak_lr_before"]).all()
+
+
+def _published_and_shown(tmp_path, out, best):
+    """The artifact's decisions reach a real DuckDB warehouse and MLflow tags; the summary and report show them."""
+    (out / "meta.json").write_text("{}")
+    published = publish(PublishContext(Artifact("sweep", "k1", out, {}), {}, None, False))
+    warehouse = Warehouse(tmp_path / "results.duckdb")
+    for table, frame in published.tables.items():
+        warehouse.replace(table, frame, "k1")
+    rows = warehouse.query("SELECT kind, verdict, choice, evidence FROM decisions ORDER BY kind, evidence")
+    assert rows["kind"].tolist() == ["lr_width_exponent", "peak_lr", "peak_lr"]
+    assert sorted(json.loads(e)["d_model"] for e in rows["evidence"][1:]) == [16, 32]
+    assert published.tags["decision.peak_lr.verdict"] == "undetermined"
+    assert published.tags["decision.peak_lr.d32.verdict"] == "undetermined"
+    assert published.tags["decision.lr_width_exponent.verdict"] == "undetermined"
+
+    console = Console(record=True, width=400)
+    for item in summary_lines(SummaryContext(path=out, paths={"sweep": out}, layout=RunsLayout(tmp_path / "runs"))):
+        console.print(item)
+    shown = console.export_text()
+    assert f"Peak LR: {best['best_lr']:.3e} (the best trial {best['best_lr']:.3e}" in shown
+    assert "undetermined; fall back to the best COMPLETE trial's LR" in shown and "to resolve: add ≥ " in shown
+    assert "no width exponent: needs ≥ 3 widths" in shown and "d_model^" not in shown
+    blocks = report(ReportContext(path=out, paths={"sweep": out}, layout=RunsLayout(tmp_path / "runs"),
+                                  warehouse=warehouse, plots_dir=tmp_path))
+    (figure,) = [b for b in blocks if isinstance(b, Figure)]
+    assert figure.path.name == "sweep_lr_fit.png" and figure.path.stat().st_size > 0
+    table = next(b for b in blocks if isinstance(b, TableBlock) and b.title.startswith("Peak LR per width"))
+    assert table.frame["verdict"].tolist() == ["undetermined", "undetermined"]
 
 
 def test_width_scaling_and_spread_rules():

@@ -69,7 +69,7 @@ def test_a_registered_toy_stage_runs_through_the_real_flow(tmp_path):
     total = sum(n for _, n in rows)
     assert f"Word counts: {total:,} words in 5 sources" in first["summary"]
     # a run stopped after the toy stage lists the built-in sections it did not reach
-    assert "not run this time: quality_model, corpus, tokenizer, mixture, quality_ablation, sweep, main, cpt, gate" in first["summary"]
+    assert "not run this time: quality_model, corpus, tokenizer, mixture, quality_ablation, sweep, ladder, main, branches, cpt, gate" in first["summary"]
     assert "## Word counts" in first["report"] and "**Words per source**" in first["report"]
     assert "| source | n_docs | n_words |" in first["report"]
 

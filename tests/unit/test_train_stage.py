@@ -3,20 +3,17 @@
 import json
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from infra.errors import TrainingError
 from infra.runs import RunsLayout
 from infra.stage import StageContext
-from tasks.train.shards import write_shard
 from tasks.train.checkpoint import load_model
 from tasks.train.sections import DistributedConfig, MainConfig, ModelShape, RunBudget
 from tasks.main.stage import run
 
-VOCAB, TOKENIZER_HASH = 64, "synthetic"
+from tests.unit.toy_inputs import write_toy_inputs  # noqa: E402
 TRAIN_TOKENS = {"a": 400, "b": 40}  # unique training tokens U_s
 CFG = MainConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, seq_len=8),
                  budget=RunBudget(steps=6, batch_size=2, warmup_steps=1, eval_tokens=64), peak_lr=1e-3,
@@ -25,22 +22,7 @@ CFG = MainConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_heads=
 
 @pytest.fixture
 def inputs(tmp_path) -> dict[str, Path]:
-    """A tokenizer artifact (shards + headers, no tokenizer file needed) and a mixture choice of a and b."""
-    tokenizer, mixture = tmp_path / "tokenizer", tmp_path / "mixture"
-    rng, rows = np.random.default_rng(0), []
-    for source, n_train in TRAIN_TOKENS.items():
-        for split, n_tokens in (("train", n_train), ("heldout", 80)):
-            path = tokenizer / "shards" / source / split
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_shard(path, rng.integers(1, VOCAB, n_tokens), vocab_size=VOCAB, eos_id=0,
-                        tokenizer_hash=TOKENIZER_HASH, n_bytes=4 * n_tokens, doc_offsets=np.array([0]))
-            rows.append({"source": source, "split": split, "n_tokens": n_tokens, "n_bytes": 4 * n_tokens})
-    pd.DataFrame(rows).to_parquet(tokenizer / "shards.parquet", index=False)
-    (tokenizer / "tokenizer.meta.json").write_text(json.dumps(
-        {"tokenizer_hash": TOKENIZER_HASH, "padded_vocab_size": VOCAB, "eos_id": 0}))
-    mixture.mkdir()
-    (mixture / "choice.json").write_text(json.dumps({"name": "natural", "weights": {"a": 0.5, "b": 0.5}}))
-    return {"tokenizer": tokenizer, "mixture": mixture}
+    return write_toy_inputs(tmp_path, TRAIN_TOKENS)
 
 
 def _context(tmp_path: Path, inputs: dict[str, Path], attempt: str, log_metrics=lambda metrics, step: None):

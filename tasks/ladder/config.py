@@ -1,0 +1,87 @@
+"""Config section of the scaling ladder: the proxy grid (widths × budgets) whose losses fit L(N, D) and forecast the
+main run's final held-out loss (docs/methods.md §5)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import model_validator
+
+from infra.errors import ConfigError
+from infra.section import Section
+
+
+class LadderConfig(Section):
+    """A scaling ladder: one proxy run per (width, budget), a fit of L(N, D) = E + A/N^α + B/D^β, and a forecast.
+
+    Fields:
+        enabled: run the ladder (off: the stage writes an empty artifact and no forecast is recorded).
+        widths: d_model values, ≥ 2 distinct; each shape is the main model at that width (d_ff in proportion,
+            heads kept, seq_len kept so the losses compare with the main run's). Each must be a multiple of
+            2 × ``[main] model.n_heads`` (an even head dimension for RoPE).
+        scale_layers: also scale n_layers with the width, n_layers = max(1, round(L_main · width / d_main)); off:
+            every rung has the main model's n_layers.
+        steps: token budgets as optimiser steps, ≥ 2 distinct, each ≥ 2; warmup is the main run's share of its
+            steps (at least 1 step), the cosine decays to the end of each budget.
+        batch: ``main`` (the ``[main]`` batch size) or ``proxy`` (the ``[proxy]`` one).
+        holdout: ``[width, steps]`` points left out of the fit to measure how well it predicts; unset: the
+            largest-width × largest-budget point when the grid has ≥ 5 points, else none; ``[]``: none.
+        bootstrap: resamples of the ladder points (with replacement) for the percentile intervals, ≥ 10.
+        confidence: level of those intervals, in (0, 1).
+        forecast_tolerance: the largest |relative error| on the held-out points at which the forecast is
+            ``decided`` (with the full five-parameter form); else it is recorded but ``undetermined``.
+
+    Raises:
+        ConfigError: naming the field and the fix.
+    """
+
+    enabled: bool = False
+    widths: list[int] = []
+    scale_layers: bool = False
+    steps: list[int] = []
+    batch: Literal["main", "proxy"] = "main"
+    holdout: list[list[int]] | None = None
+    bootstrap: int = 1000
+    confidence: float = 0.95
+    forecast_tolerance: float = 0.05
+
+    @model_validator(mode="after")
+    def _check(self) -> "LadderConfig":
+        if any(w <= 0 for w in self.widths) or len(set(self.widths)) != len(self.widths):
+            raise ConfigError(f"ladder.widths = {self.widths}: give distinct positive d_model values")
+        if any(s < 2 for s in self.steps) or len(set(self.steps)) != len(self.steps):
+            raise ConfigError(f"ladder.steps = {self.steps}: give distinct budgets of at least 2 optimiser steps")
+        if self.enabled and (len(self.widths) < 2 or len(self.steps) < 2):
+            raise ConfigError(f"ladder.widths = {self.widths}, ladder.steps = {self.steps}: an enabled ladder needs "
+                              "at least 2 widths and 2 budgets (N and D must both vary to fit L(N, D))")
+        for point in self.holdout or []:
+            if len(point) != 2 or point[0] not in self.widths or point[1] not in self.steps:
+                raise ConfigError(f"ladder.holdout: {point} is not a [width, steps] pair of the grid "
+                                  f"(widths {self.widths}, steps {self.steps})")
+        if self.holdout is not None and self.enabled and \
+                len(self.widths) * len(self.steps) - len({tuple(p) for p in self.holdout}) < 3:
+            raise ConfigError(f"ladder.holdout = {self.holdout} leaves fewer than 3 points to fit: hold out fewer "
+                              "points or add widths/budgets")
+        if self.bootstrap < 10:
+            raise ConfigError(f"ladder.bootstrap = {self.bootstrap}: use at least 10 resamples (1000 is usual)")
+        if not (math.isfinite(self.confidence) and 0.0 < self.confidence < 1.0):
+            raise ConfigError(f"ladder.confidence = {self.confidence}: must lie in (0, 1), e.g. 0.95")
+        if not 0.0 < self.forecast_tolerance < 1.0:
+            raise ConfigError(f"ladder.forecast_tolerance = {self.forecast_tolerance}: must lie in (0, 1), e.g. 0.05")
+        return self
+
+    def grid(self) -> list[tuple[int, int]]:
+        """Every (width, steps) point, widths outer, both ascending."""
+        return [(w, s) for w in sorted(self.widths) for s in sorted(self.steps)]
+
+    def held_out(self) -> tuple[list[tuple[int, int]], str]:
+        """The held-out (width, steps) points and why those: configured, or the default rule."""
+        if self.holdout is not None:
+            points = sorted({(int(w), int(s)) for w, s in self.holdout})
+            return points, f"configured ({len(points)} point{'s' if len(points) != 1 else ''})"
+        grid = self.grid()
+        if len(grid) >= 5:
+            return [(max(self.widths), max(self.steps))], "default: the largest width at the largest budget"
+        return [], (f"none: the grid has {len(grid)} points, fewer than 5, so every point goes into the fit and the "
+                    "fit's predictions are not checked on an unseen point")
