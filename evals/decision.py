@@ -123,7 +123,9 @@ class DecisionRecord:
         """One line for a console summary: kind, choice, verdict, the interval and (undetermined) the fallback."""
         interval = ""
         if all(map(math.isfinite, (self.estimate, self.low, self.high))):
-            interval = f" {self.estimate:+.4g} [{self.low:+.4g}, {self.high:+.4g}] {self.unit}".rstrip()
+            sign = "" if self.kind in ("forecast", "peak_lr") else "+"  # signs only where the quantity is a difference
+            interval = (f" {self.estimate:{sign}.4g} [{self.low:{sign}.4g}, {self.high:{sign}.4g}] "
+                        f"{self.unit}").rstrip()
         tail = f"; {self.fallback}; to resolve: {self.resolve}" if self.verdict == "undetermined" else ""
         return f"{self.kind}: {self.choice} — {self.verdict}{interval}{tail}"
 

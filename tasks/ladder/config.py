@@ -23,7 +23,8 @@ class LadderConfig(Section):
         scale_layers: also scale n_layers with the width, n_layers = max(1, round(L_main · width / d_main)); off:
             every rung has the main model's n_layers.
         steps: token budgets as optimiser steps, ≥ 2 distinct, each ≥ 2; warmup is the main run's share of its
-            steps (at least 1 step), the cosine decays to the end of each budget.
+            steps (at least 1 step), and each rung runs the main run's schedule (warmup-cosine, or WSD with its
+            decay fraction) over its own budget.
         batch: ``main`` (the ``[main]`` batch size) or ``proxy`` (the ``[proxy]`` one).
         holdout: ``[width, steps]`` points left out of the fit to measure how well it predicts; unset: the
             largest-width × largest-budget point when the grid has ≥ 5 points, else none; ``[]``: none.

@@ -275,12 +275,16 @@ def judge(fit: LrFit, rule: LrRule) -> LrJudgement:
         return LrJudgement("undetermined", fit.best_trial_lr, "best trial", fallback, resolve)
 
     if fit.n_lrs < MIN_DISTINCT_LRS or fit.n_trials < rule.min_fit_trials:
-        k = max(rule.min_fit_trials - fit.n_trials, MIN_DISTINCT_LRS - fit.n_lrs, 1)
+        # The bootstrap also needs enough distinct LRs that few resamples hold fewer than 3 of them.
+        decidable = next(n for n in range(MIN_DISTINCT_LRS, 100) if few_lrs_probability(n) <= 1.0 - rule.confidence)
+        needed = max(rule.min_fit_trials, decidable)
+        k = max(needed - fit.n_trials, MIN_DISTINCT_LRS - fit.n_lrs, 1)
         pruned = (f"; the {fit.n_pruned} pruned trials do not count (raise sweep.pruner_startup_trials or "
                   "sweep.pruner_warmup_steps to prune fewer)" if fit.n_pruned else "")
         return undetermined(f"add ≥ {k} trials between {lo:.2e} and {hi:.2e} (raise sweep.n_trials): "
-                            f"{fit.n_trials} COMPLETE trials at {fit.n_lrs} distinct LRs, the rule needs "
-                            f"≥ {rule.min_fit_trials}{pruned}")
+                            f"{fit.n_trials} COMPLETE trials at {fit.n_lrs} distinct LRs; the rule needs "
+                            f"≥ {rule.min_fit_trials} to fit and ≥ {decidable} at distinct LRs to decide at "
+                            f"{rule.confidence:.0%}{pruned}{_edge_hint(fit) if fit.n_lrs >= MIN_DISTINCT_LRS else ''}")
     if not fit.has_minimum:
         edge = _edge_hint(fit)
         return undetermined(f"the landscape is flat over [{fit.tried_low:.2e}, {fit.tried_high:.2e}]: the loss varies "

@@ -120,7 +120,9 @@ def test_too_few_complete_trials_fall_back_to_the_best_trial():
     fit = _fit(trials)
     judged = judge(fit, RULE)
     assert judged.verdict == "undetermined" and judged.lr == fit.best_trial_lr
-    assert judged.resolve.startswith("add ≥ 1 trials between 1.00e-04 and 1.00e-01")
+    # 3 of the ≥ 6 distinct LRs the bootstrap needs to decide at 95% (few_lrs_probability)
+    assert judged.resolve.startswith("add ≥ 3 trials between 1.00e-04 and 1.00e-01")
+    assert "≥ 6 at distinct LRs to decide at 95%" in judged.resolve
     assert "pruned trials do not count" in judged.resolve
     assert fit.has_minimum and math.isnan(fit.low) and fit.ok_share == 0.0  # 3 points: interpolated, no interval
     two = _fit(_trials(LRS[[2, 5]], 3e-3))
