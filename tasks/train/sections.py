@@ -70,6 +70,20 @@ def _divisors(n: int) -> list[int]:
 WSD_FIELDS = ("schedule", "decay_fraction", "decay_shape")
 
 
+def check_source_weights(weights: dict[str, float], name: str) -> None:
+    """Per-source sampling weights must be ≥ 0 and sum to 1 (within 1e-6).
+
+    Raises:
+        ValueError: naming ``name``, the negative weights or the sum.
+    """
+    negative = {s: w for s, w in weights.items() if w < 0}
+    if negative:
+        raise ValueError(f"{name} {weights} must be ≥ 0 and sum to 1: {sorted(negative)} are negative")
+    total = sum(weights.values())
+    if abs(total - 1.0) > 1e-6:
+        raise ValueError(f"{name} {weights} must be ≥ 0 and sum to 1 (they sum to {total:g})")
+
+
 class RunBudget(Section):
     """Steps, batch and LR schedule of one training run; tokens per step = batch_size · seq_len.
 
@@ -234,9 +248,7 @@ class BranchConfig(Section):
         elif self.decay_steps < 1:
             raise ValueError(f"decay_steps = {self.decay_steps}: a branch needs at least 1 decay step")
         if self.weights:
-            total = sum(self.weights.values())
-            if min(self.weights.values()) < 0 or abs(total - 1.0) > 1e-6:
-                raise ValueError(f"weights {self.weights} must be ≥ 0 and sum to 1 (they sum to {total:g})")
+            check_source_weights(self.weights, "weights")
         return self
 
     def length(self, at_step: int) -> int:
@@ -342,7 +354,5 @@ class CptConfig(Section):
         if len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ValueError(f"seeds {self.seeds}: give distinct offsets ≥ 0")
         if self.replay_weights:
-            total = sum(self.replay_weights.values())
-            if min(self.replay_weights.values()) < 0 or abs(total - 1.0) > 1e-6:
-                raise ValueError(f"replay_weights {self.replay_weights} must be ≥ 0 and sum to 1 (they sum to {total:g})")
+            check_source_weights(self.replay_weights, "replay_weights")
         return self
