@@ -40,3 +40,12 @@ def load_best(path: Path) -> dict[str, Any]:
 def load_candidates(path: Path) -> dict[str, dict]:
     """The CPT candidates of the CPT artifact at ``path``, by name."""
     return json.loads((Path(path) / CANDIDATES).read_text())
+
+
+def nearest_width_lr(best: dict[str, Any], width: int) -> dict[str, Any]:
+    """The sweep's entry (``best.json`` ``widths[]``: d_model, best_lr, study_name) at the swept width nearest
+    ``width`` by ratio; a record without per-width entries is one entry of unknown width."""
+    import math
+
+    widths = best.get("widths") or [{"d_model": None, "best_lr": best["best_lr"], "study_name": best["study_name"]}]
+    return min(widths, key=lambda w: abs(math.log(width / w["d_model"])) if w["d_model"] else 0.0)

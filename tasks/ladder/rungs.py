@@ -9,7 +9,6 @@ views retrains nothing.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from infra.atomic import atomic_file
 from infra.errors import ConfigError, DataError
 from infra.stage import StageContext
 from models.arithmetic import param_count
+from tasks.readers import nearest_width_lr
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.packing import PackingConfig
 from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_training
@@ -58,8 +58,7 @@ def rung_peak_lr(main: MainConfig, best: dict | None, width: int) -> tuple[float
         return main.peak_lr, {"from": "config"}
     if best is None:
         raise ConfigError("the ladder has no peak LR: set [main] peak_lr or run the sweep stage")
-    widths = best.get("widths") or [{"d_model": None, "best_lr": best["best_lr"], "study_name": best["study_name"]}]
-    nearest = min(widths, key=lambda w: abs(math.log(width / w["d_model"])) if w["d_model"] else 0.0)
+    nearest = nearest_width_lr(best, width)
     return float(nearest["best_lr"]), {"from": "sweep", "d_model": nearest["d_model"]}
 
 

@@ -16,7 +16,6 @@ from the newest of those at or before its own decay start: growing the budget re
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +30,7 @@ from infra.errors import ConfigError
 from infra.stage import ProgressReporter, StageContext
 from tasks.train.epochs import epoch_warnings, epochs
 from tasks.readers import load_choice
-from tasks.readers import load_best
+from tasks.readers import load_best, nearest_width_lr
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.checkpoint import Checkpointer, load_model
 from tasks.train.loop import local_accelerator
@@ -230,9 +229,8 @@ def main_peak_lr(cfg: MainConfig, best: dict | None) -> tuple[float, dict]:
         return cfg.peak_lr, {"from": "config"}
     if best is None:
         raise ConfigError("the main run has no peak LR: set [main] peak_lr or run the sweep stage")
-    widths = best.get("widths") or [{"d_model": None, "best_lr": best["best_lr"], "study_name": best["study_name"]}]
     target = cfg.model.d_model
-    nearest = min(widths, key=lambda w: abs(math.log(target / w["d_model"])) if w["d_model"] else 0.0)
+    nearest = nearest_width_lr(best, target)
     return float(nearest["best_lr"]), {"from": "sweep", "d_model": nearest["d_model"], "study": nearest["study_name"],
                                        "main_d_model": target}
 
