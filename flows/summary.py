@@ -6,6 +6,7 @@ fully cached rerun. Each stage's section comes from its ``Stage.summary``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,6 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
 def collect_decisions(paths: dict[str, Path]) -> list[DecisionRecord]:
     """Every settled decision record (``evals.decision``) the run's artifacts hold, in pipeline order: the
     ``"decision"`` entry of any top-level JSON file of a stage's artifact folder."""
-    import json
-
     records = []
     for stage in STAGES:
         folder = paths.get(stage.name)
