@@ -66,6 +66,15 @@ class ExperimentConfig(Section):
         for name in self.cpt.domain_sources:
             if name not in self.sources or self.sources[name].role != "domain":
                 raise ValueError(f"cpt.domain_sources: '{name}' must name a source with role = 'domain'")
+        context = self.cpt.context
+        if context is not None:
+            unknown = [n for n in context.long_sources if n not in self.sources]
+            if unknown:
+                raise ValueError(f"cpt.context.long_sources: {unknown} are not sources {sorted(self.sources)}")
+            base_len = self.main.model.seq_len
+            if not self.cpt.base_checkpoint and context.target_seq_len <= base_len:
+                raise ValueError(f"cpt.context.target_seq_len = {context.target_seq_len} must exceed the main "
+                                 f"model's seq_len = {base_len}: it is the extended window")
         qm = self.corpus.quality_model
         for side in ("positive", "negative"):
             unknown = [n for n in getattr(qm, side).sources if n not in self.sources]

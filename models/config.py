@@ -6,7 +6,7 @@ built by ``models.decoder.Decoder``; it is stored as JSON inside every checkpoin
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from infra.errors import ConfigError
 from infra.section import Section
@@ -25,7 +25,11 @@ class ModelConfig(Section):
         seq_len: T, context length in tokens used for training and for the 6·L·d·T attention FLOPs.
         tied_embeddings: output head shares the input embedding matrix.
         qk_norm: RMSNorm with a learned gain (size head_dim) on q and k per head, before RoPE (docs/methods.md §2).
-        rope_theta: RoPE base frequency.
+        rope_theta: RoPE base frequency θ (Su et al. 2021); a larger base slows every rotation, the "base frequency"
+            recipe of context extension (Xiong et al. 2023; docs/methods.md §15).
+        rope_scaling_factor: linear position interpolation s ≥ 1 (Chen et al. 2023): position m is rotated as m / s,
+            so s times more positions fit the angles the model was trained on. 1 = none. Hugging Face calls this
+            ``rope_type = "linear"`` with ``factor`` s.
         init_std: std of N(0, σ) init for matrices; residual projections use σ/√(2L) (docs/methods.md §2).
         norm_eps: ε inside RMSNorm.
 
@@ -44,6 +48,7 @@ class ModelConfig(Section):
     tied_embeddings: bool = True
     qk_norm: bool = False
     rope_theta: float = 10000.0
+    rope_scaling_factor: float = 1.0
     init_std: float = 0.02
     norm_eps: float = 1e-5
 
@@ -55,6 +60,9 @@ class ModelConfig(Section):
         for name in ("rope_theta", "init_std", "norm_eps"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"model.{name} = {getattr(self, name)}: must be > 0")
+        if self.rope_scaling_factor < 1.0:
+            raise ConfigError(f"model.rope_scaling_factor = {self.rope_scaling_factor}: must be >= 1 (1 = no position "
+                              "interpolation; s > 1 divides every position by s)")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model = {self.d_model} is not divisible by model.n_heads = {self.n_heads}; "
@@ -70,6 +78,13 @@ class ModelConfig(Section):
                 f"model.d_model / model.n_heads = {self.head_dim} is odd; RoPE needs an even head_dim"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _unscaled_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if self.rope_scaling_factor == 1.0:  # no interpolation: configs and keys of unscaled models stay as they were
+            data.pop("rope_scaling_factor", None)
+        return data
 
     @property
     def head_dim(self) -> int:

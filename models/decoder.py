@@ -34,10 +34,16 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables, each (T, d_h), for rotary embeddings (Su et al. 2021, rotate-half layout)."""
+def rope_tables(head_dim: int, seq_len: int, theta: float,
+                scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (T, d_h), for rotary embeddings (Su et al. 2021, rotate-half layout).
+
+    Position m of pair i turns by (m / s) · θ^(−2i/d_h); s = ``scaling_factor`` is linear position interpolation
+    (Chen et al. 2023; docs/methods.md §15), 1 = none.
+    """
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d_h/2,)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)  # (T, d_h/2)
+    positions = torch.arange(seq_len, dtype=torch.float64) / scaling_factor  # (T,)
+    angles = torch.outer(positions, inv_freq)  # (T, d_h/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, d_h)
     return angles.cos().float(), angles.sin().float()
 
@@ -248,7 +254,7 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tied_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta, cfg.rope_scaling_factor)
         self.register_buffer("rope_cos", cos, persistent=False)  # (T_max, d_h)
         self.register_buffer("rope_sin", sin, persistent=False)  # (T_max, d_h)
         self.reset_parameters()

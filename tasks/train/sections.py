@@ -13,13 +13,15 @@ from pydantic import (Field, SerializerFunctionWrapHandler, ValidationInfo, fiel
 
 from infra.section import NOT_IN_KEY, Section
 from models.config import ModelConfig
+from models.context import PositionRecipe
 from tasks.train.schedule import decay_start, decay_steps_of
 
 
 class ModelShape(Section):
     """Decoder shape without the vocabulary (docs/methods.md §2).
 
-    Checked when the config is loaded, so a shape no stage could build fails before anything runs.
+    Checked when the config is loaded, so a shape no stage could build fails before anything runs. ``rope_theta``
+    and ``rope_scaling_factor`` are as in ``models.config.ModelConfig`` (RoPE base; linear position interpolation).
 
     Raises:
         ValueError (reported by ``load_config`` as ConfigError under ``<section>.model.<field>``): d_model not
@@ -34,6 +36,8 @@ class ModelShape(Section):
     seq_len: int = Field(gt=1)
     tied_embeddings: bool = True
     qk_norm: bool = False
+    rope_theta: float = Field(default=10000.0, gt=0)
+    rope_scaling_factor: float = Field(default=1.0, ge=1)
 
     @field_validator("n_heads")
     @classmethod
@@ -61,6 +65,14 @@ class ModelShape(Section):
 
     def build(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, **self.model_dump())
+
+    @model_serializer(mode="wrap")
+    def _default_rope_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        for name, default in (("rope_theta", 10000.0), ("rope_scaling_factor", 1.0)):
+            if data.get(name) == default:  # RoPE as it always was: shapes and keys stay as they were
+                data.pop(name, None)
+        return data
 
 
 def _divisors(n: int) -> list[int]:
@@ -313,6 +325,61 @@ class MainConfig(Section):
         return data
 
 
+class ContextExtensionConfig(Section):
+    """``[cpt.context]``: extend the base's context window (``[cpt] kind = "context_extension"``, docs/methods.md §15).
+
+    The grid is recipes × ``[cpt] replay_fractions`` × ``peak_lrs`` × ``seeds``; every candidate trains at
+    ``target_seq_len`` on rows of the long-document sources (documents kept whole up to the target length) plus the
+    replay share of the base mixture, and is cached on its own.
+
+    Fields:
+        target_seq_len: the extended window T' in tokens (larger than the base's seq_len).
+        recipes: position recipes (``models.context.PositionRecipe``): ``interpolation`` (Chen et al. 2023),
+            ``rope_base`` (Xiong et al. 2023), ``none`` (the control); names unique.
+        long_sources: the sources whose long documents train and evaluate the extension.
+        construction: ``natural`` (only the sources' own documents) or ``concatenate``: documents of one source are
+            joined in shard order into long documents of at least target_seq_len + 1 tokens. Declared, logged
+            (``long_documents.parquet``) and labelled ``concatenated`` in every table: joined unrelated documents
+            are not one coherent long document.
+        min_long_token_share: the least share of the long stream's training tokens that must lie in documents
+            longer than the base window; a config whose sources supply less is refused with the figures.
+        eval_windows: held-out long windows per long source (at most), each one document of target_seq_len + 1
+            tokens, for the loss by position bucket.
+        retrieval_lengths: passkey prompt lengths in tokens; empty = the base window's half, the base window, and
+            doublings up to target_seq_len.
+        retrieval_depths: where the passkey sits, as a fraction of the filler (0 = start, 1 = end).
+        retrieval_items: passkey prompts per (length, depth) cell.
+        retrieval_choices: the key and its distractors: a prompt is correct when the true key has the highest
+            log-likelihood (chance 1 / retrieval_choices).
+    """
+
+    target_seq_len: int = Field(ge=2)
+    recipes: list[PositionRecipe] = Field(min_length=1)
+    long_sources: list[str] = Field(min_length=1)
+    construction: Literal["natural", "concatenate"] = "natural"
+    min_long_token_share: float = Field(default=0.5, ge=0, le=1)
+    eval_windows: int = Field(default=32, ge=2)
+    retrieval_lengths: list[int] = []
+    retrieval_depths: list[float] = [0.1, 0.5, 0.9]
+    retrieval_items: int = Field(default=16, ge=1)
+    retrieval_choices: int = Field(default=4, ge=2, le=10)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ContextExtensionConfig":
+        names = [r.name for r in self.recipes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"context.recipes names {names} repeat: each names its candidates")
+        if len(set(self.long_sources)) != len(self.long_sources):
+            raise ValueError(f"context.long_sources {self.long_sources} repeats a source")
+        if any(not 0.0 <= d <= 1.0 for d in self.retrieval_depths) or not self.retrieval_depths:
+            raise ValueError(f"context.retrieval_depths {self.retrieval_depths}: give fractions in [0, 1]")
+        bad = [n for n in self.retrieval_lengths if not 16 <= n <= self.target_seq_len]
+        if bad:
+            raise ValueError(f"context.retrieval_lengths {bad}: each must lie in [16, target_seq_len = "
+                             f"{self.target_seq_len}] (a prompt holds filler, the key and the question)")
+        return self
+
+
 class CptConfig(Section):
     """Continued pretraining on the domain source(s) with replay of the base mixture (docs/methods.md §11).
 
@@ -328,9 +395,12 @@ class CptConfig(Section):
             shape, context length included, is the base's, not ``[main] model``'s.
         decontaminate: drop held-out windows and cloze items sharing a 13-gram with the CPT training stream
             before any scoring (the hits are listed in ``decontamination.parquet``).
+        kind: ``domain_adaptation`` (train on ``domain_sources``) or ``context_extension`` (extend the window:
+            ``[cpt.context]``, docs/methods.md §15; ``domain_sources`` then may stay empty).
+        context: the context extension (required by, and only with, ``kind = "context_extension"``).
     """
 
-    domain_sources: list[str] = Field(min_length=1)
+    domain_sources: list[str] = []
     replay_fractions: list[float] = Field(min_length=1)
     peak_lrs: list[float] = Field(min_length=1)
     budget: RunBudget
@@ -340,9 +410,19 @@ class CptConfig(Section):
     replay_weights: dict[str, float] = {}
     base_checkpoint: str = ""
     decontaminate: bool = True
+    kind: Literal["domain_adaptation", "context_extension"] = "domain_adaptation"
+    context: ContextExtensionConfig | None = None
 
     @model_validator(mode="after")
     def _ranges(self) -> "CptConfig":
+        if self.kind == "context_extension" and self.context is None:
+            raise ValueError("kind = 'context_extension' needs a [cpt.context] table (target_seq_len, recipes, "
+                             "long_sources)")
+        if self.kind == "domain_adaptation":
+            if self.context is not None:
+                raise ValueError("[cpt.context] applies to kind = 'context_extension' only")
+            if not self.domain_sources:
+                raise ValueError("domain_sources: name at least one domain source (domain adaptation trains on it)")
         for fraction in self.replay_fractions:
             if not 0.0 <= fraction < 1.0:
                 raise ValueError(f"replay fraction {fraction} must be in [0, 1); it is the share of general text")
@@ -356,3 +436,11 @@ class CptConfig(Section):
         if self.replay_weights:
             check_source_weights(self.replay_weights, "replay_weights")
         return self
+
+    @model_serializer(mode="wrap")
+    def _domain_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if self.kind == "domain_adaptation":  # configs and keys of domain adaptation stay as they were
+            data.pop("kind", None)
+            data.pop("context", None)
+        return data
