@@ -23,6 +23,16 @@ Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
   (``task``), each document correct when it scores 1 on the per-item metric ``task_metric`` of the harness's logged
   samples (``evals.harness.per_item_correct``); paired by document as cloze criteria are by item.
 
+Context-extension metrics (``CONTEXT_METRICS``; the CPT stage scores them for ``[cpt] kind = "context_extension"``,
+docs/methods.md §15):
+
+- ``long_loss_reduction_nats``  = base − candidate loss on the held-out long windows (``CandidateEval.long``, windows
+  of the target length), judged as the domain reduction is (paired bootstrap over documents);
+- ``retrieval_accuracy``        = candidate passkey-retrieval accuracy on the prompts of one length (``length``
+  tokens; 0 = the longest evaluated), Wilson interval as for cloze;
+- ``retrieval_accuracy_delta``  = candidate − base retrieval accuracy on those prompts (paired bootstrap over items,
+  exact McNemar p).
+
 Lab-5 toy gate (docs/methods.md §11)::
 
     GateConfig(criteria=[
@@ -40,7 +50,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import field_validator, model_validator
+from pydantic import SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 from scipy import stats
 
 from evals.stats import (BootstrapCI, binomial_se, cluster_bootstrap_ci, items_needed, mcnemar_exact,
@@ -49,22 +59,33 @@ from infra.errors import DataError
 from infra.section import Section
 
 Metric = Literal["domain_loss_reduction_nats", "general_loss_rise_nats", "cloze_accuracy", "cloze_accuracy_delta",
-                 "harness_accuracy", "harness_accuracy_delta"]
+                 "harness_accuracy", "harness_accuracy_delta", "long_loss_reduction_nats", "retrieval_accuracy",
+                 "retrieval_accuracy_delta"]
 METRICS: tuple[str, ...] = ("domain_loss_reduction_nats", "general_loss_rise_nats", "cloze_accuracy",
                             "cloze_accuracy_delta")
 CLOZE_METRICS = frozenset({"cloze_accuracy", "cloze_accuracy_delta"})
 HARNESS_METRICS = frozenset({"harness_accuracy", "harness_accuracy_delta"})
-ITEM_METRICS = CLOZE_METRICS | HARNESS_METRICS  # judged on paired items (min_items applies)
-ACCURACY_METRICS = frozenset({"cloze_accuracy", "harness_accuracy"})
-LOSS_METRICS = frozenset({"domain_loss_reduction_nats", "general_loss_rise_nats"})  # judged on held-out documents
+RETRIEVAL_METRICS = frozenset({"retrieval_accuracy", "retrieval_accuracy_delta"})  # judged per prompt length
+ITEM_METRICS = CLOZE_METRICS | HARNESS_METRICS | RETRIEVAL_METRICS  # judged on paired items (min_items applies)
+ACCURACY_METRICS = frozenset({"cloze_accuracy", "harness_accuracy", "retrieval_accuracy"})
+LOSS_METRICS = frozenset({"domain_loss_reduction_nats", "general_loss_rise_nats",
+                          "long_loss_reduction_nats"})  # judged on held-out documents
+CONTEXT_METRICS = frozenset({"long_loss_reduction_nats", "retrieval_accuracy", "retrieval_accuracy_delta"})
+# select -> (table column, True to keep the largest / False the smallest)
+SELECTIONS: dict[str, tuple[str, bool]] = {"max_domain_loss_reduction": ("domain_loss_reduction_nats", True),
+                                           "min_general_loss_rise": ("general_loss_rise_nats", False),
+                                           "max_long_loss_reduction": ("long_loss_reduction_nats", True)}
+_CONTEXT_FIX = 'score the base and every candidate with [cpt] kind = "context_extension"'
 
 
 class GateCriterion(Section):
     """One predeclared condition ``metric op threshold`` judged at ``confidence``.
 
     ``threshold`` is in the metric's unit (nats per token, or an accuracy fraction: -0.01 = one point).
-    ``min_items``: for cloze and harness metrics, fewer items than this makes the criterion inconclusive.
+    ``min_items``: for cloze, harness and retrieval metrics, fewer items than this makes the criterion inconclusive.
     ``task``, ``task_metric``: for harness metrics only, the lm-evaluation-harness task and its per-item 0/1 metric.
+    ``length``: for retrieval metrics only, the passkey prompt length in tokens whose items are judged; 0 = the
+    longest length evaluated (``resolved``).
     """
 
     name: str
@@ -75,6 +96,7 @@ class GateCriterion(Section):
     min_items: int = 0
     task: str = ""
     task_metric: str = "acc"
+    length: int = 0
 
     @field_validator("confidence")
     @classmethod
@@ -103,13 +125,48 @@ class GateCriterion(Section):
             raise ValueError(f"metric {self.metric} needs task (an lm-evaluation-harness task name) and task_metric")
         if self.metric not in HARNESS_METRICS and (self.task or self.task_metric != "acc"):
             raise ValueError(f"task and task_metric apply to harness metrics only, not to {self.metric}")
+        if self.length < 0:
+            raise ValueError(f"length must be >= 0 tokens (0 = the longest evaluated), got {self.length}")
+        if self.length and self.metric not in RETRIEVAL_METRICS:
+            raise ValueError(f"length applies to retrieval metrics only, not to {self.metric}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _length_only_where_it_acts(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if self.metric not in RETRIEVAL_METRICS:  # dumps and stage keys of other criteria stay as they were
+            data.pop("length", None)
+        return data
 
     @property
     def column(self) -> str:
-        """The decision table's column of this criterion's metric: the metric, or for a harness metric
-        ``<metric>.<task>.<task_metric>``."""
-        return f"{self.metric}.{self.harness_key}" if self.metric in HARNESS_METRICS else self.metric
+        """The decision table's column of this criterion's metric: the metric; for a harness metric
+        ``<metric>.<task>.<task_metric>``; for a retrieval metric ``<metric>@<length>`` (``<metric>@longest`` while
+        ``length`` is 0: the table names the real length, see ``resolved``)."""
+        if self.metric in HARNESS_METRICS:
+            return f"{self.metric}.{self.harness_key}"
+        if self.metric in RETRIEVAL_METRICS:
+            return f"{self.metric}@{self.length or 'longest'}"
+        return self.metric
+
+    def resolved(self, lengths) -> "GateCriterion":
+        """This criterion with ``length`` 0 replaced by the longest of ``lengths`` (prompt lengths in tokens that
+        were evaluated); itself for other metrics.
+
+        Raises:
+            DataError: a retrieval criterion and no lengths, or a ``length`` that was not evaluated.
+        """
+        if self.metric not in RETRIEVAL_METRICS:
+            return self
+        found = sorted(int(n) for n in lengths)
+        if not found:
+            raise DataError(f"criterion {self.name}: no retrieval items were scored; {_CONTEXT_FIX}")
+        if not self.length:
+            return self.model_copy(update={"length": found[-1]})
+        if self.length not in found:
+            raise DataError(f"criterion {self.name}: no retrieval prompts of length {self.length}; evaluated "
+                            f"lengths: {found} (set length to one of them, or 0 for the longest)")
+        return self
 
     @property
     def harness_key(self) -> str:
@@ -118,11 +175,14 @@ class GateCriterion(Section):
 
 
 class GateConfig(Section):
-    """The whole gate: every criterion must pass (``rule="all"``); ``select`` picks among passing candidates."""
+    """The whole gate: every criterion must pass (``rule="all"``); ``select`` picks among passing candidates: the
+    largest domain loss reduction, the smallest general loss rise, or the largest long-window loss reduction
+    (``SELECTIONS``)."""
 
     criteria: list[GateCriterion]
     rule: Literal["all"] = "all"
-    select: Literal["max_domain_loss_reduction", "min_general_loss_rise"] = "max_domain_loss_reduction"
+    select: Literal["max_domain_loss_reduction", "min_general_loss_rise",
+                    "max_long_loss_reduction"] = "max_domain_loss_reduction"
     cloze_items: str | list[str] = "configs/cloze/demo.jsonl"
 
     @field_validator("cloze_items")
@@ -153,11 +213,15 @@ def gate_hash(cfg: GateConfig) -> str:
     """Hex sha256 of the gate's canonical JSON: sorted keys, criteria sorted by (unique) name.
 
     Independent of key order and criterion order (rule "all" does not depend on either); any change to a
-    threshold, op, metric, confidence, min_items, rule, select or item file changes it.
+    threshold, op, metric, confidence, min_items, rule, select or item file changes it, as does a change to the task,
+    task_metric or length of a criterion that uses them.
     """
     data = cfg.model_dump(mode="json")
-    # The harness fields enter only criteria that use them, so gates declared before they existed keep their hash.
-    criteria = [{k: v for k, v in c.items() if c["metric"] in HARNESS_METRICS or k not in ("task", "task_metric")}
+    # The harness and retrieval fields enter only criteria that use them, so gates declared before they existed
+    # keep their hash.
+    criteria = [{k: v for k, v in c.items()
+                 if (c["metric"] in HARNESS_METRICS or k not in ("task", "task_metric"))
+                 and (c["metric"] in RETRIEVAL_METRICS or k != "length")}
                 for c in data["criteria"]]
     data["criteria"] = sorted(criteria, key=lambda c: c["name"])
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -193,6 +257,12 @@ class CandidateEval:
     what distinguishes the run (e.g. ``{"replay_fraction": 0.3, "peak_lr": 3e-4}``), copied into the table.
     ``harness_correct``: ``<task>.<task_metric>`` → bool (M_t,) per document of that harness task, in document
     order, the same documents for every model.
+    Context extension (docs/methods.md §15): ``long``, the held-out long windows (target length) with their
+    documents; ``retrieval_correct`` bool (R,) per passkey prompt and ``retrieval_length`` int (R,) its length in
+    tokens, the same prompts in the same order for every model (empty: not scored).
+
+    Raises:
+        DataError: ``retrieval_length`` is not of ``retrieval_correct``'s shape.
     """
 
     name: str
@@ -201,6 +271,14 @@ class CandidateEval:
     cloze_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     params: dict = field(default_factory=dict)
     harness_correct: dict[str, np.ndarray] = field(default_factory=dict)
+    long: HeldoutArrays | None = None
+    retrieval_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    retrieval_length: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        if np.shape(self.retrieval_length) != np.shape(self.retrieval_correct):
+            raise DataError(f"{self.name}: retrieval_length has shape {np.shape(self.retrieval_length)}, "
+                            f"retrieval_correct {np.shape(self.retrieval_correct)}: give one length per prompt")
 
 
 @dataclass(frozen=True)
@@ -214,16 +292,21 @@ class GateDecision:
 
     def summary(self) -> str:
         """A short human-readable report: gate hash, one line per candidate with criterion statuses (loss criteria
-        with the documents and windows behind their interval), the choice."""
+        with the documents and windows behind their interval, retrieval criteria with their prompts and length),
+        the choice."""
         lines = [f"gate {self.gate_hash[:12]}: {len(self.table)} candidate(s)"]
         for _, row in self.table.iterrows():
             parts = []
             for c in self.criteria:
                 value = row[c.column]
-                units = "" if c.metric not in LOSS_METRICS else (
-                    f" over {row[c.column + '_docs']} documents/{row[c.column + '_windows']} windows"
-                    if row[c.column + "_cluster_unit"] == "document" else
-                    f" over {row[c.column + '_windows']} windows (no document ids)")
+                if c.metric in RETRIEVAL_METRICS:
+                    units = f" over {row[f'retrieval_items@{c.length}']} items of {c.length} tokens"
+                elif c.metric in LOSS_METRICS:
+                    units = (f" over {row[c.column + '_docs']} documents/{row[c.column + '_windows']} windows"
+                             if row[c.column + "_cluster_unit"] == "document" else
+                             f" over {row[c.column + '_windows']} windows (no document ids)")
+                else:
+                    units = ""
                 parts.append(f"{c.name} {value:+.3f} [{row[c.column + '_ci_low']:+.3f}, "
                              f"{row[c.column + '_ci_high']:+.3f}]{units} {c.op} {c.threshold:g}: "
                              f"{row['status_' + c.name]}")
@@ -239,7 +322,7 @@ class _Interval:
     point: float
     low: float
     high: float
-    n: int  # independent units behind the interval: documents (clusters) for losses, items for cloze
+    n: int  # independent units behind the interval: documents (clusters) for losses, else items
     windows: int = 0  # losses: windows behind the interval
     window_low: float = math.nan  # losses: the window-level interval, for comparison only
     window_high: float = math.nan
@@ -296,20 +379,31 @@ def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float, seed: in
 
 
 def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence: float, seed: int,
-              harness_key: str = "") -> _Interval:
+              key: str | int = "") -> _Interval:
+    """The interval of ``metric`` for ``cand`` against ``base``; ``key``: the harness key of a harness metric, the
+    prompt length (tokens) of a retrieval metric."""
     if metric == "domain_loss_reduction_nats":
         return _paired_loss(base.domain, cand.domain, rise=False, confidence=confidence, seed=seed,
                             what=f"{cand.name} domain")
     if metric == "general_loss_rise_nats":
         return _paired_loss(base.general, cand.general, rise=True, confidence=confidence, seed=seed,
                             what=f"{cand.name} general")
+    if metric == "long_loss_reduction_nats":
+        if base.long is None or cand.long is None:
+            raise DataError(f"{cand.name if cand.long is None else 'base'}: no long-window results; {_CONTEXT_FIX}")
+        return _paired_loss(base.long, cand.long, rise=False, confidence=confidence, seed=seed,
+                            what=f"{cand.name} long")
     if metric in HARNESS_METRICS:
-        found = [m.harness_correct.get(harness_key) for m in (base, cand)]
+        found = [m.harness_correct.get(key) for m in (base, cand)]
         if any(f is None for f in found):
             missing = [m.name for m, f in zip((base, cand), found) if f is None]
-            raise DataError(f"{', '.join(missing)}: no harness results for {harness_key}; score the base and every "
+            raise DataError(f"{', '.join(missing)}: no harness results for {key}; score the base and every "
                             "candidate on that task with log_samples")
-        what, units, fix = f"{harness_key} has", "documents", "documents (same limit)"
+        what, units, fix = f"{key} has", "documents", "documents (same limit)"
+    elif metric in RETRIEVAL_METRICS:
+        at = np.asarray(base.retrieval_length) == int(key)  # same prompts for every model (checked in decide)
+        found = [np.asarray(m.retrieval_correct)[at] for m in (base, cand)]
+        what, units, fix = f"retrieval results of length {key} have", "prompts", "passkey prompts"
     else:
         found = [base.cloze_correct, cand.cloze_correct]
         what, units, fix = "cloze results have", "items", "item list"
@@ -317,7 +411,7 @@ def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence:
     if cand_c.size == 0 or base_c.shape != cand_c.shape:
         raise DataError(f"{cand.name}: {what} {cand_c.size} {units} vs the base's {base_c.size}; score base and "
                         f"candidates on the same non-empty {fix}")
-    if metric in ("cloze_accuracy", "harness_accuracy"):
+    if metric in ACCURACY_METRICS:
         return _cloze_accuracy(cand_c, confidence)
     return _cloze_delta(base_c, cand_c, confidence, seed)
 
@@ -338,8 +432,8 @@ def _status(c: GateCriterion, iv: _Interval) -> str:
 
 
 def _units_needed(c: GateCriterion, iv: _Interval) -> float:
-    """Rough documents (loss metrics) or items (cloze, harness) for the CI to clear the threshold at the current
-    point value.
+    """Rough documents (loss metrics) or items (cloze, harness, retrieval) for the CI to clear the threshold at the
+    current point value.
 
     Accuracy: ``items_needed`` with half-width |p − threshold| (docs/methods.md §10). Other metrics: the CI half-width
     shrinks as 1/√n in the n independent units (held-out documents for losses, Cameron, Gelbach & Miller 2008), so
@@ -362,22 +456,33 @@ def _units_needed(c: GateCriterion, iv: _Interval) -> float:
     return float(needed)
 
 
-def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, seed: int) -> dict:
-    cache: dict[tuple[str, str, float], _Interval] = {}
+def _shown_confidence(criteria, metric: str, length: int = 0) -> float:
+    """The confidence of the table's interval for ``metric``: the first criterion on it (for a retrieval metric
+    preferring one at ``length``), else 0.95."""
+    on_metric = [c for c in criteria if c.metric == metric]
+    shown = [c for c in on_metric if c.length == length] or on_metric
+    return shown[0].confidence if shown else 0.95
 
-    def interval(metric: str, confidence: float, harness_key: str = "") -> _Interval:
-        if (metric, harness_key, confidence) not in cache:
-            cache[metric, harness_key, confidence] = _interval(metric, base, cand, confidence, seed, harness_key)
-        return cache[metric, harness_key, confidence]
+
+def _candidate_row(criteria: list[GateCriterion], base: CandidateEval, cand: CandidateEval, seed: int, *,
+                   has_long: bool, lengths: list[int]) -> dict:
+    cache: dict[tuple[str, str | int, float], _Interval] = {}
+
+    def interval(metric: str, confidence: float, key: str | int = "") -> _Interval:
+        if (metric, key, confidence) not in cache:
+            cache[metric, key, confidence] = _interval(metric, base, cand, confidence, seed, key)
+        return cache[metric, key, confidence]
+
+    def key_of(c: GateCriterion) -> str | int:
+        return c.harness_key if c.metric in HARNESS_METRICS else c.length if c.metric in RETRIEVAL_METRICS else ""
 
     row: dict = {"candidate": cand.name, **{f"param_{k}": v for k, v in cand.params.items()}}
     has_cloze = np.asarray(cand.cloze_correct).size > 0
-    for metric in METRICS:
+    for metric in METRICS + (("long_loss_reduction_nats",) if has_long else ()):
         if metric in CLOZE_METRICS and not has_cloze:
             row.update({metric: math.nan, f"{metric}_ci_low": math.nan, f"{metric}_ci_high": math.nan})
             continue
-        shown = next((c.confidence for c in cfg.criteria if c.metric == metric), 0.95)
-        iv = interval(metric, shown)
+        iv = interval(metric, _shown_confidence(criteria, metric))
         row.update({metric: iv.point, f"{metric}_ci_low": iv.low, f"{metric}_ci_high": iv.high})
         if metric in LOSS_METRICS:
             row.update({f"{metric}_docs": iv.n, f"{metric}_windows": iv.windows,
@@ -387,25 +492,63 @@ def _candidate_row(cfg: GateConfig, base: CandidateEval, cand: CandidateEval, se
         base_c, cand_c = np.asarray(base.cloze_correct, bool), np.asarray(cand.cloze_correct, bool)
         row["cloze_accuracy_se_pts"] = 100.0 * binomial_se(float(cand_c.mean()), int(cand_c.size))
         row["cloze_accuracy_delta_mcnemar_p"] = mcnemar_exact(base_c, cand_c).p_value
-    for c in cfg.criteria:
+    for length in lengths:
+        at = np.asarray(base.retrieval_length) == length
+        row[f"retrieval_items@{length}"] = int(at.sum())
+        for metric in ("retrieval_accuracy", "retrieval_accuracy_delta"):
+            iv, column = interval(metric, _shown_confidence(criteria, metric, length), length), f"{metric}@{length}"
+            row.update({column: iv.point, f"{column}_ci_low": iv.low, f"{column}_ci_high": iv.high})
+        pair = (np.asarray(m.retrieval_correct, bool)[at] for m in (base, cand))
+        row[f"retrieval_accuracy_delta@{length}_mcnemar_p"] = mcnemar_exact(*pair).p_value
+    for c in criteria:
         if c.metric in HARNESS_METRICS:
             iv = interval(c.metric, c.confidence, c.harness_key)
             row.update({c.column: iv.point, f"{c.column}_ci_low": iv.low, f"{c.column}_ci_high": iv.high})
             if c.metric == "harness_accuracy_delta":
                 pair = (np.asarray(m.harness_correct[c.harness_key], bool) for m in (base, cand))
                 row[f"{c.column}_mcnemar_p"] = mcnemar_exact(*pair).p_value
-    for c in cfg.criteria:
-        iv = interval(c.metric, c.confidence, c.harness_key if c.metric in HARNESS_METRICS else "")
+    for c in criteria:
+        iv = interval(c.metric, c.confidence, key_of(c))
         status = _status(c, iv)
         row[f"status_{c.name}"] = status
         row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "inconclusive" else math.nan
         if c.metric in LOSS_METRICS:  # what the window-level interval would have said (comparison only)
             row[f"window_status_{c.name}"] = _status(c, _Interval(iv.point, iv.window_low, iv.window_high,
                                                                   iv.windows))
-    statuses = [row[f"status_{c.name}"] for c in cfg.criteria]
+    statuses = [row[f"status_{c.name}"] for c in criteria]
     row["decision"] = ("pass" if all(s == "pass" for s in statuses)
                        else "fail" if "fail" in statuses else "inconclusive")
     return row
+
+
+def _context_inputs(cfg: GateConfig, models: list[CandidateEval]) -> tuple[bool, list[int]]:
+    """Whether the models carry long windows, and the retrieval prompt lengths evaluated (sorted, tokens).
+
+    Raises:
+        DataError: only some models carry long windows or retrieval prompts, the prompts' lengths differ from the
+            base's, or a context criterion or selection has nothing to judge.
+    """
+    base = models[0]
+    has_long = any(m.long is not None for m in models)
+    if has_long and any(m.long is None for m in models):
+        lacking = [m.name for m in models if m.long is None]
+        raise DataError(f"{', '.join(lacking)}: no long-window results while other models have them; {_CONTEXT_FIX}")
+    has_retrieval = any(np.asarray(m.retrieval_correct).size for m in models)
+    for m in models if has_retrieval else ():
+        if not np.array_equal(np.asarray(m.retrieval_length), np.asarray(base.retrieval_length)):
+            raise DataError(f"{m.name}: retrieval prompts ({np.size(m.retrieval_length)}, or their lengths) differ "
+                            f"from the base's ({np.size(base.retrieval_length)}); score every model on the same "
+                            "passkey prompts in the same order")
+    lengths = sorted(int(n) for n in np.unique(np.asarray(base.retrieval_length)))
+    wanted = [c.name for c in cfg.criteria if c.metric == "long_loss_reduction_nats"]
+    if cfg.select == "max_long_loss_reduction":
+        wanted.append("select = max_long_loss_reduction")
+    if wanted and not has_long:
+        raise DataError(f"{', '.join(wanted)}: the models carry no long-window results; {_CONTEXT_FIX}")
+    retrieval = [c.name for c in cfg.criteria if c.metric in RETRIEVAL_METRICS]
+    if retrieval and not has_retrieval:
+        raise DataError(f"{', '.join(retrieval)}: the models carry no passkey-retrieval results; {_CONTEXT_FIX}")
+    return has_long, lengths
 
 
 def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval], *, seed: int = 0) -> GateDecision:
@@ -415,33 +558,47 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
     ``<metric>``, ``<metric>_ci_low``, ``<metric>_ci_high`` (losses in nats/token, accuracies as fractions;
     interval at the confidence of the first criterion on that metric, else 0.95; NaN when no cloze results; for
     losses resampling held-out documents, Cameron, Gelbach & Miller 2008, and (−inf, +inf) under 2 documents);
+    ``long_loss_reduction_nats`` only when the models carry long windows (``CandidateEval.long``);
     for each loss metric ``<metric>_docs`` (independent clusters: the effective units), ``<metric>_windows``,
     ``<metric>_cluster_unit`` ("document", or "window" when the windows carry no document ids and each is its
     own cluster) and ``<metric>_window_ci_low``/``_window_ci_high`` (paired bootstrap over windows, for
     comparison only: no verdict uses it);
     ``cloze_accuracy_se_pts`` (binomial SE of the candidate's accuracy, points) and
     ``cloze_accuracy_delta_mcnemar_p`` (exact McNemar vs base); per harness criterion ``<metric>.<task>.<task_metric>``
-    with ``_ci_low``/``_ci_high`` at its confidence (and ``_mcnemar_p`` for a delta); per criterion ``status_<name>``
+    with ``_ci_low``/``_ci_high`` at its confidence (and ``_mcnemar_p`` for a delta);
+    only when the models carry passkey prompts, for each prompt length L evaluated (tokens): ``retrieval_items@L``
+    (prompts of that length), ``retrieval_accuracy@L`` (Wilson), ``retrieval_accuracy_delta@L`` (paired bootstrap
+    over prompts), each with ``_ci_low``/``_ci_high`` at the confidence of the first criterion on that metric and
+    length (else on that metric, else 0.95), and ``retrieval_accuracy_delta@L_mcnemar_p`` (exact McNemar vs base);
+    per criterion ``status_<name>``
     (pass/fail/inconclusive) and ``needed_<name>`` (for inconclusive ones: estimated documents — loss metrics —
     or items to resolve it, NaN otherwise); per loss criterion ``window_status_<name>`` (its status under the
     window-level interval, for comparison); ``decision`` (pass only if every criterion passes; fail if any fails;
     else inconclusive) and ``kept`` (bool).
 
+    A retrieval criterion of ``length`` 0 judges the longest length evaluated; the decision's ``criteria`` carry
+    the resolved length, so their ``column`` names the table's column.
+
     ``kept`` is the passing candidate with the largest domain-loss reduction (``select=
-    "max_domain_loss_reduction"``) or the smallest general-loss rise (``"min_general_loss_rise"``); "base"
-    when none passes. Raises DataError for no candidates, duplicate names or a candidate named "base", for
-    windows (tokens or document ids) or items that differ from the base's, and for a harness criterion whose task
-    results a model lacks.
+    "max_domain_loss_reduction"``), the smallest general-loss rise (``"min_general_loss_rise"``) or the largest
+    long-window loss reduction (``"max_long_loss_reduction"``); "base" when none passes. Raises DataError for no
+    candidates, duplicate names or a candidate named "base", for windows (tokens or document ids) or items that
+    differ from the base's, for a harness criterion whose task results a model lacks, for a context criterion or
+    selection (``CONTEXT_METRICS``) on models without long windows or passkey prompts (the fix: ``[cpt] kind =
+    "context_extension"``), and for a retrieval criterion on a length not evaluated.
     """
     names = [c.name for c in candidates]
     if not names or len(set(names)) != len(names) or "base" in names:
         raise DataError(f"need >= 1 candidate with unique names other than 'base', got {names}")
-    table = pd.DataFrame([_candidate_row(cfg, base, cand, seed) for cand in candidates])
+    has_long, lengths = _context_inputs(cfg, [base, *candidates])
+    criteria = [c.resolved(lengths) for c in cfg.criteria]
+    table = pd.DataFrame([_candidate_row(criteria, base, cand, seed, has_long=has_long, lengths=lengths)
+                          for cand in candidates])
     kept = "base"
     passing = table[table["decision"] == "pass"]
     if len(passing):
-        by_max = cfg.select == "max_domain_loss_reduction"
-        key = passing["domain_loss_reduction_nats" if by_max else "general_loss_rise_nats"]
-        kept = str(passing.loc[key.idxmax() if by_max else key.idxmin(), "candidate"])
+        metric, largest = SELECTIONS[cfg.select]
+        key = passing[metric]
+        kept = str(passing.loc[key.idxmax() if largest else key.idxmin(), "candidate"])
     table["kept"] = table["candidate"] == kept
-    return GateDecision(table=table, kept=kept, gate_hash=gate_hash(cfg), criteria=tuple(cfg.criteria))
+    return GateDecision(table=table, kept=kept, gate_hash=gate_hash(cfg), criteria=tuple(criteria))

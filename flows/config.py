@@ -75,6 +75,17 @@ class ExperimentConfig(Section):
             if not self.cpt.base_checkpoint and context.target_seq_len <= base_len:
                 raise ValueError(f"cpt.context.target_seq_len = {context.target_seq_len} must exceed the main "
                                  f"model's seq_len = {base_len}: it is the extended window")
+            if not self.cpt.base_checkpoint:
+                from models.context import extended_config
+
+                for recipe in context.recipes:  # the vocabulary does not change what a recipe may do
+                    extended_config(self.main.model.build(64), context.target_seq_len, recipe)
+        from evals.gate import CONTEXT_METRICS
+
+        context_criteria = [c.name for c in self.gate.criteria if c.metric in CONTEXT_METRICS]
+        if self.cpt.kind != "context_extension" and (context_criteria or self.gate.select == "max_long_loss_reduction"):
+            raise ValueError(f"gate: criteria {context_criteria} / select = {self.gate.select!r} judge a context "
+                             "extension; they need [cpt] kind = 'context_extension'")
         qm = self.corpus.quality_model
         for side in ("positive", "negative"):
             unknown = [n for n in getattr(qm, side).sources if n not in self.sources]

@@ -1,7 +1,9 @@
 """``pretrain plan``: the pre-launch arithmetic of a run, before any device is booked (docs/methods.md §1–§5).
 
 A plan file holds one ``[model]`` shape and one or more ``[[runs]]`` (pretraining, CPT, ...) with their tokens,
-devices and layout; an experiment config is planned too, from its ``[main]`` section on the detected device.
+devices and layout; a run may train a shape of its own (``[runs.model]``, e.g. a context extension at a longer
+seq_len). An experiment config is planned too, from its ``[main]`` section on the detected device, and, when its
+``[cpt] kind = "context_extension"``, the extension grid at ``cpt.context.target_seq_len`` (docs/methods.md §15).
 The plan is a list of tables (section, rows of label/value/note) so the CLI can print it and tests can read it.
 
     pretrain plan configs/plan_case_study.toml
@@ -24,12 +26,12 @@ from pydantic import Field
 
 from infra.errors import ConfigError
 from infra.section import Section
-from models.arithmetic import flops_6nd, param_count, training_flops
+from models.arithmetic import flops_6nd, flops_per_token, param_count, training_flops
 from models.config import ModelConfig
-from models.planning import (DEVICE_MEMORY_GB, DEVICE_PEAK_BF16, GB, PLANNING_RATE, Chinchilla, checkpoint_bytes,
-                             detected_device, elapsed_hours, gpu_hours, memory_fit, pipeline_bubble, rate_at_mfu,
-                             served_token_break_even, tensor_parallel_traffic, tokens_per_param_allocation,
-                             young_interval)
+from models.planning import (DEVICE_MEMORY_GB, DEVICE_PEAK_BF16, GB, PLANNING_RATE, Chinchilla, activation_bytes,
+                             checkpoint_bytes, detected_device, elapsed_hours, gpu_hours, memory_fit, pipeline_bubble,
+                             rate_at_mfu, served_token_break_even, tensor_parallel_traffic,
+                             tokens_per_param_allocation, young_interval)
 
 
 class RunPlan(Section):
@@ -47,6 +49,9 @@ class RunPlan(Section):
         headroom: share of device memory kept free in the fit verdict.
         pipeline_stages / pipeline_micro_batches: for the bubble (1 stage = no pipeline).
         save_seconds / mtbf_hours: checkpoint save time δ and mean time between failures M (Young).
+        model: the run's own shape when it differs from the plan's ``[model]`` (a context extension trains the same
+            weights at a longer seq_len); None = the plan's. A different seq_len adds a context-window table.
+        notes: label → value rows shown at the end of the run's compute table (what the tokens are made of).
     """
 
     name: str
@@ -65,6 +70,8 @@ class RunPlan(Section):
     save_seconds: float = Field(default=60.0, gt=0)
     mtbf_hours: float = Field(default=3.09, gt=0)
     check_this_machine: bool = Field(default=False, description="also judge the fit on the detected device")
+    model: ModelConfig | None = None
+    notes: dict[str, str] = {}
 
 
 class PlanConfig(Section):
@@ -96,16 +103,59 @@ def load_plan(path: Path) -> PlanConfig:
     if "runs" not in raw and "main" in raw:
         from flows.config import parse_config
 
-        return _from_experiment(parse_config(raw, origin=str(path)))
+        return experiment_plan(parse_config(raw, origin=str(path)))
     return PlanConfig.validate_strict(raw, str(path))
 
 
-def _from_experiment(cfg) -> PlanConfig:
+def experiment_plan(cfg) -> PlanConfig:
+    """The plan of an experiment config (``flows.config.ExperimentConfig``) on the detected device: its ``[main]``
+    run, and with ``[cpt] kind = "context_extension"`` the extension grid at ``cpt.context.target_seq_len``. The
+    model is ``[main] model`` with the tokenizer's vocab_size padded to ``pad_multiple`` (docs/methods.md §8).
+
+    Raises:
+        ConfigError: a position recipe cannot extend the main model.
+    """
     main = cfg.main
     model = main.model.build(-(-cfg.tokenizer.vocab_size // cfg.tokenizer.pad_multiple) * cfg.tokenizer.pad_multiple)
     tokens = main.budget.steps * main.budget.batch_size * main.model.seq_len
-    return PlanConfig(model=model, runs=[RunPlan(name="main", tokens=tokens, devices=1, zero_stage=0,
-                                                 micro_batch=main.budget.batch_size, check_this_machine=True)])
+    runs = [RunPlan(name="main", tokens=tokens, devices=1, zero_stage=0, micro_batch=main.budget.batch_size,
+                    check_this_machine=True)]
+    if cfg.cpt.kind == "context_extension":
+        runs.append(_context_extension_run(cfg.cpt, model))
+    return PlanConfig(model=model, runs=runs)
+
+
+def _context_extension_run(cpt, base: ModelConfig) -> RunPlan:
+    """The ``[cpt]`` context-extension grid as one run at ``target_seq_len`` T' (docs/methods.md §15): every
+    candidate (recipe × replay fraction × peak LR × seed) trains ``steps × batch_size`` rows of T' tokens.
+
+    The shape is ``extended_config(base, T', recipe)``; RoPE has no parameters and the FLOPs and memory do not depend
+    on the recipe, so the first recipe's config stands for all of them.
+
+    Raises:
+        ConfigError: a recipe that cannot extend ``base`` (``models.context.extended_config``'s reason).
+    """
+    from models.context import extended_config
+
+    context = cpt.context
+    target = context.target_seq_len
+    try:
+        lines = {f"recipe {r.name}": r.describe(base, target) for r in context.recipes}
+        model = extended_config(base, target, context.recipes[0])
+    except ValueError as err:
+        raise ConfigError(f"cpt.context.recipes: {err}") from None
+    grid = (len(context.recipes), len(cpt.replay_fractions), len(cpt.peak_lrs), len(cpt.seeds))
+    candidates = grid[0] * grid[1] * grid[2] * grid[3]
+    factors = " × ".join(f"{n} {noun}{'s' if n != 1 else ''}" for n, noun in
+                         zip(grid, ("recipe", "replay fraction", "peak LR", "seed")))
+    notes = {"candidates": f"{candidates} = {factors}, each {cpt.budget.steps} steps × {cpt.budget.batch_size} rows "
+                           f"× {target} tokens", **lines}
+    if cpt.base_checkpoint:
+        notes["base"] = (f"planned on the [main] model; cpt.base_checkpoint {cpt.base_checkpoint} trains its own "
+                         "shape")
+    tokens = candidates * cpt.budget.steps * cpt.budget.batch_size * target
+    return RunPlan(name="cpt context extension", tokens=tokens, devices=1, zero_stage=0,
+                   micro_batch=cpt.budget.batch_size, check_this_machine=True, model=model, notes=notes)
 
 
 @dataclass(frozen=True)
@@ -183,7 +233,31 @@ def build_plan(plan: PlanConfig, law: FittedLaw | None = None, law_note: str = "
     return tables
 
 
-def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
+def _window_table(base: ModelConfig, run: RunPlan) -> PlanTable:
+    """How a run at its own window T' compares with the plan's T: FLOPs per token (6·N_matmul + 6·L·d·T, so
+    + 6·L·d·(T' − T)), the attention share 6·L·d·T / FLOPs per token, and the activations of one micro-batch
+    (linear in T with fused attention) (docs/methods.md §1, §3)."""
+    cfg = run.model
+    table = PlanTable(f"{run.name}: context window {base.seq_len} → {cfg.seq_len} tokens")
+    per_token = {}
+    for label, shape in (("T", base), ("T'", cfg)):
+        per_token[label] = flops_per_token(shape)
+        attention = 6 * shape.n_layers * shape.d_model * shape.seq_len
+        note = "6·N_matmul + 6·L·d·T, docs/methods.md §1"
+        if label == "T'":
+            note = f"{per_token[label] - per_token['T']:+,.0f} = 6·L·d·(T' − T)"
+        table.add(f"FLOPs per token at {label} = {shape.seq_len}", f"{per_token[label]:,.0f}", note)
+        table.add(f"attention FLOPs share at {label} = {shape.seq_len}", f"{attention / per_token[label]:.2%}",
+                  f"6·L·d·T = {attention:,} of the FLOPs per token")
+    for label, shape in (("T", base), ("T'", cfg)):
+        table.add(f"activations at {label} = {shape.seq_len}",
+                  f"{activation_bytes(shape, run.micro_batch, checkpointing=run.checkpointing):,.0f} B",
+                  f"micro-batch {run.micro_batch}, bf16, fused attention, docs/methods.md §3")
+    return table
+
+
+def _run_tables(plan_cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
+    cfg = plan_cfg if run.model is None else run.model
     n = param_count(cfg).total
     flops, c6 = training_flops(cfg, run.tokens), flops_6nd(cfg, run.tokens)
     compute = PlanTable(f"{run.name}: compute and time ({run.tokens:.3g} tokens, {run.devices} × {run.device})")
@@ -196,6 +270,8 @@ def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
     for mfu in run.mfu:
         days = elapsed_hours(flops, run.devices, rate_at_mfu(mfu, peak)) / 24
         compute.add(f"elapsed at MFU {mfu:.0%}", f"{days:.1f} days", f"of {peak / 1e12:.0f} TFLOP/s bf16 peak")
+    for label, text in run.notes.items():
+        compute.add(label, text)
     memory = PlanTable(f"{run.name}: memory per device (ZeRO-{run.zero_stage}, micro-batch {run.micro_batch})")
     device_gb = DEVICE_MEMORY_GB[run.device]
     for stage in range(4):
@@ -231,7 +307,8 @@ def _run_tables(cfg: ModelConfig, run: RunPlan) -> list[PlanTable]:
     parallel.add("checkpoint size", f"{states / GB:.1f} GB master + moments; {with_weights / GB:.1f} GB with bf16 "
                  "weights",
                  f"{states / 2e9:.0f}–{with_weights / 2e9:.0f} s at 2 GB/s")
-    return [compute, memory, parallel]
+    window = [_window_table(plan_cfg, run)] if cfg.seq_len != plan_cfg.seq_len else []
+    return [compute, *window, memory, parallel]
 
 
 def _chinchilla(cfg: ModelConfig, tokens: float, law: Chinchilla, n: int, title: str) -> PlanTable:

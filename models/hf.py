@@ -6,6 +6,11 @@ decoder uses, so q/k weights are copied as they are, without the interleaved →
 checkpoint needs. Import reads local Llama, Mistral, Qwen2 and Qwen3 folders and refuses, naming the field, every
 architecture the decoder cannot represent exactly; nothing is converted approximately.
 
+RoPE: the default type carries θ alone; linear position interpolation (Chen et al. 2023; docs/methods.md §15) is
+``rope_type = "linear"`` with ``factor`` s = ``rope_scaling_factor``. ``transformers`` divides every inverse frequency
+by s, which turns position m by (m / s)·θ^(−2i/d_h), the angle this decoder gives it. No other scaled type (dynamic
+NTK, YaRN, Llama 3, LongRoPE) is an exact match, so those are refused.
+
 Tensor names, ours → theirs (``i`` a block index)::
 
     tok_embeddings.weight          model.embed_tokens.weight
@@ -42,7 +47,7 @@ IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3")
 
 # ModelConfig fields the mapping carries; any other field must sit at its default, or the export is refused.
 _MAPPED = {"n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq_len", "tied_embeddings",
-           "qk_norm", "rope_theta", "init_std", "norm_eps"}
+           "qk_norm", "rope_theta", "rope_scaling_factor", "init_std", "norm_eps"}
 _BLOCK = (("attn_norm.weight", "input_layernorm.weight"), ("attn.wq.weight", "self_attn.q_proj.weight"),
           ("attn.wk.weight", "self_attn.k_proj.weight"), ("attn.wv.weight", "self_attn.v_proj.weight"),
           ("attn.wo.weight", "self_attn.o_proj.weight"), ("attn.q_norm.weight", "self_attn.q_norm.weight"),
@@ -68,8 +73,8 @@ def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int 
     with it (docs/methods.md §2).
 
     ``vocab_size`` is the model's embedding rows (the padded vocabulary, docs/methods.md §8);
-    ``max_position_embeddings`` is ``cfg.seq_len``; RoPE is the default type with ``rope_parameters.rope_theta = cfg.rope_theta``; no biases, no
-    sliding window, dtype float32.
+    ``max_position_embeddings`` is ``cfg.seq_len`` (the extended window of an interpolated model); ``rope_parameters``
+    is :func:`hf_rope_parameters`; no biases, no sliding window, dtype float32.
 
     Args:
         bos_id, eos_id, pad_id: special token ids (``None``: the tokenizer has no such token).
@@ -91,13 +96,25 @@ def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int 
                   num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
                   head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.seq_len,
                   initializer_range=cfg.init_std, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tied_embeddings,
-                  rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)}, attention_bias=False,
+                  rope_parameters=hf_rope_parameters(cfg), attention_bias=False,
                   attention_dropout=0.0, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
                   dtype="float32")
     if cfg.qk_norm:
         return Qwen3Config(**common, use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers,
                            layer_types=["full_attention"] * cfg.n_layers)
     return LlamaConfig(**common, mlp_bias=False, pretraining_tp=1)
+
+
+def hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    """``rope_parameters`` of ``cfg`` in the ``transformers`` format (module docstring; docs/methods.md §15).
+
+    ``{"rope_type": "default", "rope_theta": θ}`` at ``rope_scaling_factor`` s = 1, else
+    ``{"rope_type": "linear", "factor": s, "rope_theta": θ}``: ``transformers`` divides the inverse frequencies by
+    ``factor``, i.e. rotates position m as m / s (Chen et al. 2023).
+    """
+    if cfg.rope_scaling_factor == 1.0:
+        return {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    return {"rope_type": "linear", "factor": float(cfg.rope_scaling_factor), "rope_theta": float(cfg.rope_theta)}
 
 
 def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
@@ -141,15 +158,20 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     """The ``ModelConfig`` that represents a Llama / Mistral / Qwen3 ``transformers`` config exactly.
 
     Mapping: hidden_size → d_model, intermediate_size → d_ff, num_attention_heads / num_key_value_heads →
-    n_heads / n_kv_heads, vocab_size (the embedding rows), tie_word_embeddings, rope_parameters.rope_theta, rms_norm_eps →
-    norm_eps (also the QK-norm eps), initializer_range → init_std, max_position_embeddings → seq_len (kept as it is:
-    the RoPE tables then hold seq_len × d_h floats each, and training at that length is the caller's choice).
+    n_heads / n_kv_heads, vocab_size (the embedding rows), tie_word_embeddings, rope_parameters.rope_theta →
+    rope_theta, rope_parameters.factor of ``rope_type = "linear"`` → rope_scaling_factor (linear position
+    interpolation, Chen et al. 2023; default type: 1), rms_norm_eps → norm_eps (also the QK-norm eps),
+    initializer_range → init_std, max_position_embeddings → seq_len (kept as it is: the RoPE tables then hold
+    seq_len × d_h floats each, and training at that length is the caller's choice). A legacy ``rope_scaling`` entry
+    is read the same way (``transformers`` standardises it into ``rope_parameters``).
 
     Raises:
         ConfigError: naming the first field that differs from this decoder: model_type, attention bias (Qwen2 and
             ``attention_bias``), ``mlp_bias``, ``hidden_act`` other than silu, ``head_dim`` ≠ hidden_size /
-            num_attention_heads, a rope type other than default (``rope_scaling``) or a partial rotary factor,
-            RoPE parameters per layer type, a sliding window shorter than max_position_embeddings, experts (MoE).
+            num_attention_heads, a rope type other than default or linear (``rope_scaling``: dynamic, YaRN, Llama 3,
+            LongRoPE ... change the frequencies in ways the decoder does not), a linear factor below 1, a partial
+            rotary factor, RoPE parameters per layer type, a sliding window shorter than max_position_embeddings,
+            experts (MoE).
     """
     kind = getattr(config, "model_type", None)
     if kind not in IMPORTABLE:
@@ -172,9 +194,14 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if any(isinstance(v, dict) for v in rope.values()):
         raise _refuse("rope_parameters", rope, "RoPE differs by layer type; the decoder has one RoPE")
-    if rope.get("rope_type", "default") != "default":
-        raise _refuse("rope_scaling (rope_parameters.rope_type)", rope.get("rope_type"),
-                      "only the default (unscaled) RoPE is implemented")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))  # "type": the legacy rope_scaling key
+    if rope_type not in ("default", "linear"):
+        raise _refuse("rope_scaling (rope_parameters.rope_type)", rope_type,
+                      "only the default RoPE and linear position interpolation (rope_type 'linear') are implemented")
+    factor = rope.get("factor") if rope_type == "linear" else 1.0
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1.0:
+        raise _refuse("rope_scaling (rope_parameters.factor)", factor,
+                      "linear position interpolation needs a number factor >= 1")
     if rope.get("partial_rotary_factor") not in (None, 1.0):
         raise _refuse("partial_rotary_factor", rope["partial_rotary_factor"], "RoPE rotates every head dimension")
     positions = config.max_position_embeddings
@@ -189,7 +216,8 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
                        n_kv_heads=config.num_key_value_heads or heads, d_ff=config.intermediate_size,
                        vocab_size=config.vocab_size, seq_len=positions,
                        tied_embeddings=bool(config.tie_word_embeddings), qk_norm=kind == "qwen3",
-                       rope_theta=float(rope.get("rope_theta", 10000.0)), init_std=float(config.initializer_range),
+                       rope_theta=float(rope.get("rope_theta", 10000.0)), rope_scaling_factor=float(factor),
+                       init_std=float(config.initializer_range),
                        norm_eps=float(config.rms_norm_eps))
 
 
@@ -226,8 +254,8 @@ def decoder_from_hf(folder: Path) -> Decoder:
 
     Raises:
         ConfigError: the architecture differs from this decoder (the message names the field, e.g.
-            ``model_type = 'qwen2'`` for the attention bias, ``sliding_window``, ``rope_scaling``), or the weights
-            hold a tensor the decoder has no place for (a bias).
+            ``model_type = 'qwen2'`` for the attention bias, ``sliding_window``, ``rope_scaling`` of a type other
+            than default or linear), or the weights hold a tensor the decoder has no place for (a bias).
         DataError: no config.json or no safetensors weights, a tensor is missing, or a shape differs.
     """
     from transformers import AutoConfig

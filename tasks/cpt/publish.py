@@ -1,5 +1,6 @@
-"""What a CPT artifact puts into DuckDB: held-out loss and cloze results of every candidate and the base; into
-MLflow: the candidates' text samples as a table."""
+"""What a CPT artifact puts into DuckDB: held-out loss and cloze results of every candidate and the base, and for a
+context extension the loss by position, passkey retrieval, the long-document supply and the long documents'
+members; into MLflow: the candidates' text samples as a table."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ def publish(ctx: PublishContext) -> Published:
     cloze = pd.read_parquet(path / "cloze.parquet").drop(columns=["n_option_tokens"], errors="ignore")
     # The candidates' continuations of the [samples] prompts at each evaluation point, as an MLflow table.
     tables = {"samples.json": pd.read_parquet(path / "samples.parquet")} if (path / "samples.parquet").exists() else {}
-    return Published(tables={"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by,
-                                                                                            stage="cpt"),
-                             "cloze_results": cloze.assign(run_id=produced_by)},
-                     files=["candidates.json", "cloze.parquet"], mlflow_tables=tables)
+    warehouse = {"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by, stage="cpt"),
+                 "cloze_results": cloze.assign(run_id=produced_by)}
+    files = ["candidates.json", "cloze.parquet"]
+    # A context extension (docs/methods.md §15): every table carries its construction (natural / concatenated).
+    for table, name in CONTEXT_TABLES.items():
+        if (path / name).exists():
+            warehouse[table] = pd.read_parquet(path / name).assign(run_id=produced_by, artifact_key=ctx.artifact.key)
+            files.append(name)
+    return Published(tables=warehouse, files=files, mlflow_tables=tables)
+
+
+CONTEXT_TABLES = {"context_position_loss": "position_loss.parquet", "context_retrieval": "retrieval.parquet",
+                  "context_supply": "context_supply.parquet", "context_long_documents": "long_documents.parquet"}

@@ -13,8 +13,47 @@ from infra.stage import ReportContext, SummaryContext
 from tasks.train.samples import final_samples, read_samples, samples_block_frame, samples_table
 
 
+def _context_frames(path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | None:
+    """A context extension's tables (docs/methods.md §15): the candidates with their forgetting and retrieval at
+    the longest length, the loss by position bucket (one column per model), and retrieval accuracy by length (one
+    column per model, accuracy with its interval); None for domain adaptation."""
+    if not (path / "position_loss.parquet").exists():
+        return None
+    candidates = json.loads((path / "candidates.json").read_text())
+    base = candidates["base"]
+    grid = pd.DataFrame([{
+        "candidate": name, "recipe": d.get("recipe"), "θ": f"{d.get('rope_theta', float('nan')):g}",
+        "interp": f"{d.get('rope_scaling_factor', 1.0):g}", "replay": d.get("replay_fraction"),
+        "peak_lr": d.get("peak_lr"), "long nats": round(d["long_loss_nats"], 4),
+        "short nats": round(d["general_loss_nats"], 4),
+        "short Δ": round(d["general_loss_nats"] - base["general_loss_nats"], 4),
+        "cloze acc": d["cloze_accuracy"],
+        f"retrieval@{d['retrieval_length']}": round(d["retrieval_accuracy"], 3)} for name, d in candidates.items()])
+    position = pd.read_parquet(path / "position_loss.parquet")
+    position["bucket"] = position["bucket_start"].astype(str) + "–" + position["bucket_end"].astype(str)
+    buckets = position.pivot_table(index=["bucket_start", "bucket"], columns="checkpoint", values="loss_nats",
+                                   sort=False).reset_index(level=0, drop=True).reset_index()
+    buckets = buckets.sort_values("bucket", key=lambda c: c.str.split("–").str[0].astype(int))
+    retrieval = pd.read_parquet(path / "retrieval.parquet")
+    overall = retrieval[retrieval["depth"].astype(str) == "all"].copy()
+    overall["acc"] = overall.apply(lambda r: f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]", axis=1)
+    by_length = overall.pivot(index="length", columns="checkpoint", values="acc").reset_index()
+    order = [c for c in candidates if c in by_length.columns]
+    return grid, buckets[["bucket", *[c for c in candidates if c in buckets.columns]]], by_length[["length", *order]]
+
+
 def summary(ctx: SummaryContext) -> list[Any]:
-    """The CPT candidates table."""
+    """The CPT candidates table (a context extension: also loss by position and retrieval by length)."""
+    context = _context_frames(ctx.path)
+    if context is not None:
+        grid, buckets, retrieval = context
+        chance = pd.read_parquet(ctx.path / "retrieval.parquet")["chance"].iloc[0]
+        return [rich_table("Context extension candidates (short = the base window, long = the target window)",
+                           grid.fillna("-")),
+                rich_table("Held-out loss by token position (nats/token; base: RoPE unchanged past its window)",
+                           buckets.round(4)),
+                rich_table(f"Passkey retrieval by prompt length (accuracy [95% Wilson]; chance {chance:.2f})",
+                           retrieval)]
     candidates = json.loads((ctx.path / "candidates.json").read_text())
     cands = pd.DataFrame([{"candidate": k, "replay": d.get("replay_fraction"), "realised": d.get("realised_replay_fraction"),
                            "peak_lr": d.get("peak_lr"), "general nats": d["general_loss_nats"],
@@ -30,7 +69,16 @@ def summary(ctx: SummaryContext) -> list[Any]:
 
 
 def report(ctx: ReportContext) -> list[Block]:
-    """The continued pretraining grid, base first."""
+    """The continued pretraining grid, base first (a context extension: its position and retrieval tables)."""
+    context = _context_frames(ctx.path)
+    if context is not None:
+        grid, buckets, retrieval = context
+        return [Heading("Context extension"),
+                TableBlock("Candidates (base first): RoPE base θ, interpolation factor, loss at the target window "
+                           "(long) and at the base window (short), retrieval at the longest length", grid.fillna("-")),
+                TableBlock("Held-out loss by token position bucket, nats/token (position_loss.parquet has the "
+                           "intervals)", buckets.round(4)),
+                TableBlock("Passkey retrieval accuracy by prompt length [95% Wilson interval]", retrieval)]
     candidates = json.loads((ctx.path / "candidates.json").read_text())
     grid = pd.DataFrame([{"candidate": k, "replay_fraction": d.get("replay_fraction"),
                           "realised_replay": d.get("realised_replay_fraction"), "peak_lr": d.get("peak_lr"),

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from evals.decision import DecisionRecord
-from evals.gate import (HARNESS_METRICS, LOSS_METRICS, CandidateEval, GateConfig, GateDecision, HeldoutArrays,
-                        decide, gate_hash)
+from evals.gate import (HARNESS_METRICS, LOSS_METRICS, SELECTIONS, CandidateEval, GateConfig, GateDecision,
+                        HeldoutArrays, decide, gate_hash)
 from infra.stage import StageContext
 from tasks.readers import load_candidates
 
@@ -30,13 +30,20 @@ from tasks.readers import load_candidates
 def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | None = None) -> CandidateEval:
     """The paired arrays one model was scored on (same windows and items as every other model); ``harness_correct``
     the per-document arrays of the gate's harness criteria (``tasks.gate.harness``). The windows' document ids
-    (``<role>_window_docs``) are read when the file has them; older files have none (each window its own cluster)."""
+    (``<role>_window_docs``) are read when the file has them; older files have none (each window its own cluster).
+    Files of a context extension (``[cpt] kind = "context_extension"``, docs/methods.md §15) also hold the long
+    windows (``long_window_nats``, ``_tokens``, ``_docs``) and the passkey prompts (``retrieval_correct``,
+    ``retrieval_length``), read into ``long``, ``retrieval_correct`` and ``retrieval_length``."""
     data = np.load(cpt_dir / "evals" / f"{name}.npz", allow_pickle=False)
 
     def heldout(role: str) -> HeldoutArrays:
         docs = data[f"{role}_window_docs"] if f"{role}_window_docs" in data.files else None
         return HeldoutArrays(data[f"{role}_window_nats"], data[f"{role}_window_tokens"], docs)
 
+    retrieval = {}
+    if "retrieval_correct" in data.files:
+        retrieval = {"retrieval_correct": data["retrieval_correct"].astype(bool),
+                     "retrieval_length": data["retrieval_length"].astype(np.int64)}
     return CandidateEval(
         name=name,
         general=heldout("general"),
@@ -44,6 +51,8 @@ def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | No
         cloze_correct=data["cloze_correct"].astype(bool),
         params=params,
         harness_correct=dict(harness_correct or {}),
+        long=heldout("long") if "long_window_nats" in data.files else None,
+        **retrieval,
     )
 
 
@@ -84,8 +93,9 @@ def gate_rule(cfg: GateConfig) -> str:
     """The gate's rule in words: its criteria, the selection among passing candidates and the fallback."""
     criteria = "; ".join(f"{c.name}: {c.column} {c.op} {c.threshold:g} with the {c.confidence:.0%} interval wholly "
                          "on that side" for c in cfg.criteria)
-    select = ("the largest domain loss reduction" if cfg.select == "max_domain_loss_reduction"
-              else "the smallest general loss rise")
+    select = {"max_domain_loss_reduction": "the largest domain loss reduction",
+              "min_general_loss_rise": "the smallest general loss rise",
+              "max_long_loss_reduction": "the largest long-window loss reduction"}[cfg.select]
     return (f"every criterion passes ({criteria}; loss intervals resample held-out documents); among passing "
             f"candidates keep the one with {select}; none passes: keep the base")
 
@@ -117,19 +127,19 @@ def decision_record(cfg: GateConfig, decision: GateDecision, declared: DecisionR
     ``decided`` when a candidate passes (it is kept) or when every candidate fails (the base is kept);
     ``undetermined`` when none passes but some are inconclusive: the base is kept as the fallback, and ``resolve``
     gives the largest number of documents (loss criteria) or items that a criterion of an inconclusive candidate
-    needs. The estimate and interval are the domain loss reduction (nats/token, document-level interval) of the
-    kept candidate, or of the best inconclusive one (by the gate's ``select``); NaN when every candidate fails.
+    needs. The estimate and interval are the gate's selected metric (``evals.gate.SELECTIONS``: domain loss reduction,
+    general loss rise or long-window loss reduction, nats/token, document-level interval) of the kept candidate, or
+    of the best inconclusive one by that metric; NaN when every candidate fails.
     """
     table = decision.table
-    metric = "domain_loss_reduction_nats"
+    metric, largest = SELECTIONS[cfg.select]
     confidence = next((c.confidence for c in cfg.criteria if c.metric == metric), 0.95)
     inconclusive = table[table["decision"] == "inconclusive"]
     if decision.kept != "base":
         shown, verdict, fallback, resolve = table[table["candidate"] == decision.kept].iloc[0], "decided", "", ""
     elif len(inconclusive):
-        by_max = cfg.select == "max_domain_loss_reduction"
-        key = inconclusive[metric if by_max else "general_loss_rise_nats"]
-        shown = inconclusive.loc[key.idxmax() if by_max else key.idxmin()]
+        key = inconclusive[metric]
+        shown = inconclusive.loc[key.idxmax() if largest else key.idxmin()]
         verdict, fallback = "undetermined", "keep the base"
         resolve = _resolve(decision, inconclusive, shown["candidate"])
     else:
@@ -163,8 +173,8 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
         harness = score_harness(checkpoints, harness_criteria, experiment_tokenizer(cpt_dir, ctx.layout.artifacts),
                                 ctx.out, seed=ctx.seed)
     base = load_eval(cpt_dir, "base", {}, harness.get("base"))
-    candidates = [load_eval(cpt_dir, name, {k: v for k, v in params.items() if k in ("replay_fraction", "peak_lr")},
-                            harness.get(name))
+    shown = ("recipe", "replay_fraction", "peak_lr")  # the recipe: a context extension's candidates only
+    candidates = [load_eval(cpt_dir, name, {k: v for k, v in params.items() if k in shown}, harness.get(name))
                   for name, params in described.items() if name != "base"]
     decision = decide(cfg, base, candidates, seed=ctx.seed)
     decision.table.to_parquet(ctx.out / "decisions.parquet", index=False)

@@ -38,7 +38,8 @@ def inconclusive_lines(table: pd.DataFrame) -> list[str]:
     return lines
 
 
-LOSS_COLUMNS = {"general_loss_rise_nats": "general rise", "domain_loss_reduction_nats": "domain reduction"}
+LOSS_COLUMNS = {"general_loss_rise_nats": "general rise", "domain_loss_reduction_nats": "domain reduction",
+                "long_loss_reduction_nats": "long-window reduction"}
 
 
 def cluster_lines(table: pd.DataFrame) -> list[str]:
@@ -102,12 +103,18 @@ def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for row in decisions.to_dict("records"):
         entry = {"candidate": row["candidate"],
+                 **({"recipe": row["param_recipe"]} if "param_recipe" in row else {}),
                  "replay": "-" if pd.isna(row.get("param_replay_fraction")) else f"{row['param_replay_fraction']:g}",
                  "peak_lr": "-" if pd.isna(row.get("param_peak_lr")) else f"{row['param_peak_lr']:g}",
                  "general rise (nats)": interval(row, "general_loss_rise_nats"),
                  "domain reduction (nats)": interval(row, "domain_loss_reduction_nats"),
                  "cloze acc": "-" if pd.isna(row.get("cloze_accuracy")) else
                  f"{row['cloze_accuracy']:.3f} ± {row.get('cloze_accuracy_se_pts', float('nan')) / 100:.3f}"}
+        if "long_loss_reduction_nats" in row:  # a context extension (docs/methods.md §15)
+            entry["long reduction (nats)"] = interval(row, "long_loss_reduction_nats")
+            for column in sorted((c for c in decisions.columns if c.startswith("retrieval_accuracy_delta@")
+                                  and "_" not in c.split("@")[1]), key=lambda c: int(c.split("@")[1])):
+                entry[f"retrieval Δ@{column.split('@')[1]}"] = interval(row, column)
         for column in (c for c in decisions.columns if c.startswith("status_")):
             entry[column.removeprefix("status_")] = row[column]
         entry["decision"] = row["decision"] + (" (kept)" if row.get("kept") else "")

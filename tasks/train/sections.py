@@ -345,8 +345,8 @@ class ContextExtensionConfig(Section):
             longer than the base window; a config whose sources supply less is refused with the figures.
         eval_windows: held-out long windows per long source (at most), each one document of target_seq_len + 1
             tokens, for the loss by position bucket.
-        retrieval_lengths: passkey prompt lengths in tokens; empty = the base window's half, the base window, and
-            doublings up to target_seq_len.
+        retrieval_lengths: passkey prompt lengths in tokens; empty = the base window and doublings up to
+            target_seq_len.
         retrieval_depths: where the passkey sits, as a fraction of the filler (0 = start, 1 = end).
         retrieval_items: passkey prompts per (length, depth) cell.
         retrieval_choices: the key and its distractors: a prompt is correct when the true key has the highest

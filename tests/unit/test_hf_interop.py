@@ -69,6 +69,10 @@ def test_hf_config_fields():
     assert (llama.model_type, llama.vocab_size, llama.head_dim, llama.max_position_embeddings) == ("llama", 128, 16, 32)
     assert (llama.num_key_value_heads, llama.intermediate_size, llama.rms_norm_eps) == (2, 96, 1e-6)
     assert llama.rope_parameters == {"rope_type": "default", "rope_theta": 5e5}
+    assert "factor" not in llama.to_dict()["rope_parameters"]
+    scaled = hf_config(tiny(rope_scaling_factor=2.0), bos_id=None, eos_id=EOS, pad_id=PAD)
+    assert scaled.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert scaled.max_position_embeddings == 32
     assert (llama.tie_word_embeddings, llama.attention_bias, llama.mlp_bias) == (False, False, False)
     assert (llama.bos_token_id, llama.eos_token_id, llama.pad_token_id, llama.dtype) == (None, EOS, PAD, torch.float32)
     qwen = hf_config(tiny(qk_norm=True), bos_id=2, eos_id=EOS, pad_id=None)
@@ -130,7 +134,13 @@ IMPORTS = {
                                                              tie_word_embeddings=True)),
     "qwen3-mha-untied": (Qwen3ForCausalLM, lambda: Qwen3Config(**SMALL, num_key_value_heads=4, head_dim=16,
                                                                tie_word_embeddings=False)),
+    # linear position interpolation (Chen et al. 2023), in the current and the legacy spelling
+    "llama-linear-rope": (LlamaForCausalLM, lambda: LlamaConfig(
+        **SMALL, num_key_value_heads=2, rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5})),
+    "qwen3-legacy-rope-scaling": (Qwen3ForCausalLM, lambda: Qwen3Config(
+        **SMALL, num_key_value_heads=2, head_dim=16, rope_scaling={"type": "linear", "factor": 2.5})),
 }
+SCALING = {"llama-linear-rope": 4.0, "qwen3-legacy-rope-scaling": 2.5}
 
 
 @pytest.mark.parametrize("name", list(IMPORTS))
@@ -141,6 +151,7 @@ def test_import_matches_transformers(name, tmp_path):
     assert ours.cfg.qk_norm == name.startswith("qwen3")
     assert ours.cfg.tied_embeddings == theirs.config.tie_word_embeddings
     assert ours.cfg.seq_len == 32 and ours.cfg.init_std == 0.1
+    assert ours.cfg.rope_scaling_factor == SCALING.get(name, 1.0)
     _check(ours, theirs, f"import {name}")
 
 
@@ -212,7 +223,10 @@ def test_control_untied_head_exported_as_tied_is_caught():
 @pytest.mark.parametrize("config, field", [
     (Qwen2Config(**SMALL, num_key_value_heads=2), "bias"),
     (MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=16), "sliding_window = 16"),
-    (LlamaConfig(**SMALL, rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_scaling"),
+    (LlamaConfig(**SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_scaling"),
+    (LlamaConfig(**SMALL, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "'yarn'"),
+    (LlamaConfig(**SMALL, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 0.5}),
+     "factor.*0.5"),
     (LlamaConfig(**SMALL, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                            "original_max_position_embeddings": 16}), "rope_scaling"),
