@@ -56,7 +56,8 @@ from tasks.train.runner import MetricsToTracker, StepProgress, run_training, see
 from tasks.train.samples import PeriodicSamples, SampleConfig, samples_frame
 from tasks.train.sections import CptConfig
 
-CANDIDATE_CODE = ("tasks.cpt", "tasks.train", "models", "evals.long_context", "evals.heldout", "evals.cloze", "evals.stats")
+CANDIDATE_CODE = ("tasks.cpt", "tasks.train", "models", "evals.long_context", "evals.heldout", "evals.cloze",
+                  "evals.stats")
 SCORES = ("heldout", "cloze", "position", "retrieval")
 
 
@@ -231,9 +232,7 @@ def _eval_sets(ctx, cfg, corpus, general, items, encode, stream, base_len):
     construction = "concatenated" if ext.construction == "concatenate" else "natural"
     sets = _EvalSets(np.concatenate(windows), np.concatenate(docs), window_sources,
                      bucket_edges(base_len, ext.target_seq_len), passkeys, construction)
-    members = pd.concat([lw.members.assign(split="heldout") for lw in found if getattr(lw, "members", None) is not None],
-                        ignore_index=True) if any(getattr(lw, "members", None) is not None for lw in found) else \
-        pd.DataFrame()
+    members = pd.concat([lw.members.assign(split="heldout") for lw in found], ignore_index=True)
     return masks, items, sets, members
 
 

@@ -42,13 +42,30 @@ def _context_frames(path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | N
     return grid, buckets[["bucket", *[c for c in candidates if c in buckets.columns]]], by_length[["length", *order]]
 
 
+def supply_lines(path) -> list[str]:
+    """A context extension's long stream per source (``context_supply.parquet``), and the candidates trained versus
+    reused from the candidate cache when the artifact was built."""
+    lines = []
+    for r in pd.read_parquet(path / "context_supply.parquet").to_dict("records"):
+        lines.append(f"  {r['source']} long stream ({r['construction']}): {r['long_documents']:,} of "
+                     f"{r['documents']:,} documents longer than the {r['base_seq_len']}-token window, "
+                     f"{r['long_token_share']:.0%} of its tokens; {r['beyond_window_tokens']:,} tokens "
+                     f"({r['beyond_window_share']:.0%}) sit past position {r['base_seq_len']} of their own document "
+                     f"in {r['target_seq_len']}-token rows")
+    run = json.loads((path / "meta.json").read_text()).get("summary", {}) if (path / "meta.json").exists() else {}
+    if "reused" in run:  # meta.json is the artifact's: a run that reuses the artifact shows how it was built
+        lines.append(f"  when this artifact was built: {run['trained']} candidate(s) trained, {run['reused']} "
+                     "reused from the candidate cache (runs/cache/cpt)")
+    return lines
+
+
 def summary(ctx: SummaryContext) -> list[Any]:
     """The CPT candidates table (a context extension: also loss by position and retrieval by length)."""
     context = _context_frames(ctx.path)
     if context is not None:
         grid, buckets, retrieval = context
         chance = pd.read_parquet(ctx.path / "retrieval.parquet")["chance"].iloc[0]
-        return [rich_table("Context extension candidates (short = the base window, long = the target window)",
+        return [*supply_lines(ctx.path), rich_table("Context extension candidates (short = the base window, long = the target window)",
                            grid.fillna("-")),
                 rich_table("Held-out loss by token position (nats/token; base: RoPE unchanged past its window)",
                            buckets.round(4)),
