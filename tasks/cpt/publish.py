@@ -20,7 +20,7 @@ def publish(ctx: PublishContext) -> Published:
     # A context extension (docs/methods.md §15): every table carries its construction (natural / concatenated).
     for table, name in CONTEXT_TABLES.items():
         if (path / name).exists():
-            warehouse[table] = pd.read_parquet(path / name).assign(run_id=produced_by, artifact_key=ctx.artifact.key)
+            warehouse[table] = pd.read_parquet(path / name).assign(run_id=produced_by)
             files.append(name)
     return Published(tables=warehouse, files=files, mlflow_tables=tables)
 

@@ -116,6 +116,17 @@ def test_the_gate_judges_long_loss_retrieval_and_forgetting_and_the_export_keeps
     assert export["max_position_embeddings"] == (64 if kept == "base" else 256)
 
 
+def test_the_documented_context_queries_run_and_return_rows(context_runs):
+    import re
+
+    queries = re.findall(r"```sql context\n(.*?)```", (ROOT / "docs" / "duckdb.md").read_text(), re.S)
+    assert queries
+    with duckdb.connect(str(context_runs["runs"] / "results.duckdb"), read_only=True) as db:
+        for query in queries:
+            rows = db.execute(query).fetchall()
+            assert rows and {r[0] for r in rows} >= {"base"}, query
+
+
 def test_each_candidate_is_cached_on_its_own(context_runs):
     runs = context_runs["runs"]
     before = pd.read_parquet(_latest(runs, "gate") / "decisions.parquet")
