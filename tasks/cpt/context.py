@@ -4,8 +4,9 @@ Every candidate is the base's weights under one position recipe (``models.contex
 et al. 2023; a larger RoPE base, Xiong et al. 2023; or none, the control) at ``target_seq_len``, trained with a
 fresh AdamW on rows of the long-document sources (``tasks.cpt.long_docs``: documents whole up to the target
 length, a document mask so no token sees another document) plus ``replay_fraction`` of the base mixture. The grid is
-recipes × replay fractions × peak LRs × seeds; each candidate is cached on its own under ``runs/cache/cpt/``
-(checkpoint and scores), so adding a recipe or an LR trains only the new ones.
+recipes × replay fractions × peak LRs × seeds. Candidates of one seed offset share their seed, so they read the same
+batches in the same order (a paired comparison of recipes). Each candidate is cached on its own under
+``runs/cache/cpt/`` (checkpoint and scores), so adding a recipe or an LR trains only the new ones.
 
 The base and every candidate are scored on the same units (``evals.long_context``):
 
@@ -141,16 +142,18 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
     grid = [(r, f, lr, s) for r in ext.recipes for f in cfg.replay_fractions for lr in cfg.peak_lrs for s in cfg.seeds]
     sample_rows: list[dict[str, Any]] = []
     with ctx.progress.task("cpt: context extension grid steps", len(grid) * cfg.budget.steps) as advance:
-        for index, (recipe, fraction, peak_lr, offset) in enumerate(grid):
+        for recipe, fraction, peak_lr, offset in grid:
             name = f"{recipe.name}_replay{fraction:g}_lr{peak_lr:g}" + (f"_s{offset}" if len(cfg.seeds) > 1 else "")
-            seed = ctx.seed + index + 1000 * offset
+            # One seed per seed offset, shared by every recipe, replay share and LR: the candidates see the same
+            # batches in the same order (paired), and a candidate's key does not move when the grid grows.
+            seed = ctx.seed + 1 + 1000 * offset
             params = {"recipe": recipe.name, "position": recipe.position, "replay_fraction": fraction,
                       "peak_lr": peak_lr, "seed": seed}
             folder, reused = trainer.candidate(name, recipe, fraction, peak_lr, seed, base, scorer, params, advance)
             scorer.adopt(name, folder)
             shutil.copytree(folder / "checkpoint", ctx.out / "candidates" / name, copy_function=_link_or_copy)
             if (folder / "samples.parquet").exists():
-                sample_rows += pd.read_parquet(folder / "samples.parquet").to_dict("records")
+                sample_rows += pd.read_parquet(folder / "samples.parquet").assign(run=name).to_dict("records")
             if reused:
                 advance(cfg.budget.steps)
     print(f"cpt: {trainer.trained} candidate(s) trained, {trainer.reused} reused from runs/cache/cpt")
@@ -306,7 +309,8 @@ class _ContextScorer(_Scorer):
     def adopt(self, name: str, folder: Path) -> None:
         """Take the scores saved in ``folder`` (``save_scores``) as candidate ``name``'s."""
         shutil.copyfile(folder / "evals.npz", self.ctx.out / "evals" / f"{name}.npz")
-        frames = {part: pd.read_parquet(folder / f"{part}.parquet") for part in SCORES}
+        # The name is the grid's now (a seed suffix appears once there are several seeds); the scores are the key's.
+        frames = {part: pd.read_parquet(folder / f"{part}.parquet").assign(checkpoint=name) for part in SCORES}
         self.heldout.append(frames["heldout"])
         cloze = frames["cloze"]
         cloze["logprobs"] = cloze["logprobs"].map(lambda v: list(json.loads(v)) if isinstance(v, str) else v)

@@ -127,13 +127,22 @@ def test_the_documented_context_queries_run_and_return_rows(context_runs):
             assert rows and {r[0] for r in rows} >= {"base"}, query
 
 
-def test_each_candidate_is_cached_on_its_own(context_runs):
+def test_each_candidate_is_cached_on_its_own(context_runs, tmp_path):
     runs = context_runs["runs"]
     before = pd.read_parquet(_latest(runs, "gate") / "decisions.parquet")
     again = pretrain("run", "configs/smoke_context.toml", "--refresh", "cpt", runs=runs)
     assert "0 candidate(s) trained, 3 reused" in again.stdout
+    pd.testing.assert_frame_equal(before, pd.read_parquet(_latest(runs, "gate") / "decisions.parquet"))
+    # A recipe added to the grid trains alone; the others keep their scores and their gate rows.
+    grown = _edited(tmp_path, "grown", {'  { name = "none", position = "none" },\n':
+                                        '  { name = "none", position = "none" },\n'
+                                        '  { name = "pi2", position = "interpolation", factor = 2.0 },\n'})
+    more = pretrain("run", str(grown), runs=runs)
+    assert "1 candidate(s) trained, 3 reused" in more.stdout
     after = pd.read_parquet(_latest(runs, "gate") / "decisions.parquet")
-    pd.testing.assert_frame_equal(before, after)
+    assert set(after["candidate"]) == set(before["candidate"]) | {"pi2_replay0.25_lr0.003"}
+    shared = after[after["candidate"].isin(before["candidate"])].drop(columns="kept").reset_index(drop=True)
+    pd.testing.assert_frame_equal(before.drop(columns="kept"), shared)
 
 
 def test_sources_without_long_documents_are_refused_with_the_figures(context_runs, tmp_path):
