@@ -254,7 +254,8 @@ class _ContextScorer(_Scorer):
         window, long windows and passkeys at the model's own window)."""
         g_nats, g_tokens, g_docs, g_evals = self._arrays(model, self.general, self.base_len)
         d_nats, d_tokens, d_docs, d_evals = self._arrays(model, self.domain_sources, self.base_len)
-        cloze = score_cloze(model, self.encode, self.items, max_len=self.base_len).assign(checkpoint=name)
+        cloze = score_cloze(model, self.encode, self.items, max_len=self.base_len).assign(
+            checkpoint=name, construction=self.sets.construction)
         pl = position_bucket_loss(model, self.sets.windows, self.sets.edges)
         long_tokens = pl.bucket_tokens.sum(axis=1)
         long_nats = pl.bucket_nats.sum(axis=1) / np.maximum(long_tokens, 1)
@@ -272,7 +273,8 @@ class _ContextScorer(_Scorer):
         from tasks.train.runner import evals_frame
 
         heldout = evals_frame(g_evals + d_evals, checkpoint=name, step=step,
-                              tokens_seen=step * self.cfg.budget.batch_size * model.cfg.seq_len)
+                              tokens_seen=step * self.cfg.budget.batch_size * model.cfg.seq_len,
+                              construction=self.sets.construction)
         position = bucket_frame(pl, self.sets.docs, seed=self.ctx.seed).assign(**label)
         retrieval = retrieval_frame(self.sets.items, correct).assign(**label)
         longest = max(i.length for i in self.sets.items)

@@ -173,7 +173,7 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
         harness = score_harness(checkpoints, harness_criteria, experiment_tokenizer(cpt_dir, ctx.layout.artifacts),
                                 ctx.out, seed=ctx.seed)
     base = load_eval(cpt_dir, "base", {}, harness.get("base"))
-    shown = ("recipe", "replay_fraction", "peak_lr")  # the recipe: a context extension's candidates only
+    shown = ("recipe", "construction", "replay_fraction", "peak_lr")  # recipe, construction: context extension
     candidates = [load_eval(cpt_dir, name, {k: v for k, v in params.items() if k in shown}, harness.get(name))
                   for name, params in described.items() if name != "base"]
     decision = decide(cfg, base, candidates, seed=ctx.seed)

@@ -127,7 +127,8 @@ def test_domain_adaptation_plan_is_unchanged():
 def test_a_recipe_that_cannot_extend_the_main_model_is_refused():
     smaller = {**EXTENSION, "cpt.context": {**EXTENSION["cpt.context"], "recipes": [
         {"name": "abf", "position": "rope_base", "rope_theta": 5000.0}]}}
-    with pytest.raises(ConfigError, match="cpt.context.recipes: recipe abf: rope_theta = 5000 is not larger"):
+    # Refused when the config loads, before any plan (or run) is made.
+    with pytest.raises(ConfigError, match="recipe abf: rope_theta = 5000 is not larger than the base's 10000"):
         experiment_plan(load_config(SMOKE, smaller))
 
 
