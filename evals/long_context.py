@@ -42,6 +42,27 @@ OPTION = " {key}"
 KEY_LOW, KEY_HIGH = 10_000, 100_000  # 5-digit keys: [10000, 99999]
 
 
+def default_lengths(base_seq_len: int, target_seq_len: int) -> list[int]:
+    """Passkey prompt lengths in tokens when none are given: the base window (retrieval the base should manage),
+    then doublings, ending at the target window (docs/methods.md §15)."""
+    lengths, n = [base_seq_len], base_seq_len * 2
+    while n < target_seq_len:
+        lengths.append(n)
+        n *= 2
+    return sorted(set(lengths + [target_seq_len]))
+
+
+def min_prompt_length(encode: Callable[[str], list[int]], *, min_filler: int = 16, keys: int = 64) -> int:
+    """The shortest passkey prompt, in tokens, that holds the needle, the question, an option and ``min_filler``
+    filler tokens, under this tokenizer (the longest of ``keys`` seeded random keys; a key that encodes longer
+    still is refused by :func:`passkey_items`)."""
+    rng = np.random.Generator(np.random.PCG64(0))
+    question = len(_ids(encode, QUESTION))
+    worst = max(len(_ids(encode, NEEDLE.format(key=k))) + len(_ids(encode, OPTION.format(key=k)))
+                for k in rng.integers(KEY_LOW, KEY_HIGH, size=keys).tolist())
+    return question + worst + min_filler
+
+
 def bucket_edges(base_seq_len: int, target_seq_len: int) -> np.ndarray:
     """(n_buckets + 1,) int64 position edges: 0, T/4, T/2, T, 2T, 4T, ... ending exactly at T' (docs/methods.md §15).
 

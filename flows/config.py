@@ -76,16 +76,28 @@ class ExperimentConfig(Section):
                 raise ValueError(f"cpt.context.target_seq_len = {context.target_seq_len} must exceed the main "
                                  f"model's seq_len = {base_len}: it is the extended window")
             if not self.cpt.base_checkpoint:
+                from evals.gate import RETRIEVAL_METRICS
+                from evals.long_context import default_lengths
                 from models.context import extended_config
 
                 for recipe in context.recipes:  # the vocabulary does not change what a recipe may do
-                    extended_config(self.main.model.build(64), context.target_seq_len, recipe)
+                    try:
+                        extended_config(self.main.model.build(64), context.target_seq_len, recipe)
+                    except ValueError as err:
+                        raise ValueError(f"cpt.context.recipes: {err}") from None
+                lengths = context.retrieval_lengths or default_lengths(base_len, context.target_seq_len)
+                for c in self.gate.criteria:
+                    if c.metric in RETRIEVAL_METRICS and c.length and c.length not in lengths:
+                        raise ValueError(f"gate.criteria '{c.name}': length = {c.length} is not a passkey length "
+                                         f"{lengths} (cpt.context.retrieval_lengths; 0 = the longest)")
         from evals.gate import CONTEXT_METRICS
 
         context_criteria = [c.name for c in self.gate.criteria if c.metric in CONTEXT_METRICS]
         if self.cpt.kind != "context_extension" and (context_criteria or self.gate.select == "max_long_loss_reduction"):
-            raise ValueError(f"gate: criteria {context_criteria} / select = {self.gate.select!r} judge a context "
-                             "extension; they need [cpt] kind = 'context_extension'")
+            what = ([f"criteria {context_criteria}"] if context_criteria else []) + (
+                [f"select = {self.gate.select!r}"] if self.gate.select == "max_long_loss_reduction" else [])
+            raise ValueError(f"gate: {' and '.join(what)} judge a context extension; they need [cpt] kind = "
+                             "'context_extension'")
         qm = self.corpus.quality_model
         for side in ("positive", "negative"):
             unknown = [n for n in getattr(qm, side).sources if n not in self.sources]

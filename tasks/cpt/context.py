@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 
 from evals.cloze import ClozeItem, score_cloze
-from evals.long_context import (bucket_edges, bucket_frame, passkey_items, position_bucket_loss, retrieval_frame,
-                                score_passkey)
+from evals.long_context import (bucket_edges, bucket_frame, default_lengths, min_prompt_length, passkey_items,
+                                position_bucket_loss, retrieval_frame, score_passkey)
 from infra.artifacts import artifact_key, code_version
 from infra.atomic import atomic_dir
 from infra.errors import ConfigError
@@ -57,18 +57,10 @@ from tasks.train.runner import MetricsToTracker, StepProgress, run_training, see
 from tasks.train.samples import PeriodicSamples, SampleConfig, samples_frame
 from tasks.train.sections import CptConfig
 
+TRAIN_CODE = ("tasks.cpt.context", "tasks.cpt.long_docs", "tasks.train", "models")
 CANDIDATE_CODE = ("tasks.cpt", "tasks.train", "models", "evals.long_context", "evals.heldout", "evals.cloze",
                   "evals.stats")
 SCORES = ("heldout", "cloze", "position", "retrieval")
-
-
-def default_lengths(base_seq_len: int, target_seq_len: int) -> list[int]:
-    """Passkey prompt lengths: the base window (retrieval the base can do), then doublings, ending at the target."""
-    lengths, n = [base_seq_len], base_seq_len * 2
-    while n < target_seq_len:
-        lengths.append(n)
-        n *= 2
-    return sorted(set(lengths + [target_seq_len]))
 
 
 def extend(base: Decoder, target_seq_len: int, recipe: PositionRecipe) -> Decoder:
@@ -91,12 +83,15 @@ class _EvalSets:
 
 
 def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem],
-        packing: PackingConfig = PackingConfig(), samples: SampleConfig = SampleConfig()) -> dict[str, Any]:
+        packing: PackingConfig = PackingConfig(), samples: SampleConfig = SampleConfig(),
+        required_lengths: tuple[int, ...] = ()) -> dict[str, Any]:
     """Check the long-document supply, build the evaluation sets, score the base, then train (or read from the
-    candidate cache) and score every grid candidate.
+    candidate cache) and score every grid candidate. ``required_lengths``: the passkey lengths the gate's retrieval
+    criteria name, checked before any training. ``packing`` does not apply: rows are best fit with a document mask.
 
     Raises:
-        ConfigError: target_seq_len not above the base's window (an external base).
+        ConfigError: target_seq_len not above the base's window (an external base); passkey lengths too short for
+            a prompt under this tokenizer, or missing a length the gate names.
         DataError: the long sources cannot supply documents longer than the base window
             (``tasks.cpt.long_docs.check_supply``, with the figures), or too few held-out long documents.
     """
@@ -126,7 +121,8 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
               f"past position {base_len} of their own document in {target}-token rows")
 
     stream = sorted(set(ext.long_sources) | {s for s, w in base_weights.items() if w > 0})
-    masks, cloze_items, sets, members = _eval_sets(ctx, cfg, corpus, general, cloze_items, encode, stream, base_len)
+    masks, cloze_items, sets, members = _eval_sets(ctx, cfg, corpus, general, cloze_items, encode, stream, base_len,
+                                                   required_lengths)
     pd.concat([*(ls.members.assign(split="train") for ls in longs), members], ignore_index=True).assign(
         construction=construction).to_parquet(ctx.out / "long_documents.parquet", index=False)
 
@@ -149,8 +145,9 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
             seed = ctx.seed + 1 + 1000 * offset
             params = {"recipe": recipe.name, "position": recipe.position, "replay_fraction": fraction,
                       "peak_lr": peak_lr, "seed": seed}
-            folder, reused = trainer.candidate(name, recipe, fraction, peak_lr, seed, base, scorer, params, advance)
-            scorer.adopt(name, folder)
+            folder, scores, reused = trainer.candidate(name, recipe, fraction, peak_lr, seed, base, scorer, params,
+                                                       advance)
+            scorer.adopt(name, scores)
             shutil.copytree(folder / "checkpoint", ctx.out / "candidates" / name, copy_function=_link_or_copy)
             if (folder / "samples.parquet").exists():
                 sample_rows += pd.read_parquet(folder / "samples.parquet").assign(run=name).to_dict("records")
@@ -159,7 +156,7 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
     print(f"cpt: {trainer.trained} candidate(s) trained, {trainer.reused} reused from runs/cache/cpt")
     summary = scorer.write()
     summary.update(base_checkpoint=str(checkpoint), kind="context_extension", trained=trainer.trained,
-                   reused=trainer.reused)
+                   reused=trainer.reused, scored=trainer.scored)
     if sample_rows:
         samples_frame(sample_rows).to_parquet(ctx.out / "samples.parquet", index=False)
     return summary
@@ -181,7 +178,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _eval_sets(ctx, cfg, corpus, general, items, encode, stream, base_len):
+def _eval_sets(ctx, cfg, corpus, general, items, encode, stream, base_len, required_lengths=()):
     """Short-context window masks and cloze items after the 13-gram check against the training stream (as domain
     adaptation does), the long windows (decontaminated the same way) and the passkey items."""
     ext = cfg.context
@@ -229,7 +226,23 @@ def _eval_sets(ctx, cfg, corpus, general, items, encode, stream, base_len):
               "left out of every score (decontamination.parquet)")
     filler = np.concatenate([np.asarray(corpus.tokens(s, "heldout")) for s in ext.long_sources
                              if corpus.has(s, "heldout")])
-    lengths = list(ext.retrieval_lengths) or default_lengths(base_len, ext.target_seq_len)
+    shortest = min_prompt_length(encode)
+    if ext.retrieval_lengths:
+        short = [n for n in ext.retrieval_lengths if n < shortest]
+        if short:
+            raise ConfigError(f"cpt.context.retrieval_lengths: {short} too short; under this tokenizer a passkey prompt "
+                              f"needs at least {shortest} tokens (the key's sentences, the question, an option and 16 "
+                              "filler tokens)")
+        lengths = list(ext.retrieval_lengths)
+    else:  # the defaults start at the base window; a window too small for a prompt starts them later
+        lengths = [n for n in default_lengths(base_len, ext.target_seq_len) if n >= shortest]
+        if not lengths:
+            raise ConfigError(f"cpt.context: a passkey prompt needs at least {shortest} tokens under this tokenizer, "
+                              f"more than target_seq_len = {ext.target_seq_len}")
+    missing = sorted(set(required_lengths) - set(lengths))
+    if missing:
+        raise ConfigError(f"gate: retrieval criteria at length {missing}, but the passkey prompts have lengths "
+                          f"{lengths}: set cpt.context.retrieval_lengths to include them, or length = 0 (the longest)")
     passkeys = passkey_items(filler, encode, lengths=lengths, depths=list(ext.retrieval_depths),
                              per_cell=ext.retrieval_items, n_choices=ext.retrieval_choices, seed=ctx.seed)
     construction = "concatenated" if ext.construction == "concatenate" else "natural"
@@ -272,7 +285,8 @@ class _ContextScorer(_Scorer):
                       retrieval_depth=np.array([i.depth for i in self.sets.items], np.float64))
         from tasks.train.runner import evals_frame
 
-        heldout = evals_frame(g_evals + d_evals, checkpoint=name, step=step,
+        # A long source that is also general is scored once in the table (the npz keeps it in both roles).
+        heldout = evals_frame(g_evals + [e for e in d_evals if e.source not in self.general], checkpoint=name, step=step,
                               tokens_seen=step * self.cfg.budget.batch_size * model.cfg.seq_len,
                               construction=self.sets.construction)
         position = bucket_frame(pl, self.sets.docs, seed=self.ctx.seed).assign(**label)
@@ -342,50 +356,70 @@ def save_scores(folder: Path, scores: dict[str, Any]) -> None:
 
 
 class _CandidateTrainer:
-    """Trains one candidate, or finds it in ``runs/cache/cpt/<key>/`` (checkpoint, scores, samples)."""
+    """Trains one candidate, or finds it in the candidate cache, and scores it, or finds its scores there.
+
+    Two levels, so that changing only the evaluation re-scores without retraining: ``runs/cache/cpt/<train key>/``
+    holds the checkpoint, the samples and ``train.json``; its ``scores/<score key>/`` the scores
+    (``save_scores``). The train key reads what the weights depend on: the extended model config (equivalent
+    recipes share it), replay share, peak LR, seed, budget, stream sources and construction, tokenizer, the base's
+    content and the training code; the score key adds the evaluation settings and code.
+    """
 
     def __init__(self, ctx, cfg, corpus, longs, base_weights, checkpoint, general, samples, tokenizer, cloze_items):
         self.ctx, self.cfg, self.corpus, self.longs = ctx, cfg, corpus, longs
         self.base_weights, self.samples, self.tokenizer = base_weights, samples, tokenizer
         self.folder = ctx.layout.root / "cache" / "cpt"
         self.inputs = {"tokenizer": Path(ctx.inputs["tokenizer"]).name, "base": base_digest(checkpoint)}
-        section = cfg.model_dump(mode="json")
-        for grid_field in ("replay_fractions", "peak_lrs", "seeds"):
-            section.pop(grid_field)
-        section["context"].pop("recipes")
-        self.shared = {"cpt": section, "general": sorted(general), "base_weights": base_weights,
-                       "samples": samples.model_dump(mode="json"), "cloze": _digest(cloze_items),
-                       "experiment_seed": ctx.seed}
-        self.code = code_version(*CANDIDATE_CODE)
-        self.trained = self.reused = 0
+        ext = cfg.context
+        self.training = {"budget": cfg.budget.model_dump(mode="json"), "min_lr_ratio": cfg.min_lr_ratio,
+                         "replay_sampling": cfg.replay_sampling, "base_weights": base_weights,
+                         "long_sources": list(ext.long_sources), "construction": ext.construction,
+                         "samples": samples.model_dump(mode="json")}
+        self.evaluation = {"context": ext.model_dump(mode="json", exclude={"recipes"}), "general": sorted(general),
+                           "decontaminate": cfg.decontaminate, "cloze": _digest(cloze_items),
+                           "experiment_seed": ctx.seed}
+        self.train_code, self.score_code = code_version(*TRAIN_CODE), code_version(*CANDIDATE_CODE)
+        self.trained = self.reused = self.scored = 0
 
-    def key(self, recipe: PositionRecipe, fraction: float, peak_lr: float, seed: int) -> str:
-        config = {**self.shared, "recipe": recipe.model_dump(mode="json"), "replay_fraction": fraction,
+    def key(self, model_cfg, fraction: float, peak_lr: float, seed: int) -> str:
+        config = {**self.training, "model": model_cfg.model_dump(mode="json"), "replay_fraction": fraction,
                   "peak_lr": peak_lr, "seed": int(seed)}
-        return artifact_key("cpt-context-candidate", config, self.inputs, self.code)
+        return artifact_key("cpt-context-candidate", config, self.inputs, self.train_code)
 
     def candidate(self, name, recipe, fraction, peak_lr, seed, base, scorer: _ContextScorer, params,
-                  advance) -> tuple[Path, bool]:
-        """The cache folder of this candidate (trained now if absent) and whether it was reused."""
-        path = self.folder / self.key(recipe, fraction, peak_lr, seed)
-        if (path / "entry.json").is_file():
+                  advance) -> tuple[Path, Path, bool]:
+        """The candidate's cache folder and its scores folder (trained and scored now where absent), and whether
+        the training was reused."""
+        model_cfg = extended_config(base.cfg, self.cfg.context.target_seq_len, recipe)
+        train_key = self.key(model_cfg, fraction, peak_lr, seed)
+        path, reused = self.folder / train_key, True
+        if not (path / "train.json").is_file():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with atomic_dir(path) as tmp:
+                self._train(tmp, name, recipe, fraction, peak_lr, seed, base, params, advance)
+            self.trained, reused = self.trained + 1, False
+        else:
             self.reused += 1
-            return path, True
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with atomic_dir(path) as tmp:
-            self._train(tmp, name, recipe, fraction, peak_lr, seed, base, scorer, params, advance)
-        self.trained += 1
-        return path, False
+        score_key = artifact_key("cpt-context-scores", self.evaluation, {"train": train_key}, self.score_code)
+        scores = path / "scores" / score_key
+        if not (scores / "entry.json").is_file():
+            (path / "scores").mkdir(exist_ok=True)
+            trained = load_model(path / "checkpoint")  # what was saved: a reused candidate scores the same
+            info = json.loads((path / "train.json").read_text())
+            with atomic_dir(scores) as tmp:
+                save_scores(tmp, scorer.scores(name, trained, {**params, **info["params"]}, step=info["step"]))
+            self.scored += 1
+        return path, scores, reused
 
-    def _train(self, out, name, recipe, fraction, peak_lr, seed, base, scorer, params, advance) -> None:
+    def _train(self, out, name, recipe, fraction, peak_lr, seed, base, params, advance) -> None:
         cfg, ext = self.cfg, self.cfg.context
         model = extend(base, ext.target_seq_len, recipe)
-        long_weights = {s: (1.0 - fraction) / len(ext.long_sources) for s in ext.long_sources}
-        weights = replay_weights([], self.base_weights, fraction)
-        for s, w in long_weights.items():
-            weights[s] = weights.get(s, 0.0) + w
+        # The long streams are named apart from the replay ones, even for a source that is both (its documents
+        # whole up to the target length, or joined): the realised replay share is then exact.
+        weights = {f"long:{s}": (1.0 - fraction) / len(ext.long_sources) for s in ext.long_sources}
+        weights.update({s: w for s, w in replay_weights([], self.base_weights, fraction).items()})
         weights = {s: w for s, w in weights.items() if w > 0}
-        own = {ls.source: ls.stream for ls in self.longs}
+        own = {f"long:{ls.source}": ls.stream for ls in self.longs}
         streams = {s: own[s] if s in own else self.corpus.stream(s, "train") for s in weights}
         # Rows keep documents whole up to the target length, with no attention across documents (docs §15).
         sampler = MixtureSampler(streams, weights, seq_len=ext.target_seq_len, batch_size=cfg.budget.batch_size,
@@ -403,12 +437,10 @@ class _CandidateTrainer:
                                        "construction": ext.construction}}
         Checkpointer(out, extra=extra).save(out / "checkpoint", model=model, optimizer=result.optimizer,
                                             state=result.state, sampler_state=sampler.state_dict())
-        trained = load_model(out / "checkpoint")  # score what was saved, so a reused candidate scores the same
         realised = sampler.realised_fractions()
-        replay = [s for s in weights if s not in ext.long_sources]
-        params = {**params, "realised_replay_fraction": float(sum(realised.get(g, 0.0) for g in replay)),
-                  "tokens_seen": int(result.state.tokens_seen)}
-        save_scores(out, scorer.scores(name, trained, params, step=result.state.step))
+        replay = sum(share for s, share in realised.items() if not s.startswith("long:"))
         rows = [row for c in callbacks if isinstance(c, PeriodicSamples) for row in c.rows]
         if rows:
             samples_frame(rows).to_parquet(out / "samples.parquet", index=False)
+        (out / "train.json").write_text(json.dumps({"step": int(result.state.step), "params": {
+            "realised_replay_fraction": float(replay), "tokens_seen": int(result.state.tokens_seen)}}, indent=2))

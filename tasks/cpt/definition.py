@@ -27,9 +27,14 @@ def run_cpt(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     from evals.cloze import cloze_files, load_cloze_sets
 
     if cfg.cpt.kind == "context_extension":
-        from tasks.cpt.context import run
-    else:
-        from tasks.cpt.stage import run
+        from evals.gate import RETRIEVAL_METRICS
+        from tasks.cpt.context import run as run_context
+
+        lengths = tuple(c.length for c in cfg.gate.criteria if c.metric in RETRIEVAL_METRICS and c.length)
+        return run_context(ctx, cfg.cpt, general=cfg.general_sources,
+                           cloze_items=load_cloze_sets(cloze_files(cfg.gate.cloze_paths)), packing=cfg.packing,
+                           samples=cfg.samples, required_lengths=lengths)
+    from tasks.cpt.stage import run
 
     return run(ctx, cfg.cpt, general=cfg.general_sources, cloze_items=load_cloze_sets(cloze_files(cfg.gate.cloze_paths)),
                packing=cfg.packing, samples=cfg.samples)

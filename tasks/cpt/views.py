@@ -24,11 +24,10 @@ def _context_frames(path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | N
     grid = pd.DataFrame([{
         "candidate": name, "recipe": d.get("recipe"), "θ": f"{d.get('rope_theta', float('nan')):g}",
         "interp": f"{d.get('rope_scaling_factor', 1.0):g}", "replay": d.get("replay_fraction"),
-        "peak_lr": d.get("peak_lr"), "long nats": round(d["long_loss_nats"], 4),
-        "short nats": round(d["general_loss_nats"], 4),
-        "short Δ": round(d["general_loss_nats"] - base["general_loss_nats"], 4),
-        "cloze acc": d["cloze_accuracy"],
-        f"retrieval@{d['retrieval_length']}": round(d["retrieval_accuracy"], 3)} for name, d in candidates.items()])
+        "realised": d.get("realised_replay_fraction"), "peak_lr": d.get("peak_lr"),
+        "long nats": d["long_loss_nats"], "short nats": d["general_loss_nats"],
+        "short Δ": d["general_loss_nats"] - base["general_loss_nats"], "cloze acc": d["cloze_accuracy"],
+        f"retrieval@{d['retrieval_length']}": d["retrieval_accuracy"]} for name, d in candidates.items()])
     position = pd.read_parquet(path / "position_loss.parquet")
     position["bucket"] = position["bucket_start"].astype(str) + "–" + position["bucket_end"].astype(str)
     buckets = position.pivot_table(index=["bucket_start", "bucket"], columns="checkpoint", values="loss_nats",
@@ -55,28 +54,31 @@ def supply_lines(path) -> list[str]:
     run = json.loads((path / "meta.json").read_text()).get("summary", {}) if (path / "meta.json").exists() else {}
     if "reused" in run:  # meta.json is the artifact's: a run that reuses the artifact shows how it was built
         lines.append(f"  when this artifact was built: {run['trained']} candidate(s) trained, {run['reused']} "
-                     "reused from the candidate cache (runs/cache/cpt)")
+                     f"reused from the candidate cache (runs/cache/cpt), {run.get('scored', 0)} scored anew")
     return lines
 
 
 def summary(ctx: SummaryContext) -> list[Any]:
-    """The CPT candidates table (a context extension: also loss by position and retrieval by length)."""
+    """The CPT candidates table (a context extension: also the long stream, loss by position and retrieval by
+    length) and the candidates' text samples."""
     context = _context_frames(ctx.path)
     if context is not None:
         grid, buckets, retrieval = context
         chance = pd.read_parquet(ctx.path / "retrieval.parquet")["chance"].iloc[0]
-        return [*supply_lines(ctx.path), rich_table("Context extension candidates (short = the base window, long = the target window)",
-                           grid.fillna("-")),
-                rich_table("Held-out loss by token position (nats/token; base: RoPE unchanged past its window)",
-                           buckets.round(4)),
-                rich_table(f"Passkey retrieval by prompt length (accuracy [95% Wilson]; chance {chance:.2f})",
-                           retrieval)]
-    candidates = json.loads((ctx.path / "candidates.json").read_text())
-    cands = pd.DataFrame([{"candidate": k, "replay": d.get("replay_fraction"), "realised": d.get("realised_replay_fraction"),
-                           "peak_lr": d.get("peak_lr"), "general nats": d["general_loss_nats"],
-                           "domain nats": d["domain_loss_nats"], "cloze acc": d["cloze_accuracy"]}
-                          for k, d in candidates.items()])
-    out = [rich_table("CPT candidates", cands.fillna("-"))]
+        out = [*supply_lines(ctx.path),
+               rich_table("Context extension candidates (short = the base window, long = the target window)",
+                          grid.round(4).fillna("-")),
+               rich_table("Held-out loss by token position (nats/token; base: RoPE unchanged past its window)",
+                          buckets.round(4)),
+               rich_table(f"Passkey retrieval by prompt length (accuracy [95% Wilson]; chance {chance:.2f})",
+                          retrieval)]
+    else:
+        candidates = json.loads((ctx.path / "candidates.json").read_text())
+        cands = pd.DataFrame([{"candidate": k, "replay": d.get("replay_fraction"),
+                               "realised": d.get("realised_replay_fraction"), "peak_lr": d.get("peak_lr"),
+                               "general nats": d["general_loss_nats"], "domain nats": d["domain_loss_nats"],
+                               "cloze acc": d["cloze_accuracy"]} for k, d in candidates.items()])
+        out = [rich_table("CPT candidates", cands.fillna("-"))]
     samples = read_samples(ctx.path)
     if samples is not None and len(samples):
         last = final_samples(samples).rename(columns={"run": "candidate"})

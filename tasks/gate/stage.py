@@ -70,18 +70,21 @@ def plot_decision(table, cfg: GateConfig, path: Path) -> None:
         low, high = row[metric] - row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] - row[metric]
         return [[low if np.isfinite(low) else 0.0], [high if np.isfinite(high) else 0.0]]
 
+    # A context extension's gain is on the long windows; domain adaptation's on the domain sources.
+    x_metric = "long_loss_reduction_nats" if "long_loss_reduction_nats" in table.columns else "domain_loss_reduction_nats"
     for row in table.to_dict("records"):
-        x, y = row["domain_loss_reduction_nats"], row["general_loss_rise_nats"]
-        xerr, yerr = bar(row, "domain_loss_reduction_nats"), bar(row, "general_loss_rise_nats")
+        x, y = row[x_metric], row["general_loss_rise_nats"]
+        xerr, yerr = bar(row, x_metric), bar(row, "general_loss_rise_nats")
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color=colours.get(row["decision"], "grey"), capsize=3)
         ax.annotate(row["candidate"] + (" (kept)" if row.get("kept") else ""), (x, y), fontsize=7,
                     xytext=(4, 4), textcoords="offset points")
     for c in cfg.criteria:
-        if c.metric == "domain_loss_reduction_nats":
+        if c.metric == x_metric:
             ax.axvline(c.threshold, color="grey", linestyle="--", linewidth=1)
         elif c.metric == "general_loss_rise_nats":
             ax.axhline(c.threshold, color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("domain loss reduction (nats/token, base − candidate)")
+    ax.set_xlabel(("long-window" if x_metric.startswith("long") else "domain")
+                  + " loss reduction (nats/token, base − candidate)")
     ax.set_ylabel("general loss rise (nats/token, candidate − base)")
     ax.set_title("CPT candidates and the gate (green pass, red fail, orange inconclusive)", fontsize=9)
     fig.tight_layout()

@@ -86,7 +86,7 @@ def test_candidates_carry_their_rope_and_window_in_checkpoints_and_tables(contex
     assert (position["ci_low"] <= position["loss_nats"]).all() and (position["loss_nats"] <= position["ci_high"]).all()
     assert set(position["construction"]) == set(retrieval["construction"]) == set(supply["construction"]) == {"natural"}
     overall = retrieval[retrieval["depth"] == "all"]
-    assert sorted(set(overall["length"])) == [64, 128, 256]
+    assert sorted(set(overall["length"])) == [128, 256]  # 64 tokens cannot hold a prompt and 16 filler tokens
     assert (overall["n"] == 12).all()  # 6 prompts × 2 depths per length
     assert ((overall["ci_low"] <= overall["accuracy"]) & (overall["accuracy"] <= overall["ci_high"])).all()
     assert set(supply["source"]) == {"handbook_en", "python_doc"}
@@ -143,6 +143,10 @@ def test_each_candidate_is_cached_on_its_own(context_runs, tmp_path):
     assert set(after["candidate"]) == set(before["candidate"]) | {"pi2_replay0.25_lr0.003"}
     shared = after[after["candidate"].isin(before["candidate"])].drop(columns="kept").reset_index(drop=True)
     pd.testing.assert_frame_equal(before.drop(columns="kept"), shared)
+    # Changing only the evaluation re-scores every candidate without training any.
+    rescored = _edited(tmp_path, "rescored", {"retrieval_items = 6": "retrieval_items = 5"})
+    assert "0 candidate(s) trained, 3 reused from the candidate cache (runs/cache/cpt), 3 scored anew" in pretrain(
+        "run", str(rescored), runs=runs).stdout
 
 
 def test_sources_without_long_documents_are_refused_with_the_figures(context_runs, tmp_path):

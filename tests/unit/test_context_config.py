@@ -84,3 +84,14 @@ def test_a_gate_on_context_metrics_needs_a_context_extension():
         smoke(**{"gate.criteria": criteria})
     with pytest.raises(ConfigError, match="max_long_loss_reduction"):
         smoke(**{"gate.select": "max_long_loss_reduction"})
+
+
+def test_a_retrieval_criterion_must_name_an_evaluated_length():
+    context = {**CONTEXT, "retrieval_lengths": [64, 256]}
+    criteria = [{"name": "r", "metric": "retrieval_accuracy_delta", "op": ">=", "threshold": -0.1, "length": 128}]
+    with pytest.raises(ConfigError, match=r"length = 128 is not a passkey length \[64, 256\]"):
+        smoke(**{"cpt.kind": "context_extension", "cpt.context": context, "gate.criteria": criteria,
+                 "gate.select": "max_long_loss_reduction"})
+    # The default lengths: the base window, then doublings up to the target.
+    criteria[0]["length"] = 128
+    assert smoke(**{"cpt.kind": "context_extension", "cpt.context": CONTEXT, "gate.criteria": criteria}).gate
