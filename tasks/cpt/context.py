@@ -47,13 +47,11 @@ from models.decoder import Decoder
 from tasks.cpt.digest import base_digest
 from tasks.cpt.eval_overlap import cloze_hits, hits_frame, training_ngrams, window_hits
 from tasks.cpt.long_docs import LongWindows, check_supply, long_stream, long_windows
-from tasks.cpt.stage import DOC_ID_STRIDE, _load_base, _Scorer, base_checkpoint, replay_weights
-from tasks.readers import load_choice
+from tasks.cpt.stage import DOC_ID_STRIDE, _Scorer, replay_weights, setup
 from tasks.train.checkpoint import Checkpointer, load_model
-from tasks.train.corpus import TokenizedCorpus
 from tasks.train.data import MixtureSampler
 from tasks.train.packing import PackingConfig
-from tasks.train.runner import MetricsToTracker, StepProgress, run_training, seed_everything
+from tasks.train.runner import MetricsToTracker, StepProgress, run_training
 from tasks.train.samples import PeriodicSamples, SampleConfig, samples_frame
 from tasks.train.sections import CptConfig
 
@@ -96,13 +94,7 @@ def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: l
             (``tasks.cpt.long_docs.check_supply``, with the figures), or too few held-out long documents.
     """
     ext = cfg.context
-    seed_everything(ctx.seed, ctx.torch_threads)
-    corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
-    tokenizer = corpus.tokenizer
-    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
-    base_weights = dict(cfg.replay_weights) or load_choice(ctx.inputs["mixture"])["weights"]
-    checkpoint = base_checkpoint(ctx, cfg, corpus)
-    base = _load_base(checkpoint, corpus)
+    corpus, tokenizer, encode, base_weights, checkpoint, base = setup(ctx, cfg)
     base_len, target = base.cfg.seq_len, ext.target_seq_len
     if target <= base_len:
         raise ConfigError(f"cpt.context.target_seq_len = {target} must exceed the base's seq_len = {base_len}")
@@ -304,16 +296,6 @@ class _ContextScorer(_Scorer):
                  "construction": self.sets.construction}
         return {"arrays": arrays, "heldout": heldout, "cloze": cloze, "position": position, "retrieval": retrieval,
                 "entry": entry}
-
-    def _arrays(self, model, sources, seq_len):
-        from tasks.train.runner import evaluate_sources
-
-        raw = evaluate_sources(model, self.corpus, sources, seq_len=seq_len, eval_tokens=self.cfg.budget.eval_tokens)
-        docs = np.concatenate([self._window_docs(e, sources.index(e.source), seq_len) for e in raw])
-        evals = [self._decontaminated(e) for e in raw]
-        nats = np.concatenate([e.loss.window_nats for e in evals])
-        tokens = np.concatenate([e.loss.window_tokens for e in evals])
-        return nats / np.maximum(tokens, 1), tokens, docs, evals
 
     def score(self, name: str, model, params: dict, step: int) -> None:
         """Score ``model`` and keep its results (the base; candidates go through the cache, ``save``/``adopt``)."""

@@ -86,17 +86,24 @@ def _load_base(checkpoint: Path, corpus: TokenizedCorpus) -> Decoder:
     return load_hf_base(checkpoint, corpus.meta) if is_hf_folder(checkpoint) else load_model(checkpoint)
 
 
-def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem],
-        packing: PackingConfig = PackingConfig(), samples: SampleConfig = SampleConfig()) -> dict[str, Any]:
-    """Check the base and the evaluation sets, score the base, then train and score every grid candidate; with
-    ``samples.prompts``, each candidate's evaluation points also continue those prompts (``samples.parquet``)."""
+def setup(ctx: StageContext, cfg: CptConfig):
+    """What every CPT kind starts from: the seeded process, the experiment's corpus, its tokenizer and ``encode``,
+    the replay weights (``[cpt] replay_weights`` or the base mixture's), the checked base checkpoint and its
+    model."""
     seed_everything(ctx.seed, ctx.torch_threads)
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     tokenizer = corpus.tokenizer
     encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
     base_weights = dict(cfg.replay_weights) or load_choice(ctx.inputs["mixture"])["weights"]
     checkpoint = base_checkpoint(ctx, cfg, corpus)
-    base = _load_base(checkpoint, corpus)
+    return corpus, tokenizer, encode, base_weights, checkpoint, _load_base(checkpoint, corpus)
+
+
+def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem],
+        packing: PackingConfig = PackingConfig(), samples: SampleConfig = SampleConfig()) -> dict[str, Any]:
+    """Check the base and the evaluation sets, score the base, then train and score every grid candidate; with
+    ``samples.prompts``, each candidate's evaluation points also continue those prompts (``samples.parquet``)."""
+    corpus, tokenizer, encode, base_weights, checkpoint, base = setup(ctx, cfg)
     stream = sorted(set(cfg.domain_sources) | {s for s, w in base_weights.items() if w > 0})
     masks, cloze_items = _decontaminate(ctx, cfg, corpus, general, cloze_items, encode, stream, base.cfg.seq_len)
     scorer = _Scorer(ctx, corpus, general, cfg, cloze_items, encode, masks)
@@ -172,10 +179,12 @@ class _Scorer:
         self.heldout, self.cloze, self.candidates = [], [], {}
         (ctx.out / "evals").mkdir(parents=True, exist_ok=True)
 
-    def _arrays(self, model, sources) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
-        raw = evaluate_sources(model, self.corpus, sources, seq_len=model.cfg.seq_len,
-                               eval_tokens=self.cfg.budget.eval_tokens)
-        docs = np.concatenate([self._window_docs(e, sources.index(e.source), model.cfg.seq_len) for e in raw])
+    def _arrays(self, model, sources, seq_len: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        """Per-window nats/token, tokens, document ids and the evaluations of ``sources`` at ``seq_len`` (default
+        the model's window)."""
+        seq_len = seq_len or model.cfg.seq_len
+        raw = evaluate_sources(model, self.corpus, sources, seq_len=seq_len, eval_tokens=self.cfg.budget.eval_tokens)
+        docs = np.concatenate([self._window_docs(e, sources.index(e.source), seq_len) for e in raw])
         evals = [self._decontaminated(e) for e in raw]
         nats = np.concatenate([e.loss.window_nats for e in evals])
         tokens = np.concatenate([e.loss.window_tokens for e in evals])
