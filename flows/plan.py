@@ -248,7 +248,7 @@ def _window_table(base: ModelConfig, run: RunPlan) -> PlanTable:
             note = f"{per_token[label] - per_token['T']:+,.0f} = 6·L·d·(T' − T)"
         table.add(f"FLOPs per token at {label} = {shape.seq_len}", f"{per_token[label]:,.0f}", note)
         table.add(f"attention FLOPs share at {label} = {shape.seq_len}", f"{attention / per_token[label]:.2%}",
-                  f"6·L·d·T = {attention:,} of the FLOPs per token")
+                  f"6·L·d·{label} = {attention:,} of the FLOPs per token")
     for label, shape in (("T", base), ("T'", cfg)):
         table.add(f"activations at {label} = {shape.seq_len}",
                   f"{activation_bytes(shape, run.micro_batch, checkpointing=run.checkpointing):,.0f} B",
