@@ -3,6 +3,7 @@
     pretrain audit configs/demo.toml                          # every source, 5,000 originals each (the filter audit mix)
     pretrain audit configs/demo.toml --source python_doc      # one source
     pretrain audit configs/smoke.toml --originals 50 --runs-dir /tmp/smoke-runs
+    pretrain audit configs/demo.toml --lsh-layout 20x10 --lsh-design s1=0.8,p1=0.95,s2=0.5,p2=0.05
 
 Per source: inject labelled junk into its first N documents, run the real corpus build with the experiment's
 ``[corpus]`` config, and measure (``tasks.audit``). When the pipeline's corpus stage has already produced an
@@ -10,8 +11,9 @@ artifact, up to K of its removed documents per rule are listed for review as wel
 ``<runs>/audit/<experiment>/<source>/``; each source gets an MLflow run (experiment = config name, tag
 ``audit_source``) with the figures as metrics and the folder as artifacts, and its crosstab goes to DuckDB
 ``audit_crosstab`` (one row per label × rule with n_docs > 0; ``artifact_key`` identifies the audit's inputs and
-code, and a rerun with the same key replaces its rows) and its HTML extractor comparison to ``audit_extractors``
-(one row per extractor, for a source with HTML pages). This module must be imported after
+code, and a rerun with the same key replaces its rows), its HTML extractor comparison to ``audit_extractors``
+(one row per extractor, for a source with HTML pages) and its detector comparison on the mock benchmark to
+``audit_detectors`` (one row per form × detector). This module must be imported after
 ``RunsLayout.prepare_environment()`` (Prefect reads PREFECT_HOME on import).
 """
 
@@ -38,7 +40,7 @@ from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 from tasks.audit.config import AuditConfig
 from tasks.audit.review import review_corpus_removals
-from tasks.audit.run import load_originals, load_pages, run_audit, write_audit
+from tasks.audit.run import load_documents, load_pages, run_audit, write_audit
 
 AUDIT_CODE = "tasks.audit.run"  # the audit is keyed by the import closure of its entry, as stages are
 
@@ -50,11 +52,11 @@ def audit_dir(layout: RunsLayout, experiment: str, source: str) -> Path:
 @task(name="audit-source", cache_policy=NO_CACHE, persist_result=False)
 def audit_source(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_cfg: AuditConfig) -> dict[str, Any]:
     """Inject, build, measure and write one source's audit folder; returns {out_dir, report}."""
-    originals, counts = load_originals(cfg.sources[source], layout.source_cache, audit_cfg.num_originals,
-                                       cfg.corpus.extractor)
+    docs, counts = load_documents(cfg.sources[source], layout.source_cache, cfg.corpus.extractor)
+    originals, held_out = docs.head(audit_cfg.num_originals), docs.iloc[audit_cfg.num_originals:]
     pages = load_pages(cfg.sources[source], layout.source_cache, audit_cfg.extractor_pages, audit_cfg.seed)
     result = run_audit(originals, cfg.sources[source], cfg.corpus, audit_cfg, pages=pages,
-                       quality_model=_quality_model(cfg, layout))
+                       quality_model=_quality_model(cfg, layout), held_out=held_out)
     result.report["source_read"] = counts
     out = audit_dir(layout, cfg.name, source)
     write_audit(result, out, f"{cfg.name} · {source}: LSH detection vs S-curve")
@@ -169,6 +171,10 @@ def publish_audit(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_
         if extractors is not None and len(extractors):
             Warehouse(layout.duckdb).replace("audit_extractors", extractors.assign(
                 experiment=cfg.name, mlflow_run_id=run_id, audited_at=pd.Timestamp.now(tz="UTC")), key)
+        if (out / "detectors.csv").exists():
+            detectors = pd.read_csv(out / "detectors.csv")
+            Warehouse(layout.duckdb).replace("audit_detectors", detectors.assign(
+                experiment=cfg.name, source=source, mlflow_run_id=run_id, audited_at=pd.Timestamp.now(tz="UTC")), key)
     except BaseException:
         tracker.end_run(run_id, "FAILED")
         raise
@@ -194,6 +200,8 @@ def headline_metrics(report: dict[str, Any]) -> dict[str, float]:
     for row in report.get("extractors", {}).get("rows", []):
         for figure in ("pages_without_text", "chars_kept", "line_overlap", "seconds_per_mb"):
             metrics[f"extractor_{row['extractor']}_{figure}"] = row[figure]
+    for row in report.get("detectors", {}).get("rows", []):
+        metrics[f"detector_{row['detector']}_{row['form']}_share"] = row["share"]
     quality = report.get("quality_model")
     if quality is not None:
         metrics["quality_model_precision"] = quality["precision"]["value"]
@@ -206,10 +214,11 @@ def headline_metrics(report: dict[str, Any]) -> dict[str, float]:
 
 @flow(name="pretrain-audit", log_prints=True)
 def audit(config_path: str, runs_dir: str, sources: list[str] | None = None,
-          options: dict[str, int] | None = None) -> dict[str, Any]:
+          options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Audit the filters on each named source (default: every source of the config).
 
-    ``options`` overrides ``AuditConfig`` fields (e.g. ``{"num_originals": 50}``); the seed is the config's.
+    ``options`` overrides ``AuditConfig`` fields (e.g. ``{"num_originals": 50, "lsh_layouts": ["20x10"]}``);
+    the seed is the config's.
     Returns {experiment, sources: {name: {out_dir, mlflow_run_id, corpus_review}}}.
 
     Raises:
@@ -268,6 +277,19 @@ def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
                                      pd.DataFrame(extractors["only_in_one"])))
         elif extractors is not None:
             console.print("HTML extractors: the source has no HTML pages to compare")
+        detectors = report.get("detectors")
+        if detectors is not None and detectors["rows"]:
+            nd, ng = detectors["near_dedup"], detectors["ngram_overlap"]
+            console.print(_table(
+                f"Mock benchmark: share of planted documents each detector flags [95% Wilson] (flagged/reached); "
+                f"{detectors['per_form']} per form, items of {detectors['item_units']} units; near_dedup "
+                f"{nd['bands']}x{nd['rows']} verified at J >= {nd['jaccard_threshold']:g}, ngram_overlap "
+                f"{ng['ngram']}-grams (definitions in report.json)", detectors_for_display(detectors["rows"])))
+        elif detectors is not None:
+            console.print(escape(f"Mock benchmark: skipped, {detectors['note']}"))
+        layouts = report.get("lsh_layouts", {})
+        if len(layouts.get("rows", [])) > 1 or layouts.get("design"):
+            console.print(_table(_layouts_title(layouts["design"]), _layouts_for_display(layouts["rows"])))
         quality = report.get("quality_model")
         if quality is not None:
             console.print(escape(_quality_line(quality)), soft_wrap=True)
@@ -286,8 +308,41 @@ def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
             console.print(_table(title, frame[["doc_id", "rule", "value", "threshold", "excerpt"]]) if len(frame)
                           else escape(f"{title}: none"))
         console.print(f"files: {out}  (MLflow run {info['mlflow_run_id']}, DuckDB tables audit_crosstab, "
-                      "audit_extractors)",
+                      "audit_extractors, audit_detectors)",
                       soft_wrap=True)
+
+
+def detectors_for_display(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The detector table turned wide: one row per form, one column per detector holding
+    ``share [low, high] (flagged/reached)``."""
+    table = pd.DataFrame(rows)
+
+    def cell(row: pd.Series) -> str:
+        if not row["reached"]:
+            return f"n/a (0/{row['planted']} reached)"
+        return f"{row['share']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}] ({row['flagged']}/{row['reached']})"
+
+    wide = table.assign(cell=table.apply(cell, axis=1)).pivot(index="form", columns="detector", values="cell")
+    forms = list(dict.fromkeys(table["form"]))
+    return wide.reindex(forms).reset_index().rename_axis(columns=None)
+
+
+def _layouts_title(design: dict[str, Any] | None) -> str:
+    if design is None:
+        return "LSH layouts: P(candidate) at the verification threshold (lsh_layouts.png)"
+    return (f"LSH layouts against P({design['s1']:g}) >= {design['p1']:g} and P({design['s2']:g}) <= "
+            f"{design['p2']:g} within {design['max_hashes']} hashes; designed: fewest hashes first "
+            "(lsh_layouts.png)")
+
+
+def _layouts_for_display(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    table = pd.DataFrame(rows)
+    shown = table[["layout", "role", "hashes", "threshold", "p_at_jaccard_threshold"]].rename(
+        columns={"threshold": "(1/b)^(1/r)", "p_at_jaccard_threshold": "P(verify J)"})
+    if table["meets"].notna().any():
+        shown = shown.assign(**{"P(s1)": table["p_at_s1"], "P(s2)": table["p_at_s2"], "margin": table["margin"],
+                                "meets": table["meets"].map({True: "yes", False: "no"})})
+    return shown
 
 
 def _extractors_for_display(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -14,6 +14,7 @@
     pretrain export CHECKPOINT OUT                     # a verified Hugging Face folder (transformers loads it)
     pretrain generate CHECKPOINT --prompt TEXT         # sample from a checkpoint, streamed (KV cache)
     pretrain fetch configs/demo.toml                   # download/unpack the configured Debian sources only
+    pretrain lsh-design --s1 0.8 --p1 0.95 --s2 0.5 --p2 0.05   # LSH bands x rows meeting both, fewest hashes
     pretrain plan configs/plan_case_study.toml         # FLOPs, time, memory per device, checkpoints, Chinchilla
     pretrain stability configs/demo.toml               # stability grid: LR × interventions, attention-logit growth
     pretrain report configs/demo.toml                  # report.md + report.html of the evidence, with figures
@@ -212,10 +213,21 @@ def audit(
     runs_dir: Optional[str] = RunsDir,
     originals: Optional[int] = typer.Option(None, "--originals", help="first N documents per source (default 5000)"),
     review: Optional[int] = typer.Option(None, "--review", help="removed documents listed per rule (default 5)"),
+    benchmark_items: Optional[int] = typer.Option(
+        None, "--benchmark-items", help="planted documents per form of the mock benchmark on which near dedup and "
+        "13-gram decontamination are compared (default 50; 0 skips the comparison)"),
+    lsh_layout: list[str] = typer.Option(
+        [], "--lsh-layout", help="an LSH layout BANDSxROWS whose S-curve is drawn beside the configured one in "
+        "lsh_layouts.png (repeatable), e.g. 20x10"),
+    lsh_design: Optional[str] = typer.Option(
+        None, "--lsh-design", help="constraints s1=..,p1=..,s2=..,p2=..[,max_hashes=..]: list and draw the layouts "
+        "with P(s1) >= p1 and P(s2) <= p2 with the fewest hashes (see `pretrain lsh-design`)"),
 ) -> None:
     """Audit the corpus filters on labelled junk injected into each source (docs/methods.md §7 (TinyStories filter audit))."""
     layout = RunsLayout.resolve(runs_dir)
-    options = {k: v for k, v in {"num_originals": originals, "review_per_rule": review}.items() if v is not None}
+    options = {k: v for k, v in {"num_originals": originals, "review_per_rule": review,
+                                 "benchmark_items": benchmark_items, "lsh_layouts": list(lsh_layout) or None,
+                                 "lsh_design": lsh_design}.items() if v is not None}
     try:
         from infra.errors import ConfigError
         from tasks.audit.config import AuditConfig
@@ -233,6 +245,42 @@ def audit(
     except PretrainError as err:
         _fail(err)
     print_audit(result, console)
+
+
+@app.command("lsh-design")
+def lsh_design(
+    s1: float = typer.Option(..., "--s1", help="detect pairs at Jaccard >= s1 ..."),
+    p1: float = typer.Option(..., "--p1", help="... with probability >= p1"),
+    s2: float = typer.Option(..., "--s2", help="admit pairs at Jaccard <= s2 ..."),
+    p2: float = typer.Option(..., "--p2", help="... with probability <= p2"),
+    max_hashes: int = typer.Option(1024, "--max-hashes", min=1, help="budget on bands x rows (the num_perm needed)"),
+    top: int = typer.Option(10, "--top", min=1, help="layouts listed, fewest hashes first"),
+    as_json: bool = typer.Option(False, "--json", help="print the layouts as JSON"),
+) -> None:
+    """LSH layouts (bands x rows) meeting P(s1) >= p1 and P(s2) <= p2 with the fewest hashes, P(s) = 1-(1-s^r)^b
+    (docs/methods.md §7; Leskovec, Rajaraman & Ullman, Mining of Massive Datasets, ch. 3)."""
+    from rich.table import Table
+
+    from tasks.corpus.lsh_design import LshConstraints, design_layouts
+
+    try:
+        constraints = LshConstraints(s1=s1, p1=p1, s2=s2, p2=p2, max_hashes=max_hashes)
+        layouts = design_layouts(constraints, limit=top)
+    except PretrainError as err:
+        _fail(err)
+    if as_json:
+        console.print_json(json.dumps([lay.as_row() for lay in layouts]))
+        return
+    out = Table(title=f"LSH layouts with P({s1:g}) >= {p1:g} and P({s2:g}) <= {p2:g} within {max_hashes} hashes, "
+                      "fewest hashes first", title_justify="left")
+    for column in ("bands x rows", "hashes", f"P({s1:g})", f"P({s2:g})", "(1/b)^(1/r)", "margin"):
+        out.add_column(column, justify="right")
+    for lay in layouts:
+        out.add_row(lay.name, str(lay.hashes), f"{lay.p_at_s1:.4f}", f"{lay.p_at_s2:.4f}", f"{lay.threshold:.3f}",
+                    f"{lay.margin:.4f}")
+    console.print(out)
+    best = layouts[0]
+    console.print(escape(f"[corpus.near_dedup] bands = {best.bands}, rows = {best.rows}, num_perm = {best.hashes}"))
 
 
 @app.command()

@@ -2,15 +2,21 @@
 
 Defaults are the TinyStories filter audit's mix: the first 5,000 documents + 150 navigation pages, 150 spam pages, 150 repeated-line pages,
 150 short fragments, 200 exact copies and 600 near copies (100 at each word edit rate
-q ∈ {.01, .03, .05, .08, .12, .20}).
+q ∈ {.01, .03, .05, .08, .12, .20}). The mock benchmark of the detector comparison (50 planted documents per form,
+items of 100 words, paraphrase-like edit rates q ∈ {.01, .05, .1, .2, .3}) is a project default.
 """
 
-from pydantic import model_validator
+from typing import Any
+
+from pydantic import field_validator, model_validator
 
 from infra.errors import ConfigError
 from infra.section import Section
+from tasks.corpus.lsh_design import LshConstraints, design_layouts, parse_layout
 
 EDIT_RATES = [0.01, 0.03, 0.05, 0.08, 0.12, 0.20]
+BENCHMARK_EDIT_RATES = [0.01, 0.05, 0.1, 0.2, 0.3]
+MIN_BENCHMARK_WORDS = 20
 
 
 class AuditConfig(Section):
@@ -34,6 +40,19 @@ class AuditConfig(Section):
         extractor_pages: HTML pages of the source, drawn with ``seed``, on which both HTML extractors are compared
             (``tasks.audit.extractors``); 0 skips the comparison.
         extractor_examples: lines kept by only one extractor listed per extractor.
+        benchmark_items: planted documents per form of the mock benchmark on which the near-dedup and n-gram
+            contamination detectors are compared (``tasks.audit.benchmark``): verbatim, wrapped, one per
+            ``benchmark_edit_rates`` rate, and unrelated control passages; 0 skips the comparison.
+        benchmark_words: units (words; characters for languages written without spaces) per benchmark item.
+        benchmark_edit_rates: paraphrase-like edit rates q, each in (0, 1): each unit is substituted, deleted or
+            swapped with the next one with probability q.
+        benchmark_wrap_passages: unrelated passages of ``benchmark_words`` units put before and after a wrapped
+            item (1: the item is a third of its page).
+        lsh_layouts: LSH layouts "<bands>x<rows>" whose S-curves are drawn beside the configured
+            ``[corpus.near_dedup]`` layout (lsh_layouts.png); each is checked against ``lsh_design`` when given.
+        lsh_design: detection and admission constraints, "s1=0.8,p1=0.95,s2=0.5,p2=0.05" (optionally
+            ",max_hashes=1024"), or a table of those keys; the layouts meeting them with the fewest hashes are
+            listed and drawn with the constraint box (``tasks.corpus.lsh_design``). None: no search.
         seed: seed of every random choice; the same seed gives the same mixed set.
     """
 
@@ -51,13 +70,31 @@ class AuditConfig(Section):
     review_per_rule: int = 5
     extractor_pages: int = 200
     extractor_examples: int = 5
+    benchmark_items: int = 50
+    benchmark_words: int = 100
+    benchmark_edit_rates: list[float] = BENCHMARK_EDIT_RATES
+    benchmark_wrap_passages: int = 1
+    lsh_layouts: list[str] = []
+    lsh_design: LshConstraints | None = None
     seed: int = 0
+
+    @field_validator("lsh_design", mode="before")
+    @classmethod
+    def _parse_design(cls, v: Any) -> Any:
+        return LshConstraints.parse(v) if isinstance(v, str) else v
+
+    @field_validator("lsh_layouts")
+    @classmethod
+    def _check_layouts(cls, v: list[str]) -> list[str]:
+        for layout in v:
+            parse_layout(layout)
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "AuditConfig":
         counts = ("num_originals", "num_navigation", "num_spam", "num_repeated", "num_short", "num_exact_copies",
                   "num_near_per_rate", "review_per_rule", "max_copies_per_original", "extractor_pages",
-                  "extractor_examples")
+                  "extractor_examples", "benchmark_items", "benchmark_wrap_passages")
         for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"audit.{name}={getattr(self, name)} must be >= 0")
@@ -65,6 +102,14 @@ class AuditConfig(Section):
             raise ConfigError(f"audit.num_originals={self.num_originals} must be >= 1 (the audit needs originals)")
         if any(not 0.0 < q < 1.0 for q in self.edit_rates):
             raise ConfigError(f"audit.edit_rates={self.edit_rates}: each rate q must lie in (0, 1)")
+        rates = self.benchmark_edit_rates
+        if any(not 0.0 < q < 1.0 for q in rates) or len(set(rates)) != len(rates):
+            raise ConfigError(f"audit.benchmark_edit_rates={rates}: each rate q must lie in (0, 1), each once")
+        if self.benchmark_words < MIN_BENCHMARK_WORDS:
+            raise ConfigError(f"audit.benchmark_words={self.benchmark_words} must be >= {MIN_BENCHMARK_WORDS} "
+                              "(a 13-gram detector needs items longer than its n-grams)")
+        if self.lsh_design is not None:
+            design_layouts(self.lsh_design, limit=1)  # NoLayoutError now, before any build runs
         if any(not 0.0 < t <= 1.0 for t in self.thresholds):
             raise ConfigError(f"audit.thresholds={self.thresholds}: each threshold must lie in (0, 1]")
         edges = self.bin_edges

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 from itertools import combinations
 
 import numpy as np
@@ -92,6 +93,17 @@ def candidate_pairs(sigs: np.ndarray, has: np.ndarray, bands: int, rows: int) ->
         groups = np.split(idx[order], np.flatnonzero(np.diff(bucket.ravel()[order])) + 1)
         pairs.update(p for g in groups if len(g) > 1 for p in combinations(sorted(g.tolist()), 2))
     return pairs
+
+
+def wilson_interval(hits: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval (Wilson 1927) of the share ``hits / n`` at ``confidence``, from
+    ``scipy.stats.binomtest(...).proportion_ci(method="wilson")``; (NaN, NaN) when ``n`` is 0."""
+    if not n:
+        return math.nan, math.nan
+    from scipy import stats
+
+    ci = stats.binomtest(int(hits), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def minhash_error(pairs: pd.DataFrame) -> dict:

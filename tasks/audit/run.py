@@ -7,13 +7,18 @@
 
 Takes the source's first N documents with text (HTML reduced to its main text by the corpus config's extractor),
 injects labelled junk (``tasks.audit.inject``), runs the real corpus build with the experiment's corpus config on
-the mixed set, and measures what it removed and why (``tasks.audit.measure``). Given a sample of the source's HTML
-pages, it also runs both HTML extractors on them and compares what each keeps (``tasks.audit.extractors``).
+the mixed set, and measures what it removed and why (``tasks.audit.measure``). A mock benchmark planted in the
+source's text compares the near-dedup and n-gram contamination detectors (``tasks.audit.benchmark``). Given a
+sample of the source's HTML pages, it also runs both HTML extractors on them and compares what each keeps
+(``tasks.audit.extractors``).
 
 Files written: crosstab.csv (label × first failing rule), pairs.parquet (near-dedup pairs), s_curve.png,
 originals_removed.csv (every removed original with its rule and opening text), documents.parquet (the mixed set
 with labels and rules), report.json (the headline figures) and, when pages were compared, extractors.parquet (the
-extractor comparison) and extractor_lines.csv (lines only one extractor kept).
+extractor comparison) and extractor_lines.csv (lines only one extractor kept); with the mock benchmark,
+detectors.csv (share flagged per form × detector) and detector_outcomes.parquet (each planted document's fate in
+each detector's build); with listed layouts or design constraints, lsh_layouts.csv and lsh_layouts.png (their
+S-curves beside the configured one, constraint box shaded).
 """
 
 from __future__ import annotations
@@ -31,16 +36,19 @@ import pandas as pd
 from infra.atomic import atomic_dir
 from infra.errors import DataError
 from infra.runs import ensure_folder
+from tasks.audit.benchmark import DetectorComparison, MockBenchmark, compare_detectors, make_benchmark
 from tasks.audit.config import AuditConfig
 from tasks.audit.extractors import ExtractorComparison, compare_extractors, sample_pages
 from tasks.audit.inject import copy_counts, inject, labels, theoretical_jaccard
 from tasks.audit.measure import (KEPT, crosstab, detection_by_bin, first_rules, minhash_error, pair_table,
-                                 precision_recall)
-from tasks.audit.plot import plot_s_curve
+                                 precision_recall, wilson_interval)
+from tasks.audit.layouts import layout_table
+from tasks.audit.plot import plot_lsh_layouts, plot_s_curve
 from tasks.audit.review import with_excerpts
 from tasks.corpus.build import build_corpus
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.extract import extract_many, tidy
+from tasks.corpus.lsh_design import LshConstraints
 from tasks.corpus.minhash import lsh_threshold
 from tasks.corpus.quality import CHARACTER_LANGUAGES
 from tasks.sources.config import SourceConfig
@@ -52,6 +60,15 @@ EXTRACTOR_DEFINITION = (
     "lines: distinct non-empty lines per page, whitespace collapsed. line_overlap: sum over pages of lines also kept "
     "by the other extractor on that page / sum of lines kept. seconds: wall time of the extractor calls in this run; "
     "seconds_per_mb: per 10^6 bytes of UTF-8 HTML."
+)
+DETECTOR_DEFINITION = (
+    "a mock benchmark of passages of the source's own held-out text, planted verbatim, wrapped between unrelated "
+    "passages, with paraphrase-like edits at rate q (each unit substituted, deleted or swapped with the next with "
+    "probability q), and unrelated control passages (false positives). near_dedup: the corpus build with the "
+    "benchmark items first in the corpus, exact dedup and decontamination off; flagged = removed as dedup.near. "
+    "ngram_overlap: the corpus build with the items as evaluation set, near dedup off; flagged = removed as "
+    "decontam.ngram_overlap. reached: not removed by an earlier rule of that build (near_dedup: nor its item). "
+    "share = flagged / reached with a 95% Wilson interval."
 )
 PR_DEFINITION = (
     "pairs: every (near copy, its original) pair plus every LSH candidate pair of documents with different "
@@ -69,7 +86,9 @@ class AuditResult:
     first removal (rule "kept" when kept); ``crosstab``: documents per label × rule; ``pairs``:
     ``measure.PAIR_COLUMNS``; ``bins``: LSH detection per Jaccard bin; ``precision_recall``: per truth and
     threshold; ``originals_removed``: ``review.REVIEW_COLUMNS``; ``report``: JSON-able headline figures;
-    ``extractors``: both HTML extractors on a sample of the source's pages, None when no pages were given.
+    ``extractors``: both HTML extractors on a sample of the source's pages, None when no pages were given;
+    ``detectors``: near dedup and n-gram decontamination on the planted mock benchmark, None when skipped;
+    ``layouts``: the LSH layouts compared (``layouts.LAYOUT_COLUMNS``).
     """
 
     source: str
@@ -81,11 +100,30 @@ class AuditResult:
     originals_removed: pd.DataFrame
     report: dict[str, Any]
     extractors: ExtractorComparison | None = None
+    detectors: DetectorComparison | None = None
+    layouts: pd.DataFrame | None = None
 
 
 def load_originals(source: SourceConfig, cache_dir: Path, n: int,
                    extractor: str = "trafilatura") -> tuple[pd.DataFrame, dict[str, int]]:
-    """The first ``n`` documents of ``source`` that have text, in the source's (sorted path) order.
+    """The first ``n`` documents of ``source`` that have text, in the source's (sorted path) order
+    (:func:`load_documents`, first ``n`` rows).
+
+    Returns:
+        (frame with columns doc_id, text; {"docs_read", "docs_without_text"}).
+
+    Raises:
+        SourceError: the source cannot be read (see ``read_source``).
+        DataError: no document of the source has text.
+    """
+    docs, counts = load_documents(source, cache_dir, extractor)
+    return docs.head(n).reset_index(drop=True), counts
+
+
+def load_documents(source: SourceConfig, cache_dir: Path,
+                   extractor: str = "trafilatura") -> tuple[pd.DataFrame, dict[str, int]]:
+    """Every document of ``source`` that has text, in the source's (sorted path) order: the audit's originals
+    first, the rest held out (the mock benchmark's passages come from them, ``tasks.audit.benchmark``).
 
     HTML pages are reduced to their main text with the corpus extractor ``extractor`` (``[corpus] extractor``);
     documents without text are skipped.
@@ -108,7 +146,7 @@ def load_originals(source: SourceConfig, cache_dir: Path, n: int,
     if with_text.empty:
         raise DataError(f"source {source.name!r}: none of its {len(docs)} documents has text to audit")
     counts = {"docs_read": int(len(docs)), "docs_without_text": int(len(frame) - len(with_text))}
-    return with_text.head(n).reset_index(drop=True), counts
+    return with_text.reset_index(drop=True), counts
 
 
 def load_pages(source: SourceConfig, cache_dir: Path, n: int, seed: int) -> pd.DataFrame:
@@ -125,9 +163,13 @@ def load_pages(source: SourceConfig, cache_dir: Path, n: int, seed: int) -> pd.D
 
 def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfig, cfg: AuditConfig,
               progress: ShardProgress | None = None, pages: pd.DataFrame | None = None,
-              quality_model: Path | None = None) -> AuditResult:
+              quality_model: Path | None = None, held_out: pd.DataFrame | None = None) -> AuditResult:
     """Inject labelled junk into ``originals`` (doc_id, text), run ``build_corpus`` with ``corpus``, measure;
-    compare the HTML extractors on ``pages`` (doc_id, content) when given (``extractors.compare_extractors``).
+    compare the HTML extractors on ``pages`` (doc_id, content) when given (``extractors.compare_extractors``);
+    with ``cfg.benchmark_items`` > 0, plant a mock benchmark cut from ``held_out`` (doc_id, text: the source's
+    documents after the originals) and the last originals, and compare the near-dedup and n-gram contamination
+    detectors on it (``tasks.audit.benchmark``, two more builds); tabulate the LSH layouts
+    (``tasks.audit.layouts``).
 
     The source's language hint picks the junk language and the shingle unit (characters for languages written
     without spaces); a source without a hint is treated as English. The build writes into a temporary folder
@@ -171,7 +213,32 @@ def run_audit(originals: pd.DataFrame, source: SourceConfig, corpus: CorpusConfi
     if pages is not None:
         extractors = compare_extractors(pages, source.name, cfg.extractor_examples, cfg.seed)
         report["extractors"] = _json_safe(_extractor_summary(extractors, corpus.extractor))
-    return AuditResult(source.name, documents, table, pairs, bins, pr, originals_removed, report, extractors)
+    layouts = layout_table(mh, cfg)
+    report["lsh_layouts"] = _json_safe({"design": cfg.lsh_design.model_dump() if cfg.lsh_design else None,
+                                        "rows": layouts.to_dict("records")})
+    detectors = None
+    if cfg.benchmark_items:
+        bench = make_benchmark(originals, held_out, source.name, by_chars, cfg)
+        if bench.per_form:
+            detectors = compare_detectors(bench, source.name, language, corpus, cfg, quality_model)
+        report["detectors"] = _json_safe(_detector_summary(bench, detectors, corpus, cfg))
+    return AuditResult(source.name, documents, table, pairs, bins, pr, originals_removed, report, extractors,
+                       detectors, layouts)
+
+
+def _detector_summary(bench: MockBenchmark, detectors: DetectorComparison | None, corpus: CorpusConfig,
+                      cfg: AuditConfig) -> dict[str, Any]:
+    mh = corpus.near_dedup
+    out = {"definition": DETECTOR_DEFINITION, "per_form": bench.per_form, "wanted_per_form": cfg.benchmark_items,
+           "items": len(bench.items), "item_units": cfg.benchmark_words, "pool_docs": len(bench.pool_docs),
+           "background_docs": len(bench.background),
+           "near_dedup": {"enabled": mh.enabled, "bands": mh.bands, "rows": mh.rows,
+                          "jaccard_threshold": mh.jaccard_threshold, "shingle_size": mh.shingle_size},
+           "ngram_overlap": {"enabled": corpus.decontamination.enabled, "ngram": corpus.decontamination.ngram,
+                             "common_min_docs": corpus.decontamination.common_min_docs}}
+    if detectors is None:
+        return {**out, "rows": [], "note": "too few passages of benchmark_words units for one document per form"}
+    return {**out, "unchecked_items": detectors.unchecked_items, "rows": detectors.table.to_dict("records")}
 
 
 QUALITY_RULE = "quality_model.low_score"
@@ -187,8 +254,6 @@ def quality_model_report(documents: pd.DataFrame, originals_removed: pd.DataFram
     ``documents``: the audit's documents (label, stage, rule); ``originals_removed``: its removed originals with
     excerpts (columns doc_id, rule, excerpt, ...).
     """
-    from scipy import stats
-
     from tasks.audit.inject import JUNK_KINDS
 
     reached = documents[documents["label"].isin(["original", *JUNK_KINDS])
@@ -199,8 +264,7 @@ def quality_model_report(documents: pd.DataFrame, originals_removed: pd.DataFram
     def share(hits: int, n: int) -> dict[str, Any]:
         if not n:
             return {"value": float("nan"), "hits": 0, "n": 0, "ci95": [float("nan"), float("nan")]}
-        ci = stats.binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
-        return {"value": hits / n, "hits": int(hits), "n": int(n), "ci95": [float(ci.low), float(ci.high)]}
+        return {"value": hits / n, "hits": int(hits), "n": int(n), "ci95": list(wilson_interval(hits, n))}
 
     by_kind = {kind: share(int((flagged & (reached["label"] == kind)).sum()), int((reached["label"] == kind).sum()))
                for kind in JUNK_KINDS}
@@ -304,5 +368,14 @@ def write_audit(result: AuditResult, out_dir: Path, title: str) -> list[Path]:
         if result.extractors is not None:
             result.extractors.table.to_parquet(tmp / "extractors.parquet", index=False)
             result.extractors.examples.to_csv(tmp / "extractor_lines.csv", index=False)
+        if result.detectors is not None:
+            result.detectors.table.to_csv(tmp / "detectors.csv", index=False)
+            result.detectors.outcomes.to_parquet(tmp / "detector_outcomes.parquet", index=False)
+        layouts = result.layouts
+        if layouts is not None and (len(layouts) > 1 or result.report["lsh_layouts"]["design"] is not None):
+            layouts.to_csv(tmp / "lsh_layouts.csv", index=False)
+            design = result.report["lsh_layouts"]["design"]
+            plot_lsh_layouts(layouts, LshConstraints(**design) if design else None, lsh["jaccard_threshold"],
+                             tmp / "lsh_layouts.png", f"LSH layouts · {result.source}")
         (tmp / "report.json").write_text(json.dumps(result.report, indent=2, ensure_ascii=False))
     return sorted(out_dir.iterdir())
