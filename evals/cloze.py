@@ -1,9 +1,19 @@
-"""Cloze / multiple-choice scoring by summed continuation log-probability (docs/methods.md §10).
+"""Cloze / multiple-choice scoring by continuation log-probability (docs/methods.md §10).
 
-Each option is scored as the summed log-probability, in nats, of all its tokens given the context; the option
+Each option is scored from the log-probabilities, in nats, of all its tokens given the context; the option
 carries its own leading space. The context's tokens must be a prefix of the tokens of context+option; when a
 tokenizer merges across the boundary, the option is scored as the tokens beyond the longest common prefix and
 the row is flagged ``boundary_shift``.
+
+Three scorings (``SCORINGS``) choose among the options from the same log-probabilities, in one forward pass:
+
+- ``sum``: Σ log p over the option's scored tokens (Brown et al. 2020; the lm-evaluation-harness ``acc``);
+- ``per_token``: Σ log p / number of scored tokens (Brown et al. 2020 §2.4 normalise per token);
+- ``per_byte``: Σ log p / UTF-8 bytes of the option string, leading space included (the lm-evaluation-harness
+  ``acc_bytes``, Gao et al. 2021; its ``acc_norm`` divides by characters, the same for ASCII options).
+
+The sum favours short options (every token adds a negative term); the normalised scorings remove most of that
+length bias, per byte also independently of the tokenizer.
 
 Item file (JSON lines, one item per line)::
 
@@ -19,6 +29,8 @@ Usage::
     items = load_cloze_items(Path("configs/cloze/demo.jsonl"))
     df = score_cloze(model, tokenizer_encode, items, max_len=256)
     cloze_accuracy(df)  # {"general": (correct, n, accuracy), "domain": ..., "all": ...}
+    cloze_accuracy(df, scoring="per_byte")
+    cloze_summary(df)   # per group and kind, accuracy under each scoring with its SE and Wilson interval
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 import torch
@@ -36,6 +49,64 @@ from infra.errors import DataError
 from infra.jsonl import jsonl_lines
 
 # Shape legend: B = options of one item, T = tokens fed to the model, V = vocabulary size.
+
+Scoring = Literal["sum", "per_token", "per_byte"]
+SCORINGS: tuple[str, ...] = ("sum", "per_token", "per_byte")
+NORMALISED_SCORINGS: tuple[str, ...] = ("per_token", "per_byte")
+# The columns of ``score_cloze`` (the frames of cloze.parquet and DuckDB cloze_results), in order.
+CLOZE_COLUMNS = ["item_id", "group", "kind", "source", "answer", "predicted", "correct", "logprob_answer", "logprobs",
+                 "n_option_tokens", "boundary_shift", "n_option_bytes", "predicted_per_token", "correct_per_token",
+                 "predicted_per_byte", "correct_per_byte"]
+
+
+def check_scoring(scoring: str) -> str:
+    """``scoring`` itself when it is one of ``SCORINGS``.
+
+    Raises:
+        ValueError: any other value, naming the allowed ones and what each divides by.
+    """
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be 'sum' (summed log-probability), 'per_token' (divided by the option's "
+                         f"tokens) or 'per_byte' (divided by its UTF-8 bytes), got {scoring!r}")
+    return scoring
+
+
+def correct_column(scoring: str) -> str:
+    """The ``score_cloze`` column of per-item correctness under ``scoring``: ``correct`` for the sum,
+    ``correct_per_token`` / ``correct_per_byte`` otherwise. Raises ValueError for an unknown scoring."""
+    return "correct" if check_scoring(scoring) == "sum" else f"correct_{scoring}"
+
+
+def predicted_column(scoring: str) -> str:
+    """The ``score_cloze`` column of the chosen option under ``scoring`` (``predicted``, ``predicted_per_token``,
+    ``predicted_per_byte``). Raises ValueError for an unknown scoring."""
+    return "predicted" if check_scoring(scoring) == "sum" else f"predicted_{scoring}"
+
+
+def option_scores(logprobs: Sequence[float], n_tokens: Sequence[int], n_bytes: Sequence[int],
+                  scoring: str) -> list[float]:
+    """Each option's score under ``scoring``: Σ log p (nats), / its scored tokens, or / its UTF-8 bytes.
+
+    Args:
+        logprobs: (B,) summed log-probability of each option, nats.
+        n_tokens: (B,) scored tokens of each option (>= 1).
+        n_bytes: (B,) UTF-8 bytes of each option string (>= 1).
+
+    Raises:
+        ValueError: an unknown scoring, or a count below 1.
+    """
+    check_scoring(scoring)
+    if scoring == "sum":
+        return [float(v) for v in logprobs]
+    counts = n_tokens if scoring == "per_token" else n_bytes
+    if min(counts) < 1:
+        raise ValueError(f"{scoring} scoring needs every option to have >= 1 {scoring[4:]}, got {list(counts)}")
+    return [float(v) / c for v, c in zip(logprobs, counts)]
+
+
+def _argmax(scores: Sequence[float]) -> int:
+    """The best option; ties go to the lower index."""
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
 @dataclass(frozen=True)
@@ -236,7 +307,8 @@ def _option_logprobs(model: torch.nn.Module, sequences: list[list[int]], starts:
 
 def score_cloze(model: torch.nn.Module, encode: Callable[[str], list[int]], items: Sequence[ClozeItem], *,
                 max_len: int | None = None) -> pd.DataFrame:
-    """Score every option of every item by its summed log-probability given the context (docs/methods.md §10).
+    """Score every option of every item by its log-probability given the context (docs/methods.md §10), under the
+    three scorings of ``SCORINGS`` from one forward pass per item.
 
     ``model.forward(idx)`` takes a LongTensor (B, T) and returns logits (B, T, V) (a tuple's first element is
     used). The model runs under ``torch.no_grad()`` in eval mode; its previous mode is restored. All options of
@@ -246,7 +318,12 @@ def score_cloze(model: torch.nn.Module, encode: Callable[[str], list[int]], item
     Returns one row per item with columns: ``item_id, group, kind, source, answer, predicted`` (argmax option; ties go to
     the lower index), ``correct`` (bool), ``logprob_answer`` (nats), ``logprobs`` (list[float] per option,
     nats), ``n_option_tokens`` (list[int] per option, tokens scored), ``boundary_shift`` (bool: some option's
-    context tokens changed when the option was appended, so the scored tokens start earlier).
+    context tokens changed when the option was appended, so the scored tokens start earlier); then
+    ``n_option_bytes`` (list[int] per option, UTF-8 bytes of the option string) and, for the normalised scorings,
+    ``predicted_per_token``, ``correct_per_token``, ``predicted_per_byte``, ``correct_per_byte`` (``predicted`` and
+    ``correct`` are the sum's). Per token divides by the scored tokens (those beyond the common prefix, so under a
+    boundary shift they include the merged boundary token); per byte by the option string's bytes, whatever the
+    tokenizer.
 
     Raises DataError if an option yields no scorable token, or if ``max_len`` is smaller than an option's
     token count (the option could not be scored in full).
@@ -267,34 +344,74 @@ def score_cloze(model: torch.nn.Module, encode: Callable[[str], list[int]], item
                     raise DataError(f"item {item.item_id}: an option has {max(n_tokens)} tokens but max_len is "
                                     f"{max_len}; raise max_len or shorten the option")
                 lps = _option_logprobs(model, [s[0] for s in splits], [s[1] for s in splits], max_len, device)
-                predicted = max(range(len(lps)), key=lambda i: (lps[i], -i))
-                rows.append({
+                n_bytes = [len(opt.encode("utf-8")) for opt in item.options]
+                predicted = _argmax(lps)
+                row = {
                     "item_id": item.item_id, "group": item.group, "kind": item.kind, "source": item.source,
                     "answer": item.answer,
                     "predicted": predicted, "correct": predicted == item.answer,
                     "logprob_answer": lps[item.answer], "logprobs": lps, "n_option_tokens": n_tokens,
-                    "boundary_shift": any(s[2] for s in splits),
-                })
+                    "boundary_shift": any(s[2] for s in splits), "n_option_bytes": n_bytes,
+                }
+                for scoring in NORMALISED_SCORINGS:  # the same log-probabilities, only the divisor differs
+                    chosen = _argmax(option_scores(lps, n_tokens, n_bytes, scoring))
+                    row[predicted_column(scoring)] = chosen
+                    row[correct_column(scoring)] = chosen == item.answer
+                rows.append(row)
     finally:
         model.train(was_training)
-    columns = ["item_id", "group", "kind", "source", "answer", "predicted", "correct", "logprob_answer", "logprobs",
-               "n_option_tokens", "boundary_shift"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=CLOZE_COLUMNS)
 
 
-def cloze_accuracy(df: pd.DataFrame) -> dict[str, tuple[int, int, float]]:
-    """Per-group ``(correct, n, accuracy)`` from a ``score_cloze`` frame, plus an ``"all"`` entry.
 
-    Accuracy is a fraction in [0, 1] (NaN for an empty frame). Raises DataError if the frame lacks the
-    ``group``/``correct`` columns.
+def cloze_accuracy(df: pd.DataFrame, scoring: str = "sum") -> dict[str, tuple[int, int, float]]:
+    """Per-group ``(correct, n, accuracy)`` from a ``score_cloze`` frame under ``scoring`` (``SCORINGS``), plus an
+    ``"all"`` entry.
+
+    Accuracy is a fraction in [0, 1] (NaN for an empty frame). Raises ValueError for an unknown scoring and
+    DataError if the frame lacks the ``group`` column or the scoring's correctness column (``correct_column``).
     """
-    if not {"group", "correct"} <= set(df.columns):
-        raise DataError(f"cloze frame needs 'group' and 'correct' columns, got {list(df.columns)}")
+    column = correct_column(scoring)
+    if not {"group", column} <= set(df.columns):
+        raise DataError(f"cloze frame needs 'group' and {column!r} columns for {scoring} scoring, got "
+                        f"{list(df.columns)}; score the items again with evals.cloze.score_cloze")
 
     def summarise(correct: pd.Series) -> tuple[int, int, float]:
         k, n = int(correct.sum()), int(len(correct))
         return k, n, (k / n if n else float("nan"))
 
-    result = {str(group): summarise(part["correct"].astype(bool)) for group, part in df.groupby("group", sort=True)}
-    result["all"] = summarise(df["correct"].astype(bool))
+    result = {str(group): summarise(part[column].astype(bool)) for group, part in df.groupby("group", sort=True)}
+    result["all"] = summarise(df[column].astype(bool))
     return result
+
+
+def cloze_summary(df: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFrame:
+    """Accuracy per (group, kind) and over all items under each scoring the frame carries (``SCORINGS``).
+
+    Rows: ``group``, ``kind`` ("-" when empty; "all" for the all-items row, whose group is "all"), ``scoring``,
+    ``correct``, ``items``, ``accuracy`` (fraction), ``se_points`` (binomial SE ×100, docs/methods.md §10),
+    ``ci_low``/``ci_high`` (Wilson 1927 interval at ``confidence``, ``scipy.stats.binomtest``). A scoring whose
+    column is missing (frames written before normalised scores) is left out.
+
+    Raises:
+        DataError: the frame has no items, or lacks ``group``/``kind``/``correct``.
+    """
+    from scipy import stats
+
+    from evals.stats import binomial_se
+
+    if len(df) == 0 or not {"group", "kind", "correct"} <= set(df.columns):
+        raise DataError(f"cloze summary needs scored items with 'group', 'kind' and 'correct', got {len(df)} rows "
+                        f"and columns {list(df.columns)}")
+    rows = []
+    parts = [((str(g), str(k) or "-"), p) for (g, k), p in df.groupby(["group", "kind"], sort=True)]
+    for (group, kind), part in parts + [(("all", "all"), df)]:
+        for scoring in SCORINGS:
+            if correct_column(scoring) not in part.columns:
+                continue
+            k, n = int(part[correct_column(scoring)].astype(bool).sum()), int(len(part))
+            ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+            rows.append({"group": group, "kind": kind, "scoring": scoring, "correct": k, "items": n,
+                         "accuracy": k / n, "se_points": 100.0 * binomial_se(k / n, n),
+                         "ci_low": float(ci.low), "ci_high": float(ci.high)})
+    return pd.DataFrame(rows)

@@ -19,6 +19,8 @@ Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
 - ``general_loss_rise_nats``     = candidate − base general held-out loss (paired bootstrap over documents);
 - ``cloze_accuracy``             = candidate cloze accuracy (Wilson interval, ``scipy.stats.binomtest``);
 - ``cloze_accuracy_delta``       = candidate − base accuracy (paired bootstrap over items, exact McNemar p);
+  each under the criterion's ``scoring`` of the options (``evals.cloze.SCORINGS``: ``sum`` of log-probabilities,
+  the default; ``per_token``; ``per_byte``), declared with the gate;
 - ``harness_accuracy``, ``harness_accuracy_delta``: the same two on the documents of an lm-evaluation-harness task
   (``task``), each document correct when it scores 1 on the per-item metric ``task_metric`` of the harness's logged
   samples (``evals.harness.per_item_correct``); paired by document as cloze criteria are by item.
@@ -53,6 +55,7 @@ import pandas as pd
 from pydantic import SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 from scipy import stats
 
+from evals.cloze import NORMALISED_SCORINGS, Scoring, check_scoring
 from evals.stats import (BootstrapCI, binomial_se, cluster_bootstrap_ci, items_needed, mcnemar_exact,
                          paired_bootstrap_ci)
 from infra.errors import DataError
@@ -78,6 +81,12 @@ SELECTIONS: dict[str, tuple[str, bool]] = {"max_domain_loss_reduction": ("domain
 _CONTEXT_FIX = 'score the base and every candidate with [cpt] kind = "context_extension"'
 
 
+def cloze_column(metric: str, scoring: str) -> str:
+    """The decision table's column of a cloze metric under ``scoring``: the metric itself for the sum (as before
+    scorings could be chosen), ``<metric>_<scoring>`` otherwise."""
+    return metric if scoring == "sum" else f"{metric}_{scoring}"
+
+
 class GateCriterion(Section):
     """One predeclared condition ``metric op threshold`` judged at ``confidence``.
 
@@ -86,6 +95,9 @@ class GateCriterion(Section):
     ``task``, ``task_metric``: for harness metrics only, the lm-evaluation-harness task and its per-item 0/1 metric.
     ``length``: for retrieval metrics only, the passkey prompt length in tokens whose items are judged; 0 = the
     longest length evaluated (``resolved``).
+    ``scoring``: for cloze metrics only, how an item's options are compared (``evals.cloze.SCORINGS``): ``sum``
+    (summed log-probability, the default), ``per_token`` or ``per_byte`` (divided by the option's scored tokens or
+    UTF-8 bytes; Brown et al. 2020 §2.4, Gao et al. 2021). Left out of dumps and the gate hash at ``sum``.
     """
 
     name: str
@@ -97,6 +109,12 @@ class GateCriterion(Section):
     task: str = ""
     task_metric: str = "acc"
     length: int = 0
+    scoring: Scoring = "sum"
+
+    @field_validator("scoring", mode="before")
+    @classmethod
+    def _known_scoring(cls, v):
+        return check_scoring(v) if isinstance(v, str) else v
 
     @field_validator("confidence")
     @classmethod
@@ -129,20 +147,28 @@ class GateCriterion(Section):
             raise ValueError(f"length must be >= 0 tokens (0 = the longest evaluated), got {self.length}")
         if self.length and self.metric not in RETRIEVAL_METRICS:
             raise ValueError(f"length applies to retrieval metrics only, not to {self.metric}")
+        if self.scoring != "sum" and self.metric not in CLOZE_METRICS:
+            raise ValueError(f"scoring = {self.scoring!r} applies to cloze metrics only ({sorted(CLOZE_METRICS)}), "
+                             f"not to {self.metric}; remove it")
         return self
 
     @model_serializer(mode="wrap")
-    def _length_only_where_it_acts(self, handler: SerializerFunctionWrapHandler) -> dict:
+    def _fields_only_where_they_act(self, handler: SerializerFunctionWrapHandler) -> dict:
         data = handler(self)
         if self.metric not in RETRIEVAL_METRICS:  # dumps and stage keys of other criteria stay as they were
             data.pop("length", None)
+        if self.scoring == "sum":  # the scoring gates had before it could be chosen: dumps and keys unchanged
+            data.pop("scoring", None)
         return data
 
     @property
     def column(self) -> str:
         """The decision table's column of this criterion's metric: the metric; for a harness metric
         ``<metric>.<task>.<task_metric>``; for a retrieval metric ``<metric>@<length>`` (``<metric>@longest`` while
-        ``length`` is 0: the table names the real length, see ``resolved``)."""
+        ``length`` is 0: the table names the real length, see ``resolved``); for a cloze metric under a normalised
+        scoring ``<metric>_<scoring>`` (``cloze_accuracy_per_token``)."""
+        if self.metric in CLOZE_METRICS:
+            return cloze_column(self.metric, self.scoring)
         if self.metric in HARNESS_METRICS:
             return f"{self.metric}.{self.harness_key}"
         if self.metric in RETRIEVAL_METRICS:
@@ -167,6 +193,18 @@ class GateCriterion(Section):
             raise DataError(f"criterion {self.name}: no retrieval prompts of length {self.length}; evaluated "
                             f"lengths: {found} (set length to one of them, or 0 for the longest)")
         return self
+
+    @property
+    def key(self) -> str | int:
+        """What selects this criterion's paired units besides the metric: the harness key of a harness metric, the
+        prompt length of a retrieval metric, the scoring of a cloze metric; "" otherwise."""
+        if self.metric in HARNESS_METRICS:
+            return self.harness_key
+        if self.metric in RETRIEVAL_METRICS:
+            return self.length
+        if self.metric in CLOZE_METRICS:
+            return self.scoring
+        return ""
 
     @property
     def harness_key(self) -> str:
@@ -214,7 +252,8 @@ def gate_hash(cfg: GateConfig) -> str:
 
     Independent of key order and criterion order (rule "all" does not depend on either); any change to a
     threshold, op, metric, confidence, min_items, rule, select or item file changes it, as does a change to the task,
-    task_metric or length of a criterion that uses them.
+    task_metric or length of a criterion that uses them, or a cloze criterion's scoring (absent at ``sum``, so gates
+    declared before scorings could be chosen keep their hash).
     """
     data = cfg.model_dump(mode="json")
     # The harness and retrieval fields enter only criteria that use them, so gates declared before they existed
@@ -253,7 +292,9 @@ class HeldoutArrays:
 class CandidateEval:
     """One model's evaluation on the shared windows and items.
 
-    ``cloze_correct``: bool (M,) per cloze item, same items in the same order for every model; ``params``:
+    ``cloze_correct``: bool (M,) per cloze item, same items in the same order for every model, under the summed
+    log-probability; ``cloze_normalised``: ``per_token`` / ``per_byte`` → bool (M,) per item under that scoring
+    (``evals.cloze``; empty: only the sum was scored); ``params``:
     what distinguishes the run (e.g. ``{"replay_fraction": 0.3, "peak_lr": 3e-4}``), copied into the table.
     ``harness_correct``: ``<task>.<task_metric>`` → bool (M_t,) per document of that harness task, in document
     order, the same documents for every model.
@@ -262,7 +303,8 @@ class CandidateEval:
     tokens, the same prompts in the same order for every model (empty: not scored).
 
     Raises:
-        DataError: ``retrieval_length`` is not of ``retrieval_correct``'s shape.
+        DataError: ``retrieval_length`` is not of ``retrieval_correct``'s shape; ``cloze_normalised`` names a scoring
+            other than per_token / per_byte, or an array not of ``cloze_correct``'s shape.
     """
 
     name: str
@@ -274,11 +316,27 @@ class CandidateEval:
     long: HeldoutArrays | None = None
     retrieval_correct: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     retrieval_length: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cloze_normalised: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if np.shape(self.retrieval_length) != np.shape(self.retrieval_correct):
             raise DataError(f"{self.name}: retrieval_length has shape {np.shape(self.retrieval_length)}, "
                             f"retrieval_correct {np.shape(self.retrieval_correct)}: give one length per prompt")
+        for scoring, correct in self.cloze_normalised.items():
+            if scoring not in NORMALISED_SCORINGS:
+                raise DataError(f"{self.name}: cloze_normalised names scoring {scoring!r}; use one of "
+                                f"{list(NORMALISED_SCORINGS)} (the sum is cloze_correct)")
+            if np.shape(correct) != np.shape(self.cloze_correct):
+                raise DataError(f"{self.name}: cloze_normalised[{scoring!r}] has shape {np.shape(correct)}, "
+                                f"cloze_correct {np.shape(self.cloze_correct)}: score the same items under each "
+                                "scoring")
+
+    def cloze(self, scoring: str) -> np.ndarray | None:
+        """Per-item cloze correctness (M,) under ``scoring``; None when that scoring was not scored."""
+        if scoring == "sum":
+            return np.asarray(self.cloze_correct, bool)
+        found = self.cloze_normalised.get(scoring)
+        return None if found is None else np.asarray(found, bool)
 
 
 @dataclass(frozen=True)
@@ -381,7 +439,7 @@ def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float, seed: in
 def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence: float, seed: int,
               key: str | int = "") -> _Interval:
     """The interval of ``metric`` for ``cand`` against ``base``; ``key``: the harness key of a harness metric, the
-    prompt length (tokens) of a retrieval metric."""
+    prompt length (tokens) of a retrieval metric, the scoring of a cloze metric ("" = sum)."""
     if metric == "domain_loss_reduction_nats":
         return _paired_loss(base.domain, cand.domain, rise=False, confidence=confidence, seed=seed,
                             what=f"{cand.name} domain")
@@ -405,8 +463,14 @@ def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence:
         found = [np.asarray(m.retrieval_correct)[at] for m in (base, cand)]
         what, units, fix = f"retrieval results of length {key} have", "prompts", "passkey prompts"
     else:
-        found = [base.cloze_correct, cand.cloze_correct]
-        what, units, fix = "cloze results have", "items", "item list"
+        scoring = str(key or "sum")
+        found = [m.cloze(scoring) for m in (base, cand)]
+        if any(f is None for f in found):
+            missing = [m.name for m, f in zip((base, cand), found) if f is None]
+            raise DataError(f"{', '.join(missing)}: no {scoring} cloze results; score the base and every candidate "
+                            "with evals.cloze.score_cloze, which gives every scoring (refresh the cpt stage)")
+        what = "cloze results have" if scoring == "sum" else f"{scoring} cloze results have"
+        units, fix = "items", "item list"
     base_c, cand_c = (np.asarray(f, bool) for f in found)
     if cand_c.size == 0 or base_c.shape != cand_c.shape:
         raise DataError(f"{cand.name}: {what} {cand_c.size} {units} vs the base's {base_c.size}; score base and "
@@ -456,16 +520,16 @@ def _units_needed(c: GateCriterion, iv: _Interval) -> float:
     return float(needed)
 
 
-def _shown_confidence(criteria, metric: str, length: int = 0) -> float:
-    """The confidence of the table's interval for ``metric``: the first criterion on it (for a retrieval metric
-    preferring one at ``length``), else 0.95."""
+def _shown_confidence(criteria, metric: str, key: str | int | None = None) -> float:
+    """The confidence of the table's interval for ``metric``: the first criterion on it (preferring one whose
+    ``key`` is ``key``: the prompt length of a retrieval metric, the scoring of a cloze metric), else 0.95."""
     on_metric = [c for c in criteria if c.metric == metric]
-    shown = [c for c in on_metric if c.length == length] or on_metric
+    shown = [c for c in on_metric if c.key == key] or on_metric
     return shown[0].confidence if shown else 0.95
 
 
 def _candidate_row(criteria: list[GateCriterion], base: CandidateEval, cand: CandidateEval, seed: int, *,
-                   has_long: bool, lengths: list[int]) -> dict:
+                   has_long: bool, lengths: list[int], scorings: list[str]) -> dict:
     cache: dict[tuple[str, str | int, float], _Interval] = {}
 
     def interval(metric: str, confidence: float, key: str | int = "") -> _Interval:
@@ -473,16 +537,14 @@ def _candidate_row(criteria: list[GateCriterion], base: CandidateEval, cand: Can
             cache[metric, key, confidence] = _interval(metric, base, cand, confidence, seed, key)
         return cache[metric, key, confidence]
 
-    def key_of(c: GateCriterion) -> str | int:
-        return c.harness_key if c.metric in HARNESS_METRICS else c.length if c.metric in RETRIEVAL_METRICS else ""
-
     row: dict = {"candidate": cand.name, **{f"param_{k}": v for k, v in cand.params.items()}}
     has_cloze = np.asarray(cand.cloze_correct).size > 0
     for metric in METRICS + (("long_loss_reduction_nats",) if has_long else ()):
         if metric in CLOZE_METRICS and not has_cloze:
             row.update({metric: math.nan, f"{metric}_ci_low": math.nan, f"{metric}_ci_high": math.nan})
             continue
-        iv = interval(metric, _shown_confidence(criteria, metric))
+        key = "sum" if metric in CLOZE_METRICS else ""
+        iv = interval(metric, _shown_confidence(criteria, metric, key), key)
         row.update({metric: iv.point, f"{metric}_ci_low": iv.low, f"{metric}_ci_high": iv.high})
         if metric in LOSS_METRICS:
             row.update({f"{metric}_docs": iv.n, f"{metric}_windows": iv.windows,
@@ -492,6 +554,15 @@ def _candidate_row(criteria: list[GateCriterion], base: CandidateEval, cand: Can
         base_c, cand_c = np.asarray(base.cloze_correct, bool), np.asarray(cand.cloze_correct, bool)
         row["cloze_accuracy_se_pts"] = 100.0 * binomial_se(float(cand_c.mean()), int(cand_c.size))
         row["cloze_accuracy_delta_mcnemar_p"] = mcnemar_exact(base_c, cand_c).p_value
+    for scoring in scorings if has_cloze else ():  # the normalised scorings, beside the sum
+        for metric in ("cloze_accuracy", "cloze_accuracy_delta"):
+            iv = interval(metric, _shown_confidence(criteria, metric, scoring), scoring)
+            column = cloze_column(metric, scoring)
+            row.update({column: iv.point, f"{column}_ci_low": iv.low, f"{column}_ci_high": iv.high})
+        base_c, cand_c = base.cloze(scoring), cand.cloze(scoring)
+        accuracy, delta = cloze_column("cloze_accuracy", scoring), cloze_column("cloze_accuracy_delta", scoring)
+        row[f"{accuracy}_se_pts"] = 100.0 * binomial_se(float(cand_c.mean()), int(cand_c.size))
+        row[f"{delta}_mcnemar_p"] = mcnemar_exact(base_c, cand_c).p_value
     for length in lengths:
         at = np.asarray(base.retrieval_length) == length
         row[f"retrieval_items@{length}"] = int(at.sum())
@@ -508,9 +579,11 @@ def _candidate_row(criteria: list[GateCriterion], base: CandidateEval, cand: Can
                 pair = (np.asarray(m.harness_correct[c.harness_key], bool) for m in (base, cand))
                 row[f"{c.column}_mcnemar_p"] = mcnemar_exact(*pair).p_value
     for c in criteria:
-        iv = interval(c.metric, c.confidence, key_of(c))
+        iv = interval(c.metric, c.confidence, c.key)
         status = _status(c, iv)
         row[f"status_{c.name}"] = status
+        if c.metric in CLOZE_METRICS:  # which comparison of the options the verdict rests on
+            row[f"scoring_{c.name}"] = c.scoring
         row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "inconclusive" else math.nan
         if c.metric in LOSS_METRICS:  # what the window-level interval would have said (comparison only)
             row[f"window_status_{c.name}"] = _status(c, _Interval(iv.point, iv.window_low, iv.window_high,
@@ -564,7 +637,12 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
     own cluster) and ``<metric>_window_ci_low``/``_window_ci_high`` (paired bootstrap over windows, for
     comparison only: no verdict uses it);
     ``cloze_accuracy_se_pts`` (binomial SE of the candidate's accuracy, points) and
-    ``cloze_accuracy_delta_mcnemar_p`` (exact McNemar vs base); per harness criterion ``<metric>.<task>.<task_metric>``
+    ``cloze_accuracy_delta_mcnemar_p`` (exact McNemar vs base), all under the summed log-probability; the same
+    columns under each normalised scoring that every model carries (``CandidateEval.cloze_normalised``), named
+    ``cloze_accuracy_<scoring>``, ``cloze_accuracy_delta_<scoring>`` (``_ci_low``/``_ci_high`` at the confidence of
+    the first cloze criterion of that scoring, else of that metric, else 0.95), ``cloze_accuracy_<scoring>_se_pts``
+    and ``cloze_accuracy_delta_<scoring>_mcnemar_p``; per cloze criterion ``scoring_<name>`` (the scoring its
+    verdict rests on); per harness criterion ``<metric>.<task>.<task_metric>``
     with ``_ci_low``/``_ci_high`` at its confidence (and ``_mcnemar_p`` for a delta);
     only when the models carry passkey prompts, for each prompt length L evaluated (tokens): ``retrieval_items@L``
     (prompts of that length), ``retrieval_accuracy@L`` (Wilson), ``retrieval_accuracy_delta@L`` (paired bootstrap
@@ -583,7 +661,8 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
     "max_domain_loss_reduction"``), the smallest general-loss rise (``"min_general_loss_rise"``) or the largest
     long-window loss reduction (``"max_long_loss_reduction"``); "base" when none passes. Raises DataError for no
     candidates, duplicate names or a candidate named "base", for windows (tokens or document ids) or items that
-    differ from the base's, for a harness criterion whose task results a model lacks, for a context criterion or
+    differ from the base's, for a harness criterion whose task results a model lacks, for a cloze criterion whose
+    scoring a model lacks, for a context criterion or
     selection (``CONTEXT_METRICS``) on models without long windows or passkey prompts (the fix: ``[cpt] kind =
     "context_extension"``), and for a retrieval criterion on a length not evaluated.
     """
@@ -592,8 +671,10 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
         raise DataError(f"need >= 1 candidate with unique names other than 'base', got {names}")
     has_long, lengths = _context_inputs(cfg, [base, *candidates])
     criteria = [c.resolved(lengths) for c in cfg.criteria]
-    table = pd.DataFrame([_candidate_row(criteria, base, cand, seed, has_long=has_long, lengths=lengths)
-                          for cand in candidates])
+    models = [base, *candidates]
+    scorings = [s for s in NORMALISED_SCORINGS if all(m.cloze(s) is not None for m in models)]
+    table = pd.DataFrame([_candidate_row(criteria, base, cand, seed, has_long=has_long, lengths=lengths,
+                                         scorings=scorings) for cand in candidates])
     kept = "base"
     passing = table[table["decision"] == "pass"]
     if len(passing):

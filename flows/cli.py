@@ -492,7 +492,9 @@ HarnessOut = typer.Option(None, "--out", help="with --harness: folder for result
 
 
 @app.command("eval")
-def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json)"),
+def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json), "
+                                               "or a named checkpoint of a main run: main@step_00000400, main@ema, "
+                                               "runs/artifacts/main/<key>@average"),
              config: Optional[Path] = typer.Argument(None, help="experiment TOML: its tokenizer, sources and cloze "
                                                      "sets (not with --harness)"),
              runs_dir: Optional[str] = RunsDir,
@@ -529,7 +531,9 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
 
 
 @app.command("export")
-def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json)"),
+def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json), "
+                                                "or runs/artifacts/main/<key>@<name> (step_00000400, ema, "
+                                                "average; main@<name> for the runs folder's only main run)"),
               out: Path = typer.Argument(..., help="new folder for the Hugging Face model (must not exist, or be "
                                                    "empty)"),
               tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer artifact folder "

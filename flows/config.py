@@ -72,10 +72,11 @@ class ExperimentConfig(Section):
             if unknown:
                 raise ValueError(f"cpt.context.long_sources: {unknown} are not sources {sorted(self.sources)}")
             base_len = self.main.model.seq_len
-            if not self.cpt.base_checkpoint and context.target_seq_len <= base_len:
+            external = self.cpt.base_checkpoint and not self.cpt.base_checkpoint.startswith("main@")
+            if not external and context.target_seq_len <= base_len:
                 raise ValueError(f"cpt.context.target_seq_len = {context.target_seq_len} must exceed the main "
                                  f"model's seq_len = {base_len}: it is the extended window")
-            if not self.cpt.base_checkpoint:
+            if not external:
                 from evals.gate import RETRIEVAL_METRICS
                 from evals.long_context import default_lengths
                 from models.context import extended_config
@@ -133,11 +134,18 @@ class ExperimentConfig(Section):
         if unknown:
             raise ValueError(f"cpt.replay_weights: {sorted(unknown)} are not general sources {general} (replay is "
                              "general text; the domain sources are the CPT stream itself)")
-        if self.cpt.base_checkpoint and not Path(self.cpt.base_checkpoint).is_dir():
+        base = self.cpt.base_checkpoint
+        # main@<name> / <artifact>@<name>: a named checkpoint of a main artifact (tasks.train.milestones)
+        named = base.rpartition("@")[0] if base and "@" in Path(base).name and not Path(base).exists() else None
+        if named is not None:
+            if named != "main" and not Path(named).is_dir():
+                raise ValueError(f"cpt.base_checkpoint: {named} is not a directory; name a checkpoint of a main "
+                                 "artifact as main@<name> (this experiment's) or runs/artifacts/main/<key>@<name>")
+        elif self.cpt.base_checkpoint and not Path(self.cpt.base_checkpoint).is_dir():
             raise ValueError(f"cpt.base_checkpoint: {self.cpt.base_checkpoint} is not a directory (give a checkpoint "
                              "folder with model.safetensors and state.json, or a Hugging Face model folder with "
                              "config.json and safetensors; relative paths are read from the working directory)")
-        if self.cpt.base_checkpoint:
+        if self.cpt.base_checkpoint and named is None:
             from tasks.cpt.hf_base import check_hf_base, is_hf_folder
 
             if is_hf_folder(self.cpt.base_checkpoint):

@@ -38,13 +38,16 @@ def find_tokenizer(layout: RunsLayout, tokenizer_hash: str) -> Path:
 
 
 def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[str, Any]:
-    """Held-out loss per source and cloze accuracy of ``checkpoint`` on ``cfg``'s evaluation sets.
+    """Held-out loss per source and cloze accuracy of ``checkpoint`` on ``cfg``'s evaluation sets. ``checkpoint``
+    may name a checkpoint of a main-run artifact: ``main@<name>`` (the main artifact of ``cfg`` in ``layout``) or
+    ``<artifact folder>@<name>`` (names such as ``step_00000400``, ``ema``, ``average``: ``tasks.train.milestones``).
 
     Returns {"heldout": DataFrame(source, tokens, loss_nats, bits_per_byte), "cloze": DataFrame(group, kind,
     correct, items, accuracy, se_points), "tokenizer": Path}.
 
     Raises:
-        CheckpointError: missing/corrupt checkpoint, or no tokenizer artifact matching its recorded hash.
+        CheckpointError: missing/corrupt checkpoint, an unknown checkpoint name (the available ones listed), or no
+            tokenizer artifact matching its recorded hash.
         DataError: unreadable cloze sets.
     """
     from evals.cloze import cloze_files
@@ -52,6 +55,20 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[
     from tasks.train.checkpoint import load_model, verify_checkpoint
     from tasks.train.runner import evaluate_sources, evals_frame
 
+    from tasks.train.milestones import resolve_named, split_name
+
+    named = split_name(checkpoint)
+    if named is not None and not Path(checkpoint).exists():
+        main_artifact = None
+        if named[0] == "main":  # this experiment's main run, by its key
+            from flows.keys import chain_keys
+
+            main_artifact = layout.artifacts / "main" / chain_keys(cfg, until="main")["main"].key
+            if not main_artifact.is_dir():
+                raise CheckpointError(f"{checkpoint}: this experiment's main artifact {main_artifact} does not "
+                                      "exist; run the pipeline through the main stage first, or name another "
+                                      "artifact as runs/artifacts/main/<key>@<name>")
+        checkpoint = resolve_named(checkpoint, main_artifact=main_artifact, runs_root=layout.root)
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
         raise CheckpointError(f"{checkpoint} does not exist; give a checkpoint directory (one holding "

@@ -2,7 +2,9 @@
 reads a checkpoint (export, generate, eval --harness) finds the model and its tokenizer.
 
 A checkpoint is a checkpoint directory (``model.safetensors`` + ``state.json`` + ``checksums.json``), a stage
-artifact folder holding one in ``checkpoint/``, or a Hugging Face model folder the decoder represents exactly (an
+artifact folder holding one in ``checkpoint/``, a named checkpoint of a main-run artifact (``<artifact>@<name>``,
+or ``main@<name>`` for the runs folder's only main artifact; names such as ``step_00000400``, ``ema``, ``average``:
+``tasks.train.milestones``), or a Hugging Face model folder the decoder represents exactly (an
 export, or a released base; ``models.hf.decoder_from_hf``). Its tokenizer is the one it was trained with: the
 tokenizer artifact whose hash the checkpoint's state.json records (``extra.tokenizer_hash``), looked up in the runs
 folder that holds the checkpoint and in the configured runs folder; for a Hugging Face folder, its own tokenizer
@@ -19,13 +21,20 @@ from infra.errors import CheckpointError, ConfigError
 from infra.runs import RunsLayout
 
 
-def checkpoint_folder(path: Path) -> Path:
+def checkpoint_folder(path: Path, runs_root: Path | None = None) -> Path:
     """``path`` itself, or its ``checkpoint/`` when ``path`` is a stage artifact folder (``runs/artifacts/main/<key>``),
-    or its ``model/`` when it is an export artifact.
+    or its ``model/`` when it is an export artifact, or the named checkpoint ``<artifact>@<name>`` / ``main@<name>``
+    (``tasks.train.milestones.resolve_named``; ``main@`` reads ``runs_root``, default ``RunsLayout.resolve()``).
 
     Raises:
-        CheckpointError: nothing exists at ``path``, or a folder that is none of these (e.g. ``runs/artifacts/main``).
+        CheckpointError: nothing exists at ``path``, a folder that is none of these (e.g. ``runs/artifacts/main``),
+            or an unknown name (the message lists the artifact's names).
     """
+    from tasks.train.milestones import resolve_named, split_name
+
+    if split_name(path) is not None and not Path(path).exists():
+        root = Path(runs_root) if runs_root is not None else RunsLayout.resolve().root
+        return resolve_named(path, runs_root=root)
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist; give a checkpoint directory (one holding model.safetensors "
@@ -141,7 +150,7 @@ def export(checkpoint: Path, out: Path, tokenizer: Path | None, layout: RunsLayo
 
     from models.hf import is_hf_folder
 
-    checkpoint = checkpoint_folder(checkpoint)
+    checkpoint = checkpoint_folder(checkpoint, layout.root)
     if tokenizer is not None:
         tokenizer_dir = Path(tokenizer)
     elif is_hf_folder(checkpoint):  # an exported or released model folder: its own tokenizer files

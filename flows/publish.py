@@ -3,7 +3,8 @@
 DuckDB rows are rewritten from the artifact on every run (cached or not, keyed by artifact key), so the
 warehouse always matches the artifact store. MLflow files and figures are logged only by the run that produced
 the artifact; a cached stage's run is tagged ``cached=true`` with ``produced_by_run`` pointing at that run.
-Nothing here knows any stage: it writes ``infra.stage.Published``.
+Nothing here knows any stage: it writes ``infra.stage.Published``. A table with a ``manifest_hash`` column passes the
+lineage suite (``infra.expectations.check_manifest_hash``: one SHA-256 corpus manifest hash throughout) first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from infra.artifacts import Artifact
+from infra.expectations import check_manifest_hash
 from infra.stage import PublishContext, Published, Stage
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
@@ -59,6 +61,8 @@ def publish(stage: Stage, artifact: Artifact, inputs: Mapping[str, Artifact], cf
 def _write(out: Published, artifact: Artifact, target: PublishTarget, run_id: str, cached: bool) -> None:
     tracker, warehouse = target.tracker, target.warehouse
     for table, frame in out.tables.items():
+        if isinstance(frame, pd.DataFrame) and "manifest_hash" in frame and frame["manifest_hash"].notna().any():
+            check_manifest_hash(frame, table)  # rows of one artifact come from one corpus; older artifacts: NULL
         warehouse.replace(table, frame, artifact.key)
     for update in out.updates:
         warehouse.update(update.table, update.set, update.where)

@@ -219,13 +219,15 @@ def check_shards(headers: pd.DataFrame, vocab_size: int) -> SuiteResult:
         ],
     )
 def check_heldout(table: pd.DataFrame) -> SuiteResult:
-    """Evaluation-table suite: finite, positive losses and bits per byte, tokens counted."""
+    """Evaluation-table suite: finite, positive losses and bits per byte, tokens counted; where the rows carry
+    ``manifest_hash`` (as published, ``MANIFEST_HASH_PATTERN``), a SHA-256 hex digest on every row."""
     import great_expectations as gx
 
     E = gx.expectations
+    lineage = ["manifest_hash"] if "manifest_hash" in table.columns else []
     return validate_frame(
         "heldout_loss",
-        table[["source", "loss_nats", "bits_per_byte", "tokens"]],
+        table[["source", "loss_nats", "bits_per_byte", "tokens", *lineage]],
         [
             E.ExpectTableRowCountToBeBetween(min_value=1),
             E.ExpectColumnValuesToNotBeNull(column="loss_nats"),  # NaN counts as null; range checks skip nulls
@@ -233,8 +235,12 @@ def check_heldout(table: pd.DataFrame) -> SuiteResult:
             E.ExpectColumnValuesToBeBetween(column="loss_nats", min_value=0.0, max_value=50.0),
             E.ExpectColumnValuesToBeBetween(column="bits_per_byte", min_value=0.0, max_value=100.0),
             E.ExpectColumnValuesToBeBetween(column="tokens", min_value=1),
+            *[E.ExpectColumnValuesToMatchRegex(column=c, regex=MANIFEST_HASH_PATTERN) for c in lineage],
         ],
     )
+
+
+MANIFEST_HASH_PATTERN = r"^[0-9a-f]{64}$"  # the corpus manifest's SHA-256 (tasks.corpus.stage.build_manifest)
 
 
 def check_quality_ablation(table: pd.DataFrame) -> SuiteResult:
@@ -264,3 +270,92 @@ def check_quality_ablation(table: pd.DataFrame) -> SuiteResult:
             E.ExpectColumnValuesToBeBetween(column="heldout_docs", min_value=1),
         ],
     )
+
+
+def check_cloze(table: pd.DataFrame) -> SuiteResult:
+    """Cloze-results suite (``evals.cloze.score_cloze`` rows, a CPT artifact's ``cloze.parquet``): at least one
+    item, one row per (checkpoint, item), a non-positive finite log-probability of the answer, and under every
+    scoring the frame carries (``sum``: ``predicted``/``correct``; ``per_token``, ``per_byte``: their
+    ``predicted_<scoring>``/``correct_<scoring>``) a chosen option index ≥ 0 and correctness equal to
+    chosen = answer."""
+    import great_expectations as gx
+
+    E = gx.expectations
+    missing = sorted({"item_id", "answer", "predicted", "correct", "logprob_answer"} - set(table.columns))
+    if missing:
+        raise DataError(f"expectation suite 'cloze_results' failed: columns {missing} are missing (got "
+                        f"{list(table.columns)}); score the items with evals.cloze.score_cloze")
+    suffixes = [""] + [f"_{s}" for s in ("per_token", "per_byte") if f"correct_{s}" in table.columns]
+    frame = table.assign(**{f"consistent{x}": (table[f"predicted{x}"] == table["answer"]) == table[f"correct{x}"]
+                            for x in suffixes})
+    keys = ["checkpoint", "item_id"] if "checkpoint" in table.columns else ["item_id"]
+    columns = [*keys, "logprob_answer"] + [c for x in suffixes for c in (f"predicted{x}", f"consistent{x}")]
+    expectations = [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectCompoundColumnsToBeUnique(column_list=keys) if len(keys) > 1 else
+        E.ExpectColumnValuesToBeUnique(column="item_id"),
+        E.ExpectColumnValuesToNotBeNull(column="logprob_answer"),
+        E.ExpectColumnValuesToBeBetween(column="logprob_answer", min_value=-1e6, max_value=0.0),
+    ]
+    for x in suffixes:
+        expectations += [E.ExpectColumnValuesToNotBeNull(column=f"predicted{x}"),
+                         E.ExpectColumnValuesToBeBetween(column=f"predicted{x}", min_value=0),
+                         E.ExpectColumnValuesToBeInSet(column=f"consistent{x}", value_set=[True])]
+    return validate_frame("cloze_results", frame[columns], expectations)
+
+
+def check_manifest_hash(table: pd.DataFrame, name: str, expected: str | None = None) -> SuiteResult:
+    """Lineage suite of a published table (``heldout_loss``, ``cloze_results``, ``gate_decisions``,
+    ``decay_branches``, ``tokenizer_sources``): a ``manifest_hash`` column whose every value is a SHA-256 hex
+    digest, one value throughout (one corpus per artifact), equal to ``expected`` when given.
+
+    Raises:
+        DataError: the column is missing, or an expectation fails.
+    """
+    import great_expectations as gx
+
+    E = gx.expectations
+    if "manifest_hash" not in table.columns:
+        raise DataError(f"expectation suite '{name}_lineage' failed: no manifest_hash column (got "
+                        f"{list(table.columns)})")
+    return validate_frame(f"{name}_lineage", table[["manifest_hash"]], [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectColumnValuesToNotBeNull(column="manifest_hash"),
+        E.ExpectColumnValuesToMatchRegex(column="manifest_hash", regex=MANIFEST_HASH_PATTERN),
+        E.ExpectColumnUniqueValueCountToBeBetween(column="manifest_hash", min_value=1, max_value=1),
+        *([E.ExpectColumnValuesToBeInSet(column="manifest_hash", value_set=[expected])] if expected else []),
+    ])
+
+
+def check_source_tokens(sources: pd.DataFrame, headers: pd.DataFrame) -> SuiteResult:
+    """Per-source token suite of a tokenizer artifact (``sources.parquet``, DuckDB ``tokenizer_sources``): one row
+    per source of the shards, ``tokens = train_tokens + heldout_tokens``, each split's tokens and documents equal to
+    its shard header's (``headers``: ``shards.parquet``), every source with tokens, and fit-sample shares in
+    [0, 1] (NA for a pretrained tokenizer).
+
+    Raises:
+        DataError: an expectation fails.
+    """
+    import great_expectations as gx
+
+    E = gx.expectations
+    wide = headers.pivot_table(index="source", columns="split", values=["n_tokens", "n_docs"], aggfunc="sum",
+                               fill_value=0)
+    wide.columns = [f"header_{split}_{value.removeprefix('n_')}" for value, split in wide.columns]
+    frame = sources.merge(wide.reset_index(), on="source", how="outer", indicator=True)
+    counted = ["tokens", "train_tokens", "heldout_tokens", "train_docs", "heldout_docs"]
+    header = [f"header_{c}" for c in counted[1:]]
+    frame = frame.assign(**{c: frame[c].astype("float64") if c in frame else 0.0 for c in counted + header})
+    frame = frame.assign(in_both=frame["_merge"] == "both",
+                         train_plus_heldout=frame["train_tokens"] + frame["heldout_tokens"],
+                         fit_share=frame["fit_share"].astype("float64"))
+    return validate_frame("tokenizer_sources", frame[["source", "in_both", "train_plus_heldout", "fit_share",
+                                                      *counted, *header]], [
+        E.ExpectTableRowCountToBeBetween(min_value=1),
+        E.ExpectColumnValuesToBeUnique(column="source"),
+        E.ExpectColumnValuesToBeInSet(column="in_both", value_set=[True]),
+        E.ExpectColumnValuesToBeBetween(column="tokens", min_value=1),
+        E.ExpectColumnPairValuesToBeEqual(column_A="tokens", column_B="train_plus_heldout"),
+        *[E.ExpectColumnPairValuesToBeEqual(column_A=c, column_B=f"header_{c}") for c in counted[1:]],
+        E.ExpectColumnValuesToBeBetween(column="fit_share", min_value=0.0, max_value=1.0),
+    ])

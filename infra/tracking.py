@@ -19,6 +19,16 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunT
 from infra.runs import ensure_folder
 
 _MAX_PARAM_LEN = 6000
+MAX_DIGEST_CHARS = 36  # MLflow's dataset digest column (String(36) in its SQL store)
+
+
+def _json_number(value: Any) -> Any:
+    """numpy / pandas scalars as plain numbers (``item()``); missing values as null."""
+    if hasattr(value, "item"):
+        return value.item()
+    if str(value) in ("<NA>", "NaT"):  # pandas' missing values (no item())
+        return None
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON serialisable")
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -106,9 +116,18 @@ class Tracker:
         self.client.log_table(run_id, data=frame, artifact_file=artifact_file)
 
     def log_dataset(self, run_id: str, name: str, digest: str, source: Path, context: str, profile: dict) -> None:
-        """Record a dataset input (name, digest = artifact key, local source path, row counts as profile)."""
+        """Record a dataset input: ``name`` (e.g. ``corpus/<source>``, one input per source), ``digest`` (a content
+        hash or an artifact key, at most ``MAX_DIGEST_CHARS``), the local ``source`` path, and counts as ``profile``
+        (JSON; numpy and pandas integers are written as numbers).
+
+        Raises:
+            ValueError: ``digest`` is empty or longer than ``MAX_DIGEST_CHARS``.
+        """
+        if not digest or len(digest) > MAX_DIGEST_CHARS:
+            raise ValueError(f"dataset {name!r}: digest {digest!r} must have 1 to {MAX_DIGEST_CHARS} characters "
+                             "(MLflow's limit); shorten it, e.g. the first 32 hex digits of a hash")
         dataset = Dataset(name=name, digest=digest, source_type="local", source=json.dumps({"uri": str(source)}),
-                          profile=json.dumps(profile))
+                          profile=json.dumps(profile, default=_json_number))
         self.client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
 
     def artifact_uri(self, run_id: str) -> str:

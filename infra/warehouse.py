@@ -7,8 +7,9 @@ be inspected with ``duckdb runs/results.duckdb`` between runs.
 
 Tables: manifest, removals, funnel, decontamination, boilerplate, tokenizer_report, tokenizer_fragmentation,
 packing_report, mixture_trials, sweep_trials, heldout_loss,
-cloze_results, gates, gate_decisions, stage_runs, train_events, stability_runs, audit_crosstab, audit_extractors
-(``TABLES``).
+cloze_results, gates, gate_decisions, stage_runs, train_events, stability_runs, audit_crosstab, audit_extractors,
+audit_detectors, tokenizer_sources (``TABLES``, the core ones; a stage may add its own under a plain lower-case
+name).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from infra.runs import ensure_folder
 
 TABLES = (
     "manifest", "removals", "funnel", "boilerplate", "decontamination", "audit_crosstab", "audit_extractors",
-    "tokenizer_report",
+    "audit_detectors", "tokenizer_report", "tokenizer_sources",
     "tokenizer_fragmentation", "packing_report", "train_events", "stability_runs",
     "mixture_trials", "sweep_trials", "heldout_loss", "cloze_results", "gates", "gate_decisions", "stage_runs",
 )
@@ -62,7 +63,7 @@ class Warehouse:
         removal ledger never has to fit in memory).
 
         Raises:
-            ValueError: ``table`` is not one of ``TABLES``.
+            ValueError: ``table`` is not a plain lower-case identifier.
         """
         _check_table(table)
         with self.connect() as con:
@@ -80,7 +81,7 @@ class Warehouse:
         """Append rows (for logs such as ``gates`` and ``stage_runs`` that are never replaced).
 
         Raises:
-            ValueError: ``table`` is not one of ``TABLES``.
+            ValueError: ``table`` is not a plain lower-case identifier.
         """
         _check_table(table)
         with self.connect() as con:

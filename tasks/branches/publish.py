@@ -1,5 +1,6 @@
 """What a decay-branch artifact puts into DuckDB (``decay_branches``) and MLflow: held-out bits per byte per branch
-and source, with the deltas to the branch point and to the main-mixture branch."""
+and source, with the deltas to the branch point and to the main-mixture branch, each row with the corpus
+``manifest_hash`` of the tokenizer input whose held-out shards were scored."""
 
 from __future__ import annotations
 
@@ -24,10 +25,18 @@ def publish(ctx: PublishContext) -> Published:
             if value is not None and math.isfinite(value):  # no main-mixture delta on the main-mixture branch
                 metrics[f"{r.branch}.{r.source}.{name}"] = float(value)
     return Published(
-        tables={"decay_branches": table.assign(run_id=ctx.artifact.meta.get("mlflow_run_id", ""))},
+        tables={"decay_branches": table.assign(run_id=ctx.artifact.meta.get("mlflow_run_id", ""),
+                                               manifest_hash=manifest_hash(ctx.inputs.get("tokenizer")))
+                .astype({"manifest_hash": "string"})},
         metrics=metrics,
         params={"trunk_key": record["trunk_key"], "decay_shape": record["decay_shape"],
                 "min_lr_ratio": record["min_lr_ratio"], "main_decay_start": record["main_decay_start"]},
         tags={"branches": ", ".join(b["branch"] for b in record["branches"])},
         files=["branches.json", "branches.parquet"],
     )
+
+
+def manifest_hash(tokenizer) -> str | None:
+    """The corpus manifest hash the tokenizer artifact ``tokenizer`` packed its shards from, or None."""
+    meta = tokenizer.path / "tokenizer.meta.json" if tokenizer is not None else None
+    return json.loads(meta.read_text()).get("manifest_hash") if meta is not None and meta.exists() else None

@@ -180,7 +180,8 @@ def _load_trunk(directory: Path, *, main: MainConfig, corpus: TokenizedCorpus, p
     model_cfg = main.model.build(corpus.vocab_size)
     model = parallelize(build_model(model_cfg, seed), accelerator, "ddp",
                         activation_checkpointing=main.distributed.activation_checkpointing)
-    optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=main.budget.warmup_steps))
+    optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=main.budget.warmup_steps,
+                                                   **main.budget.adamw.model_dump()))
     loaded = Checkpointer(directory.parent, accelerator=accelerator).load(directory, model=model, optimizer=optimizer)
     return model, optimizer, loaded, model_cfg
 

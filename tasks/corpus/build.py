@@ -19,8 +19,11 @@ positions in corpus order: no per-document Python object lives in the main proce
 7. ``verify`` (per shard): exact Jaccard of the pairs whose later document is in the shard.
 8. global ``decide``: leader clustering over the verified pairs in corpus order, families (connected components,
    for document-aware held-out splits), decontamination, funnel counts; removals partitioned by shard.
-9. ``write`` (per shard): the shard's kept documents; then the parts are joined into ``kept.parquet`` and the
-   removal rows streamed into ``removals.parquet``.
+9. ``substring`` (opt-in, ``[corpus.substring_dedup]``): the survivors are planned into partitions (DuckDB); per
+   partition, repeated spans are found with a suffix array (:mod:`tasks.corpus.substring`); global: the cuts and
+   the documents left too short, partitioned by shard.
+10. ``write`` (per shard): the shard's kept documents (with the substring cuts applied); then the parts are joined
+   into ``kept.parquet`` and the removal rows streamed into ``removals.parquet``.
 
 Invariants: per source, documents in = kept + removed (one ledger row per removed document); the result does not
 depend on the shard size, the engine or the number of workers.
@@ -34,7 +37,7 @@ import math
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,7 @@ from infra.atomic import atomic_dir, atomic_file, atomic_write_text
 from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
-from tasks.corpus import minhash, near_dedup
+from tasks.corpus import minhash, near_dedup, substring
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, OPTIONAL_COLUMNS, REMOVAL_COLUMNS,
@@ -65,6 +68,11 @@ CURATION_STEPS = DOC_STEPS + ["boilerplate", "dedup_exact", "quality_model", "de
 # The global steps in order; their position is the ``step`` code of the ``removed`` table.
 GLOBAL_STEPS = ["dedup_exact", "quality_model", "dedup_near", "decontam"]
 _EXACT, _QUALITY, _NEAR, _DECONTAM = range(4)
+# The opt-in last step (``[corpus.substring_dedup]``): in the funnel, the ledger and the manifest only when enabled,
+# so a default build's outputs stay as they were.
+SUBSTRING_STEP = "dedup_substring"
+ALL_STEPS = CURATION_STEPS + [SUBSTRING_STEP]
+SPAN_COLUMNS = ["doc_id", "source", "start", "end", "n_bytes", "first_doc_id", "first_start", "doc_removed"]
 KEPT_COLUMNS = ["doc_id", "source", "language", "lang_score", "text", "n_chars", "n_bytes", "n_words",
                 "family_id", "pii_replacements", "lines_dropped", "fixes", "quality_score"]
 HIT_COLUMNS = ["doc_id", "source", "ngram", "eval_set", "item_id", "common"]
@@ -89,6 +97,7 @@ class CorpusResult:
     out: Path
     near: dict[str, dict[str, Any]]
     boilerplate_units: int
+    substring: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def boilerplate(self) -> pd.DataFrame:
@@ -109,6 +118,18 @@ class CorpusResult:
     @property
     def hits(self) -> pd.DataFrame:
         return pd.read_parquet(self.out / "decontamination.parquet")
+
+    @property
+    def spans(self) -> pd.DataFrame:
+        """substring_spans.parquet (``SPAN_COLUMNS``): every span the substring step cut; empty when it is off."""
+        path = self.out / "substring_spans.parquet"
+        return pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=SPAN_COLUMNS)
+
+
+def curation_steps(cfg: CorpusConfig) -> list[str]:
+    """The curation steps a build with ``cfg`` runs, in order: ``CURATION_STEPS``, then ``SUBSTRING_STEP`` when
+    ``substring_dedup`` is enabled."""
+    return CURATION_STEPS + [SUBSTRING_STEP] if cfg.substring_dedup.enabled else list(CURATION_STEPS)
 
 
 def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] = (),
@@ -303,14 +324,17 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
         near_stats = _decide(con, work, names, cfg, index, n_pairs)
         _quality_audit(con, work, names, cfg, out)
     tick("decide", 1, 1)
+    sub_on = cfg.substring_dedup.enabled
+    substring_stats = _substring_pass(work, names, cfg, shard_pass) if sub_on else {}
     shard_pass("write", write_shard, [dict(keyed_dir=str(work / "keyed" / name),
                                            decisions=str(work / "decisions"), shard=i,
-                                           out_path=str(work / "kept" / f"{name}.parquet"))
+                                           out_path=str(work / "kept" / f"{name}.parquet"),
+                                           substring=str(work / "substring") if sub_on else "")
                                       for i, name in enumerate(names)])
     out.mkdir(parents=True, exist_ok=True)
-    _write_outputs(work, names, out, cfg.execution.memory_limit)
+    _write_outputs(work, names, out, cfg.execution.memory_limit, substring=sub_on)
     shutil.copyfile(work / "frequent_units.parquet", out / "boilerplate.parquet")
-    return CorpusResult(out=out, near=near_stats, boilerplate_units=n_frequent)
+    return CorpusResult(out=out, near=near_stats, boilerplate_units=n_frequent, substring=substring_stats)
 
 
 def _atomic_dir(out_dir: Path, write: Callable[[Path], None]) -> bool:
@@ -443,7 +467,8 @@ def _quality(docs: pd.DataFrame, cfg: CorpusConfig, model_path: str) -> tuple[np
 
 
 def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
-    """Per document: its row, exact-dedup hash halves, characters, and the MinHash band keys (uint64 per band)."""
+    """Per document: its row, exact-dedup hash halves, characters and UTF-8 bytes, and the MinHash band keys
+    (uint64 per band)."""
     digests = [xxhash.xxh3_128_intdigest(normal_form(t).encode("utf-8")) for t in docs.text]
     nd = cfg.near_dedup
     frame = pd.DataFrame({
@@ -452,6 +477,7 @@ def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
         "host": pd.array([url_host(u) if isinstance(u, str) else None for u in docs.get("url", [None] * len(docs))],
                          dtype="string"),
         "n_chars": np.array([len(t) for t in docs.text], dtype=np.int64),
+        "n_bytes": np.array([len(t.encode("utf-8")) for t in docs.text], dtype=np.int64),
         "h_hi": np.array([d >> 64 for d in digests], dtype=np.uint64),
         "h_lo": np.array([d & (2**64 - 1) for d in digests], dtype=np.uint64),
         "by_chars": _by_chars(docs.language.tolist()),
@@ -482,8 +508,8 @@ def _load_keys(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], off
     files = [str(work / "keyed" / name / "keys.parquet") for name in names]
     if not files:
         con.execute("CREATE TABLE keys (pos BIGINT, shard INTEGER, row INTEGER, doc_id VARCHAR, source VARCHAR, "
-                    "language VARCHAR, host VARCHAR, n_chars BIGINT, h_hi UBIGINT, h_lo UBIGINT, by_chars BOOLEAN, "
-                    "has_shingles BOOLEAN, " + "".join(f"band_{b} UBIGINT, " for b in range(bands))
+                    "language VARCHAR, host VARCHAR, n_chars BIGINT, n_bytes BIGINT, h_hi UBIGINT, h_lo UBIGINT, "
+                    "by_chars BOOLEAN, has_shingles BOOLEAN, " + "".join(f"band_{b} UBIGINT, " for b in range(bands))
                     + "quality_score DOUBLE, quality_keep BOOLEAN, quality_keep_p DOUBLE, src INTEGER)")
         return
     con.execute("CREATE TABLE keys AS SELECT o.start + k.row AS pos, k.*, "
@@ -667,6 +693,165 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
         hits.astype(_HIT_TYPES).to_parquet(tmp / "decontamination.parquet", index=False)
     return near_stats
+
+
+_SPANS_DDL = "(pos BIGINT, start BIGINT, \"end\" BIGINT, first_pos BIGINT, first_start BIGINT)"
+_SUB_DOCS_DDL = ("(pos BIGINT, n_spans BIGINT, bytes_before BIGINT, bytes_cut BIGINT, left_bytes BIGINT, "
+                 "chars_after BIGINT)")
+
+
+def _substring_pass(work: Path, names: list[str], cfg: CorpusConfig,
+                    shard_pass: Callable[[str, Callable[..., Any], list[dict[str, Any]]], None]
+                    ) -> dict[str, dict[str, Any]]:
+    """Pass 9, exact-substring dedup (``[corpus.substring_dedup]``) of the documents every earlier step kept:
+    the partition plan (DuckDB), one suffix-array call per partition (:func:`substring_partition`), then the cuts
+    and removals per shard in ``work/substring`` (:func:`_substring_decide`). Returns statistics per source and
+    ``_all`` (the partitions)."""
+    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit, fresh=False) as con:
+        n_parts = _substring_plan(con, work, cfg)
+    sd = cfg.substring_dedup
+    shard_pass("substring", substring_partition,
+               [dict(plan=str(work / "substring_plan.parquet"), part=p, work=str(work), names=",".join(names),
+                     out_dir=str(work / "substring_parts" / f"{p:05d}"), min_len=sd.min_repeat_bytes)
+                for p in range(n_parts)])
+    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit, fresh=False) as con:
+        return _substring_decide(con, work, cfg, n_parts)
+
+
+def _substring_plan(con: duckdb.DuckDBPyConnection, work: Path, cfg: CorpusConfig) -> int:
+    """Table ``sub_plan`` (part, pos, shard, row, n_bytes) of the surviving documents, written to
+    ``work/substring_plan.parquet`` sorted by (part, pos); returns the number of partitions.
+
+    Partition: within the scope's group (a source, or all documents), in corpus order, the documents whose bytes
+    before them in the group fall in the same ``partition_bytes`` block; so it holds less than ``partition_bytes``
+    plus one document, and does not depend on the shard size."""
+    sd = cfg.substring_dedup
+    grp = "source" if sd.scope == "source" else "''"
+    con.execute(f"""CREATE OR REPLACE TABLE sub_plan AS
+        SELECT (dense_rank() OVER (ORDER BY grp, block) - 1)::BIGINT AS part, pos, shard, row, n_bytes FROM (
+            SELECT pos, shard, row, n_bytes, grp,
+                   (coalesce(sum(n_bytes) OVER (PARTITION BY grp ORDER BY pos
+                                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                    // {sd.partition_bytes})::BIGINT AS block
+            FROM (SELECT pos, shard, row, n_bytes, {grp} AS grp FROM keys
+                  WHERE pos NOT IN (SELECT pos FROM removed)))""")
+    con.execute(f"COPY (SELECT part, pos, shard, row FROM sub_plan ORDER BY part, pos) TO "
+                f"'{work / 'substring_plan.parquet'}' (FORMAT parquet)")
+    return int(con.execute("SELECT count(DISTINCT part) FROM sub_plan").fetchone()[0])
+
+
+def substring_partition(plan: str, part: int, work: str, names: str, out_dir: str, min_len: int) -> bool:
+    """Pass 9 on one partition: its documents' texts (read from the keyed shards, in corpus order), the spans to
+    cut (:func:`tasks.corpus.substring.repeated_spans`), and per touched document its bytes before, cut and left
+    (without surrounding whitespace) and characters after. Writes ``spans.parquet`` and ``docs.parquet``."""
+
+    def write(tmp: Path) -> None:
+        rows = pq.read_table(plan, columns=["pos", "shard", "row"], filters=[("part", "==", part)]).to_pandas()
+        rows = rows.sort_values("pos", kind="stable").reset_index(drop=True)
+        texts: list[bytes] = [b""] * len(rows)
+        shard_names = names.split(",")
+        for shard, idx in rows.groupby("shard").indices.items():
+            column = pq.read_table(Path(work) / "keyed" / shard_names[int(shard)] / "docs.parquet",
+                                   columns=["text"]).column("text")
+            for i, text in zip(idx, column.take(rows.row.to_numpy()[idx]).to_pylist()):
+                texts[i] = text.encode("utf-8")
+            del column
+        cuts = substring.repeated_spans(texts, min_len)
+        pos = rows.pos.to_numpy(dtype=np.int64)
+        pd.DataFrame({"pos": pos[cuts.doc], "start": cuts.start, "end": cuts.end, "first_pos": pos[cuts.first_doc],
+                      "first_start": cuts.first_start}).to_parquet(tmp / "spans.parquet", index=False)
+        cut = cuts.bytes_per_doc(len(texts))
+        touched = np.flatnonzero(cut)
+        bounds = np.searchsorted(cuts.doc, touched), np.searchsorted(cuts.doc, touched, side="right")
+        left, chars = [], []
+        for d, lo, hi in zip(touched, *bounds):
+            kept = substring.apply_cuts(texts[d], cuts.start[lo:hi], cuts.end[lo:hi]).decode("utf-8")
+            left.append(len(kept.strip().encode("utf-8")))
+            chars.append(len(kept))
+        pd.DataFrame({"pos": pos[touched], "n_spans": (bounds[1] - bounds[0]).astype(np.int64),
+                      "bytes_before": np.array([len(texts[d]) for d in touched], dtype=np.int64),
+                      "bytes_cut": cut[touched], "left_bytes": np.array(left, dtype=np.int64),
+                      "chars_after": np.array(chars, dtype=np.int64)}).to_parquet(tmp / "docs.parquet", index=False)
+
+    done = _atomic_dir(Path(out_dir), write)
+    release_memory()
+    return done
+
+
+def _substring_decide(con: duckdb.DuckDBPyConnection, work: Path, cfg: CorpusConfig,
+                      n_parts: int) -> dict[str, dict[str, Any]]:
+    """The substring step's decisions in ``work/substring``: ``removed`` and ``cuts`` partitioned by shard (the
+    write pass applies them), ``removals.parquet`` (rule ``dedup.substring``: a touched document left with fewer
+    than ``min_doc_bytes`` bytes), ``funnel.parquet`` and ``spans.parquet`` (``SPAN_COLUMNS``). Returns per
+    source: documents and bytes in, documents touched and removed, spans cut, bytes cut from spans and bytes of
+    the removed documents' remainders; and ``_all``: the partitions and the settings."""
+    sd = cfg.substring_dedup
+    folders = [work / "substring_parts" / f"{p:05d}" for p in range(n_parts)]
+    con.execute(f"CREATE OR REPLACE TABLE sub_spans {_SPANS_DDL}")
+    con.execute(f"CREATE OR REPLACE TABLE sub_docs {_SUB_DOCS_DDL}")
+    if folders:
+        con.execute("INSERT INTO sub_spans SELECT pos, start, \"end\", first_pos, first_start FROM read_parquet(?)",
+                    [[str(f / "spans.parquet") for f in folders]])
+        con.execute("INSERT INTO sub_docs SELECT pos, n_spans, bytes_before, bytes_cut, left_bytes, chars_after "
+                    "FROM read_parquet(?)", [[str(f / "docs.parquet") for f in folders]])
+    con.execute(f"CREATE OR REPLACE TABLE sub_gone AS SELECT pos FROM sub_docs WHERE left_bytes < {sd.min_doc_bytes}")
+    funnel = con.execute(f"""
+        SELECT k.source, '{SUBSTRING_STEP}' AS stage, count(*)::BIGINT AS docs_in,
+               count(*) FILTER (WHERE g.pos IS NULL)::BIGINT AS docs_out, sum(k.n_chars)::BIGINT AS chars_in,
+               sum(CASE WHEN g.pos IS NOT NULL THEN 0 WHEN d.pos IS NOT NULL THEN d.chars_after
+                        ELSE k.n_chars END)::BIGINT AS chars_out
+        FROM keys k LEFT JOIN sub_docs d ON d.pos = k.pos LEFT JOIN sub_gone g ON g.pos = k.pos
+        WHERE k.pos NOT IN (SELECT pos FROM removed) GROUP BY k.source ORDER BY k.source""").df()
+    rows = con.execute("""
+        SELECT k.source, count(*), sum(k.n_bytes), count(d.pos), count(g.pos), coalesce(sum(d.n_spans), 0),
+               coalesce(sum(d.bytes_cut), 0),
+               coalesce(sum(d.bytes_before - d.bytes_cut) FILTER (WHERE g.pos IS NOT NULL), 0)
+        FROM keys k LEFT JOIN sub_docs d ON d.pos = k.pos LEFT JOIN sub_gone g ON g.pos = k.pos
+        WHERE k.pos NOT IN (SELECT pos FROM removed) GROUP BY k.source ORDER BY k.source""").fetchall()
+    stats: dict[str, dict[str, Any]] = {}
+    for source, n_in, b_in, touched, gone, spans, cut, dropped in rows:
+        stats[source] = {"docs_in": int(n_in), "bytes_in": int(b_in), "docs_touched": int(touched),
+                         "docs_removed": int(gone), "spans_cut": int(spans), "bytes_cut": int(cut),
+                         "bytes_removed_with_docs": int(dropped),
+                         "bytes_out": int(b_in) - int(cut) - int(dropped)}
+    largest = con.execute("SELECT coalesce(max(b), 0) FROM (SELECT sum(n_bytes) AS b FROM sub_plan GROUP BY part)"
+                          ).fetchone()[0]
+    stats["_all"] = {"partitions": int(n_parts), "largest_partition_bytes": int(largest),
+                     "repeats_across_partitions_searched": False, **sd.model_dump()}
+    with atomic_dir(work / "substring", replace=True) as tmp:
+        con.execute(f"COPY (SELECT k.shard, k.row FROM sub_gone g JOIN keys k USING (pos)) TO '{tmp / 'removed'}' "
+                    f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
+        con.execute(f"COPY (SELECT k.shard, k.row, s.start, s.\"end\" FROM sub_spans s JOIN keys k USING (pos) "
+                    f"WHERE s.pos NOT IN (SELECT pos FROM sub_gone)) TO '{tmp / 'cuts'}' "
+                    f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
+        con.execute(f"""COPY (
+            SELECT k.doc_id, k.source, '{SUBSTRING_STEP}' AS stage, 'dedup.substring' AS rule,
+                   d.left_bytes::DOUBLE AS value, {sd.min_doc_bytes}::DOUBLE AS threshold,
+                   d.n_spans || ' repeated spans of >= {sd.min_repeat_bytes} bytes cut (' || d.bytes_cut || ' of '
+                   || d.bytes_before || ' bytes), the first a repeat of ' || f.doc_id || '; ' || d.left_bytes
+                   || ' bytes left < {sd.min_doc_bytes}' AS detail
+            FROM sub_docs d JOIN sub_gone g USING (pos) JOIN keys k ON k.pos = d.pos
+            JOIN (SELECT pos, arg_min(first_pos, start) AS first_pos FROM sub_spans GROUP BY pos) s ON s.pos = d.pos
+            JOIN keys f ON f.pos = s.first_pos ORDER BY d.pos) TO '{tmp / 'removals.parquet'}' (FORMAT parquet)""")
+        con.execute(f"""COPY (
+            SELECT k.doc_id, k.source, s.start, s."end", s."end" - s.start AS n_bytes, f.doc_id AS first_doc_id,
+                   s.first_start, s.pos IN (SELECT pos FROM sub_gone) AS doc_removed
+            FROM sub_spans s JOIN keys k ON k.pos = s.pos JOIN keys f ON f.pos = s.first_pos
+            ORDER BY s.pos, s.start) TO '{tmp / 'spans.parquet'}' (FORMAT parquet)""")
+        funnel[FUNNEL_COLUMNS].to_parquet(tmp / "funnel.parquet", index=False)
+    return stats
+
+
+def _cut_texts(texts: np.ndarray, folder: Path, shard: int) -> np.ndarray:
+    """``texts`` of one shard with the substring step's cuts for the shard (``folder/cuts``) taken out."""
+    cuts = _read_partition(folder / "cuts" / f"shard={shard}", ["row", "start", "end"])
+    if cuts is None:
+        return texts
+    out = texts.copy()
+    for row, part in cuts.sort_values(["row", "start"]).groupby("row", sort=True):
+        text = out[int(row)].encode("utf-8")
+        out[int(row)] = substring.apply_cuts(text, part.start.tolist(), part.end.tolist()).decode("utf-8")
+    return out
 
 
 # Length buckets of the blind-spot audit, in characters of the scored text: [lower, upper).
@@ -857,16 +1042,20 @@ def _global_funnel(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return frame[FUNNEL_COLUMNS]
 
 
-def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str) -> bool:
-    """Pass 9 on one shard: its kept documents (``KEPT_COLUMNS``) with their family ids."""
+def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str, substring: str = "") -> bool:
+    """Pass 10 on one shard: its kept documents (``KEPT_COLUMNS``) with their family ids; with ``substring`` (the
+    substring step's decisions folder) its removals too and its cuts applied to the kept texts."""
     out = Path(out_path)
     if out.exists():
         return False
     docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet")
-    gone = _read_partition(Path(decisions) / "removed" / f"shard={shard}", ["row"])
     keep = np.ones(len(docs), dtype=bool)
-    if gone is not None:
-        keep[gone.row.to_numpy(dtype=np.int64)] = False
+    for folder in [Path(decisions)] + ([Path(substring)] if substring else []):
+        gone = _read_partition(folder / "removed" / f"shard={shard}", ["row"])
+        if gone is not None:
+            keep[gone.row.to_numpy(dtype=np.int64)] = False
+    if substring:
+        docs = docs.assign(text=_cut_texts(docs.text.to_numpy(dtype=object), Path(substring), shard))
     family_ids = docs.doc_id.to_numpy(dtype=object).copy()
     fams = _read_partition(Path(decisions) / "families" / f"shard={shard}", ["row", "family_id"])
     if fams is not None:
@@ -880,28 +1069,32 @@ def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str) -> bo
     return True
 
 
-def _write_outputs(work: Path, names: list[str], out: Path, memory_limit: str) -> None:
+def _write_outputs(work: Path, names: list[str], out: Path, memory_limit: str, substring: bool = False) -> None:
     """kept.parquet joined from the shards' parts row group by row group (corpus order); removals.parquet sorted by
     curation step, then by input position (so it does not depend on the shard size); the funnel summed over every
-    pass; the decontamination hits."""
+    pass; the decontamination hits; with ``substring``, the substring step's rows and its spans."""
     with _ParquetStream(out / "kept.parquet", _KEPT_SCHEMA) as kept_out:
         for name in names:
             part = pq.ParquetFile(work / "kept" / f"{name}.parquet")
             for group in range(part.num_row_groups):
                 kept_out.write_table(part.read_row_group(group))
             release_memory()
-    _write_removals(work, names, out / "removals.parquet", memory_limit)
+    _write_removals(work, names, out / "removals.parquet", memory_limit, substring)
     funnels = [pd.read_parquet(work / pass_ / name / "funnel.parquet")
                for name in names for pass_ in ("filtered", "keyed")]
-    funnel = pd.concat([*funnels, pd.read_parquet(work / "decisions" / "funnel.parquet")], ignore_index=True)
+    funnels.append(pd.read_parquet(work / "decisions" / "funnel.parquet"))
+    if substring:
+        funnels.append(pd.read_parquet(work / "substring" / "funnel.parquet"))
+        shutil.copyfile(work / "substring" / "spans.parquet", out / "substring_spans.parquet")
+    funnel = pd.concat(funnels, ignore_index=True)
     funnel = funnel.groupby(["source", "stage"], sort=False, as_index=False).sum()
-    order = {stage: i for i, stage in enumerate(CURATION_STEPS)}
+    order = {stage: i for i, stage in enumerate(ALL_STEPS)}
     funnel = funnel.sort_values(["source", "stage"], key=lambda s: s.map(order) if s.name == "stage" else s)
     funnel.reset_index(drop=True).to_parquet(out / "funnel.parquet", index=False)
     shutil.copyfile(work / "decisions" / "decontamination.parquet", out / "decontamination.parquet")
 
 
-def _write_removals(work: Path, names: list[str], path: Path, memory_limit: str) -> None:
+def _write_removals(work: Path, names: list[str], path: Path, memory_limit: str, substring: bool = False) -> None:
     """Every removal row of every pass, one per removed document, sorted out of core by DuckDB."""
     plan = json.loads((work / "shards.json").read_text())
     inputs = [Path(f) for f in plan["files"]]
@@ -909,10 +1102,12 @@ def _write_removals(work: Path, names: list[str], path: Path, memory_limit: str)
                                                  work / "keyed" / name / "removals.parquet")
              if pq.ParquetFile(f).metadata.num_rows]
     parts.append(str(work / "decisions" / "removals.parquet"))
+    if substring:
+        parts.append(str(work / "substring" / "removals.parquet"))
     starts = np.concatenate([[0], np.cumsum(plan["rows"])])[:-1]
     with _duckdb(work, memory_limit=memory_limit) as con:
         con.register("_inputs", pa.table({"filename": [str(f) for f in inputs], "start": starts.astype(np.int64)}))
-        con.register("_steps", pa.table({"stage": CURATION_STEPS, "step": np.arange(len(CURATION_STEPS))}))
+        con.register("_steps", pa.table({"stage": ALL_STEPS, "step": np.arange(len(ALL_STEPS))}))
         if not inputs:
             pq.write_table(_REMOVAL_SCHEMA.empty_table(), path)
             return

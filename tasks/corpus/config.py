@@ -8,7 +8,7 @@ with 112 permutations as 14 bands × 8 rows over 5-gram shingles (FineWeb).
 import warnings
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from infra.errors import ConfigError, ConfigWarning
 from infra.execution import ExecutionConfig
@@ -301,6 +301,33 @@ class DecontaminationConfig(Section):
     eval_files: list[str] = []
 
 
+class SubstringDedupConfig(Section):
+    """Exact-substring dedup, opt-in (docs/methods.md §7 "Exact-substring dedup"; Lee et al. 2022, §4.1 ExactSubstr;
+    ``tasks.corpus.substring``). The last global step: it sees the documents every other step kept.
+
+    Within a partition every window of ``min_repeat_bytes`` UTF-8 bytes that occurred earlier in corpus order is
+    cut (narrowed to whole characters), so the first copy of a repeated span stays. A document with a cut whose
+    text, without surrounding whitespace, is left with fewer than ``min_doc_bytes`` bytes is removed
+    (``dedup.substring``). ``min_repeat_bytes`` default 200: Lee et al. used 50 tokens, and a BPE token is about 4
+    bytes of English text (3.95 characters per token for the reference tokenizer of docs/methods.md §8).
+    ``min_doc_bytes`` default 200 (*project default*): what is left is shorter than one repeat window.
+
+    Partitions bound the memory of the suffix array (13 bytes per partition byte at the peak, measured by
+    ``benchmarks/substring_dedup.py``; the default 64 MiB needs about 0.9 GB): ``scope`` "source" takes
+    each source's documents separately, "global" all documents; either is cut, in corpus order, into partitions
+    of the documents whose bytes before them (in the scope) fall in the same ``partition_bytes`` block, so a
+    partition holds less than ``partition_bytes`` plus one document. A span repeated only across partitions (or
+    sources, with scope "source") is not found. When every field is at its default the section is left out of
+    the config's dump, so existing cache keys do not change.
+    """
+
+    enabled: bool = False
+    min_repeat_bytes: int = Field(default=200, ge=1)
+    min_doc_bytes: int = Field(default=200, ge=0)
+    scope: Literal["source", "global"] = "source"
+    partition_bytes: int = Field(default=64 * 2**20, ge=1, le=2**30)
+
+
 class UrlConfig(Section):
     """URL rules, the first per-document stage (docs/methods.md §7 "URL filtering"; ``tasks.corpus.urls``).
 
@@ -380,8 +407,8 @@ class CorpusConfig(Section):
     (``tasks.corpus.extract``); ``langid_threshold`` (FineWeb 0.65) and per-language
     ``langid_thresholds``; ``langid_min_chars``, below which the source's hint is used or the language is
     ``unknown`` (``unknown_language``: remove or keep); ``unicode_repair`` (ftfy), ``pii``, ``exact_dedup`` switches;
-    ``c4``, ``near_dedup``, ``boilerplate``, ``decontamination`` sections; ``execution`` (shards, engine),
-    which is never part of the cache key.
+    ``c4``, ``near_dedup``, ``boilerplate``, ``decontamination``, ``substring_dedup`` sections; ``execution``
+    (shards, engine), which is never part of the cache key.
     """
 
     languages: list[str] = ["en", "zh"]
@@ -400,6 +427,7 @@ class CorpusConfig(Section):
     near_dedup: MinHashConfig = MinHashConfig()
     boilerplate: BoilerplateConfig = BoilerplateConfig()
     decontamination: DecontaminationConfig = DecontaminationConfig()
+    substring_dedup: SubstringDedupConfig = SubstringDedupConfig()
     urls: UrlConfig = UrlConfig()
     quality_model: QualityModelConfig = QualityModelConfig()
     # Results do not depend on shard size, engine or workers.
@@ -429,6 +457,13 @@ class CorpusConfig(Section):
             if not 0.0 <= threshold < 1.0:
                 raise ConfigError(f"langid_thresholds[{code!r}]={threshold} must lie in [0, 1)")
         return v
+
+    @model_serializer(mode="wrap")
+    def _default_substring_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if self.substring_dedup == SubstringDedupConfig():  # off as it always was: dumps and keys stay as they were
+            data.pop("substring_dedup", None)
+        return data
 
     def langid_threshold_for(self, language: str) -> float:
         """The minimum lid.176 score for ``language``: its own threshold if configured, else ``langid_threshold``."""

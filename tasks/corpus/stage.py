@@ -3,7 +3,8 @@
 Outputs: ``kept.parquet`` (one row per kept document), ``removals.parquet`` (exactly one row per removed
 document, including read rejects), ``funnel.parquet`` (documents and characters in/out per source and stage),
 ``boilerplate.parquet`` (lines/paragraphs cut as cross-document boilerplate), ``decontamination.parquet`` (every
-evaluation n-gram hit) and ``manifest.json`` (per source: snapshot, licence, filters with thresholds, counts per
+evaluation n-gram hit), ``substring_spans.parquet`` (the spans exact-substring dedup cut, only when it is enabled)
+and ``manifest.json`` (per source: snapshot, licence, filters with thresholds, counts per
 stage, repairs, dedup clusters, decontamination hits; plus its SHA-256 ``manifest_hash``, which downstream stages
 carry). Shards run through ``ctx.shard_map_for`` and their work folder survives a crash, so a rerun skips them.
 """
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 from infra.atomic import atomic_file
 from infra.errors import DataError
 from infra.stage import StageContext
-from tasks.corpus.build import CURATION_STEPS, curate, split_sources
+from tasks.corpus.build import curate, curation_steps, split_sources
 from tasks.corpus.config import CorpusConfig
 from evals.contamination import EvalItem
 from tasks.corpus.minhash import s_curve
@@ -46,7 +47,7 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
         done = [0]
         result = curate(work, ctx.out, cfg, eval_items=eval_items,
                         shard_map=_counting(shard_map, advance, done), quality_model=_quality_model(ctx))
-        advance(total - done[0])
+        advance(max(total - done[0], 0))  # the substring pass (opt-in) adds partitions
     rejects_path = src / "rejects.parquet"
     _prepend_rejects(rejects_path, ctx.out / "removals.parquet")
     docs_paths = [src / "docs" / f"{name}.parquet" for name in described]
@@ -148,7 +149,9 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
 
     Per source: documents and characters in/out of every stage (the ``url`` stage also counts ``no_url``, the
     documents without a URL), removals by rule, repairs by fix name, PII placeholders, boilerplate lines cut,
-    near-dedup clusters and decontamination hits. Corpus-wide ``near_dedup``: the LSH threshold, S-curve, unused
+    near-dedup clusters and decontamination hits; with ``[corpus.substring_dedup]`` enabled also ``substring_dedup``
+    (documents touched and removed, spans and bytes cut, ``tasks.corpus.build._substring_decide``) per source and
+    corpus-wide (partitions, settings). Corpus-wide ``near_dedup``: the LSH threshold, S-curve, unused
     signature values, candidate probability at ``jaccard_threshold`` and the config's warnings
     (``MinHashConfig.lsh_figures``, ``lsh_warnings``). Token counts are added by the tokenizer stage (tokens do not
     exist before it). ``manifest_hash`` is the SHA-256 of the manifest without it.
@@ -206,13 +209,16 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
             "decontamination_hits": int((hits["source"] == name).sum()) if len(hits) else 0,
             "warnings": [near["warning"]] if near.get("warning") else [],
         }
+        if cfg.substring_dedup.enabled:  # absent when off, so a default build's manifest stays as it was
+            sources[name]["filters"]["substring_dedup"] = cfg.substring_dedup.model_dump()
+            sources[name]["substring_dedup"] = result.substring.get(name, {})
         if "url" in sources[name]["stages"]:  # documents the URL rules could not check
             sources[name]["stages"]["url"]["no_url"] = int(no_url.get(name, 0))
             sources[name]["stages"]["url"]["url_invalid"] = int(info.get("url_invalid", 0))  # counted in no_url
         if read.get(name, 0) and not n_kept:
             sources[name]["warnings"].append(f"source {name} has no kept document")
     body = {
-        "version": MANIFEST_VERSION, "stages": CURATION_STEPS, "sources": sources,
+        "version": MANIFEST_VERSION, "stages": curation_steps(cfg), "sources": sources,
         "boilerplate_units": int(result.boilerplate_units),
         "near_dedup": {**result.near.get("_all", {}),
                        **cfg.near_dedup.lsh_figures(), "warnings": cfg.near_dedup.lsh_warnings(),
@@ -221,6 +227,8 @@ def build_manifest(described: dict, docs: Table, rejects: Table, kept: Table, re
         "eval_items": len(eval_items),
         "quality_model": _quality_manifest(result, cfg),
     }
+    if cfg.substring_dedup.enabled:
+        body["substring_dedup"] = result.substring.get("_all", {})
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {**body, "manifest_hash": digest}
 

@@ -4,7 +4,6 @@ run, publish."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from infra.stage import Stage, StageContext, lazy
@@ -18,8 +17,10 @@ def key_extra(cfg: Any) -> dict[str, Any]:
 
     extra: dict[str, Any] = {"cloze_items": [hashlib.sha256(p.read_bytes()).hexdigest()[:16]
                                              for p in cloze_files(cfg.gate.cloze_paths)]}
-    if cfg.cpt.base_checkpoint:
-        extra["base_weights"] = base_digest(Path(cfg.cpt.base_checkpoint))
+    if cfg.cpt.base_checkpoint and not cfg.cpt.base_checkpoint.startswith("main@"):  # main@<name>: the main key
+        from tasks.train.milestones import resolve_named
+
+        extra["base_weights"] = base_digest(resolve_named(cfg.cpt.base_checkpoint))
     return extra
 
 

@@ -1,8 +1,11 @@
-"""What a CPT artifact puts into DuckDB: held-out loss and cloze results of every candidate and the base, and for a
-context extension the loss by position, passkey retrieval, the long-document supply and the long documents'
-members; into MLflow: the candidates' text samples as a table."""
+"""What a CPT artifact puts into DuckDB: held-out loss and cloze results of every candidate and the base (each row
+with the corpus ``manifest_hash`` of the tokenizer input whose held-out shards were scored), and for a context
+extension the loss by position, passkey retrieval, the long-document supply and the long documents' members; into
+MLflow: the candidates' text samples as a table."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 
@@ -11,11 +14,15 @@ from infra.stage import PublishContext, Published
 
 def publish(ctx: PublishContext) -> Published:
     path, produced_by = ctx.artifact.path, ctx.artifact.meta.get("mlflow_run_id", "")
-    cloze = pd.read_parquet(path / "cloze.parquet").drop(columns=["n_option_tokens"], errors="ignore")
+    cloze = pd.read_parquet(path / "cloze.parquet").drop(columns=["n_option_tokens", "n_option_bytes"],
+                                                         errors="ignore")
     # The candidates' continuations of the [samples] prompts at each evaluation point, as an MLflow table.
     tables = {"samples.json": pd.read_parquet(path / "samples.parquet")} if (path / "samples.parquet").exists() else {}
-    warehouse = {"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by, stage="cpt"),
-                 "cloze_results": cloze.assign(run_id=produced_by)}
+    lineage = {"manifest_hash": manifest_hash(ctx.inputs.get("tokenizer"))}
+    warehouse = {"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by, stage="cpt",
+                                                                                 **lineage),
+                 "cloze_results": cloze.assign(run_id=produced_by, **lineage)}
+    warehouse = {table: frame.astype({"manifest_hash": "string"}) for table, frame in warehouse.items()}  # None: NULL
     files = ["candidates.json", "cloze.parquet"]
     # A context extension (docs/methods.md §15): every table carries its construction (natural / concatenated).
     for table, name in CONTEXT_TABLES.items():
@@ -23,6 +30,12 @@ def publish(ctx: PublishContext) -> Published:
             warehouse[table] = pd.read_parquet(path / name).assign(run_id=produced_by)
             files.append(name)
     return Published(tables=warehouse, files=files, mlflow_tables=tables)
+
+
+def manifest_hash(tokenizer) -> str | None:
+    """The corpus manifest hash the tokenizer artifact ``tokenizer`` packed its shards from, or None."""
+    meta = tokenizer.path / "tokenizer.meta.json" if tokenizer is not None else None
+    return json.loads(meta.read_text()).get("manifest_hash") if meta is not None and meta.exists() else None
 
 
 CONTEXT_TABLES = {"context_position_loss": "position_loss.parquet", "context_retrieval": "retrieval.parquet",

@@ -1,24 +1,29 @@
 """CPT stage: continued pretraining of the main checkpoint (or of ``[cpt] base_checkpoint``: a checkpoint of this
 platform or a Hugging Face model folder) on the domain source with replay.
 
-A grid of replay fraction × peak LR; each candidate starts from the same base weights with a fresh AdamW
+A grid of replay fraction × peak LR × seed; each candidate starts from the same base weights with a fresh AdamW
 state and a short warmup (docs/methods.md §11). The replay stream is the base run's mixture (same general sources and
 weights) taking ``replay_fraction`` of every batch. General and domain held-out loss are evaluated every
-``cpt.budget.eval_every`` steps, so the forgetting curve is visible in MLflow, and the cloze set at the end.
+``cpt.budget.eval_every`` steps, so the forgetting curve is visible in MLflow, and the cloze set at the end. With
+``[cpt] recovery_steps``, every adapted candidate also branches into recovered ones, ``<name>_rec<k>``: k more steps on
+general text only, scored like every other candidate (``tasks.cpt.adapt``). Each candidate and recovery is trained
+once and kept in ``runs/cache/cpt/``.
 
 Before training: the base checkpoint's tokenizer is checked against the experiment's, and the evaluation sets
 against the CPT training stream (``tasks/cpt/eval_overlap.py``).
 
-Outputs: ``candidates/<name>/`` checkpoints, ``decontamination.parquet`` (evaluation windows/items left out), ``evals/<name>.npz`` (per-window general/domain nats and
-tokens, ``<role>_window_docs`` the document each window starts in, cloze correctness — the paired units the gate
-compares, resampling documents), ``heldout.parquet``, ``cloze.parquet``,
-``candidates.json``, and with ``[samples]`` prompts ``samples.parquet`` (each candidate's continuations of them at its
-evaluation points, ``tasks.train.samples``).
+Outputs: ``candidates/<name>/`` checkpoints, ``decontamination.parquet`` (evaluation windows/items left out),
+``evals/<name>.npz`` (per-window general/domain nats and tokens, ``<role>_window_docs`` the document each window
+starts in, cloze correctness — the paired units the gate compares, resampling documents), ``heldout.parquet``,
+``cloze.parquet``, ``candidates.json`` (with recovery: ``recovery_steps``, ``recovery_lr`` and ``tokens_seen`` per
+candidate, and a ``recovery_steps`` column in the held-out and cloze rows), and with ``[samples]`` prompts
+``samples.parquet`` (each candidate's continuations of them at its evaluation points, ``tasks.train.samples``).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +35,16 @@ from evals.heldout import bits_per_byte, heldout_windows, keep_windows, window_d
 from infra.errors import CheckpointError, DataError
 from infra.stage import StageContext
 from models.decoder import Decoder
+from tasks.cpt.adapt import CandidateTrainer, link_or_copy, recovery_name
 from tasks.cpt.eval_overlap import cloze_hits, hits_frame, training_ngrams, window_hits
 from tasks.cpt.hf_base import is_hf_folder, load_hf_base
 from tasks.readers import load_choice
 from tasks.train.corpus import TokenizedCorpus
-from tasks.train.checkpoint import Checkpointer, load_model, verify_checkpoint
-from tasks.train.runner import (MetricsToTracker, PeriodicEval, SourceEval, evals_frame, evaluate_sources,
-                                make_sampler, run_training, seed_everything, StepProgress)
+from tasks.train.checkpoint import load_model, verify_checkpoint
+from tasks.train.loop import local_accelerator
+from tasks.train.runner import PeriodicEval, SourceEval, evals_frame, evaluate_sources, seed_everything
 from tasks.train.sections import CptConfig
-from tasks.train.samples import PeriodicSamples, SampleConfig, samples_frame
+from tasks.train.samples import SampleConfig, samples_frame
 from tasks.train.packing import PackingConfig
 
 
@@ -54,15 +60,20 @@ def replay_weights(domain: list[str], general_weights: dict[str, float], replay_
 
 
 def base_checkpoint(ctx: StageContext, cfg: CptConfig, corpus: TokenizedCorpus) -> Path:
-    """The checkpoint CPT starts from: ``cfg.base_checkpoint`` if given (a checkpoint of this platform or a Hugging
-    Face model folder, ``tasks.cpt.hf_base``), else the main run's; checked before any training against this
-    experiment's tokenizer.
+    """The checkpoint CPT starts from: ``cfg.base_checkpoint`` if given (a checkpoint of this platform, a Hugging
+    Face model folder, ``tasks.cpt.hf_base``, or a named checkpoint of the main run: ``main@step_00000400``,
+    ``main@ema``, ..., ``tasks.train.milestones``), else the main run's final one; checked before any training
+    against this experiment's tokenizer.
 
     Raises:
-        CheckpointError: missing/corrupt checkpoint, or one trained with another tokenizer or vocabulary (the
-            message gives both hashes: a new vocabulary needs an embedding transition, docs/methods.md §11).
+        CheckpointError: missing/corrupt checkpoint, an unknown checkpoint name (the available ones listed), or one
+            trained with another tokenizer or vocabulary (the message gives both hashes: a new vocabulary needs an
+            embedding transition, docs/methods.md §11).
     """
-    path = Path(cfg.base_checkpoint) if cfg.base_checkpoint else ctx.inputs["main"] / "checkpoint"
+    from tasks.train.milestones import resolve_named
+
+    path = (resolve_named(cfg.base_checkpoint, main_artifact=Path(ctx.inputs["main"]), runs_root=ctx.layout.root)
+            if cfg.base_checkpoint else ctx.inputs["main"] / "checkpoint")
     if is_hf_folder(path):
         return path  # checked as it is loaded (load_hf_base)
     record = verify_checkpoint(path)
@@ -101,46 +112,61 @@ def setup(ctx: StageContext, cfg: CptConfig):
 
 def run(ctx: StageContext, cfg: CptConfig, *, general: list[str], cloze_items: list[ClozeItem],
         packing: PackingConfig = PackingConfig(), samples: SampleConfig = SampleConfig()) -> dict[str, Any]:
-    """Check the base and the evaluation sets, score the base, then train and score every grid candidate; with
-    ``samples.prompts``, each candidate's evaluation points also continue those prompts (``samples.parquet``)."""
+    """Check the base and the evaluation sets, score the base, then train (or read from the candidate cache,
+    ``tasks.cpt.adapt``) and score every grid candidate: replay × peak LR × seed, and with ``recovery_steps`` each
+    adapted candidate's recoveries on general text (``<name>_rec<k>``). With ``samples.prompts``, each
+    candidate's evaluation points also continue those prompts (``samples.parquet``)."""
     corpus, tokenizer, encode, base_weights, checkpoint, base = setup(ctx, cfg)
     stream = sorted(set(cfg.domain_sources) | {s for s, w in base_weights.items() if w > 0})
     masks, cloze_items = _decontaminate(ctx, cfg, corpus, general, cloze_items, encode, stream, base.cfg.seq_len)
     scorer = _Scorer(ctx, corpus, general, cfg, cloze_items, encode, masks)
-    scorer.score("base", base, {"replay_fraction": None, "peak_lr": None, "seed": None,
-                                "checkpoint": str(checkpoint)}, step=0)
+    axis = {"recovery_steps": None} if cfg.recovers else {}  # recovery columns only where recovery is configured
+    scorer.score("base", base, {"replay_fraction": None, "peak_lr": None, "seed": None, "checkpoint": str(checkpoint),
+                                **({"recovery_lr": None, "tokens_seen": None, **axis} if axis else {})},
+                 step=0, columns=axis)
+    trainer = CandidateTrainer(ctx, cfg, corpus=corpus, tokenizer=tokenizer, checkpoint=checkpoint,
+                               base_weights=base_weights, general=general, packing=packing, samples=samples,
+                               load_base=lambda: _load_base(checkpoint, corpus), curve=scorer.curve)
     grid = [(f, lr, s) for f in cfg.replay_fractions for lr in cfg.peak_lrs for s in cfg.seeds]
+    recoveries = sorted(k for k in cfg.recovery_steps if k > 0)
     sample_rows: list[dict[str, Any]] = []
-    with ctx.progress.task("cpt: replay × LR grid steps", len(grid) * cfg.budget.steps) as advance:
+    steps = cfg.budget.steps + max(recoveries, default=0)  # the recoveries of one candidate train max(k) steps
+    device = local_accelerator().device
+    with ctx.progress.task("cpt: replay × LR grid steps", len(grid) * steps) as advance:
         for index, (fraction, peak_lr, offset) in enumerate(grid):
             name = f"replay{fraction:g}_lr{peak_lr:g}" + (f"_s{offset}" if len(cfg.seeds) > 1 else "")
             seed = ctx.seed + index + 1000 * offset
-            model = _load_base(checkpoint, corpus)
             weights = replay_weights(cfg.domain_sources, base_weights, fraction)
-            sampler = make_sampler(corpus, weights, seq_len=model.cfg.seq_len, batch_size=cfg.budget.batch_size,
-                                   seed=seed, packing=packing, sampling=cfg.replay_sampling)
-            callbacks = [MetricsToTracker(ctx.log_metrics, 1, prefix=f"{name}."), scorer.curve(name, model.cfg.seq_len),
-                         StepProgress(advance)]
-            if samples.prompts:
-                callbacks.append(PeriodicSamples(samples, tokenizer, eos_id=int(corpus.meta["eos_id"]), run=name))
-            result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=seed,
-                                  callbacks=callbacks, min_lr_ratio=cfg.min_lr_ratio)
-            sample_rows += [row for c in callbacks if isinstance(c, PeriodicSamples) for row in c.rows]
-            extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "replay_weights": weights,
-                     "manifest_hash": corpus.meta.get("manifest_hash", ""), "base": str(checkpoint)}
-            Checkpointer(ctx.out / "candidates", extra=extra).save(
-                ctx.out / "candidates" / name, model=model, optimizer=result.optimizer, state=result.state,
-                sampler_state=sampler.state_dict())
-            realised = sampler.realised_fractions()
-            replay_sources = [s for s in weights if s not in cfg.domain_sources]
-            params = {"replay_fraction": fraction, "peak_lr": peak_lr, "seed": seed,
-                      "realised_replay_fraction": float(sum(realised.get(g, 0.0) for g in replay_sources))}
-            scorer.score(name, model, params, step=result.state.step)
+            adapted = trainer.adapt(name, weights, fraction, peak_lr, seed, advance)
+            info = json.loads((adapted[1] / "train.json").read_text())
+            params = {"replay_fraction": fraction, "peak_lr": peak_lr, "seed": seed, **info["params"]}
+            adapt_rows = _samples_of(adapted[1])
+            found = ([(0, adapted[1])] if 0 in cfg.recovery_steps else []) + trainer.recover(
+                adapted, name, recoveries, peak_lr, seed, advance)
+            for k, folder in found:
+                candidate = recovery_name(name, k)
+                rows = adapt_rows + (_samples_of(folder) if k else [])
+                sample_rows += [{**row, "run": candidate} for row in rows]
+                shutil.copytree(folder / "checkpoint", ctx.out / "candidates" / candidate, copy_function=link_or_copy)
+                trained = json.loads((folder / "train.json").read_text())
+                columns = {"recovery_steps": k} if axis else {}
+                extra = {"recovery_steps": k, "recovery_lr": cfg.recovery_lr(peak_lr) if k else None,
+                         "tokens_seen": trained["tokens_seen"]} if axis else {}
+                model = load_model(folder / "checkpoint").to(device)  # what was saved: reused ones score the same
+                scorer.score(candidate, model, {**params, **extra}, step=trained["step"], columns=columns)
+    print(f"cpt: {trainer.trained} candidate phase(s) trained, {trainer.reused} reused from the candidate cache "
+          "(runs/cache/cpt)")
     summary = scorer.write()
-    summary["base_checkpoint"] = str(checkpoint)
+    summary.update(base_checkpoint=str(checkpoint), trained=trainer.trained, reused=trainer.reused)
     if samples.prompts:
         samples_frame(sample_rows).to_parquet(ctx.out / "samples.parquet", index=False)
     return summary
+
+
+def _samples_of(folder: Path) -> list[dict[str, Any]]:
+    """The sample rows a cached candidate (or recovery phase) saved, in step order."""
+    path = folder / "samples.parquet"
+    return pd.read_parquet(path).to_dict("records") if path.exists() else []
 
 
 def _decontaminate(ctx, cfg, corpus, general, items, encode, stream, seq_len):
@@ -210,36 +236,46 @@ class _Scorer:
         return SourceEval(e.source, e.split, loss, bits_per_byte(loss.loss_nats,
                                                                  self.corpus.tokens_per_byte(e.source, e.split)))
 
-    def score(self, name: str, model, params: dict, step: int) -> None:
+    def score(self, name: str, model, params: dict, step: int, columns: dict | None = None) -> None:
+        """Score ``model`` as ``name``; ``columns`` (e.g. ``recovery_steps``) are added to its held-out and cloze
+        rows."""
+        columns = columns or {}
         g_nats, g_tokens, g_docs, g_evals = self._arrays(model, self.general)
         d_nats, d_tokens, d_docs, d_evals = self._arrays(model, self.cfg.domain_sources)
-        cloze = score_cloze(model, self.encode, self.items, max_len=model.cfg.seq_len).assign(checkpoint=name)
+        cloze = score_cloze(model, self.encode, self.items, max_len=model.cfg.seq_len).assign(checkpoint=name,
+                                                                                              **columns)
         np.savez(self.ctx.out / "evals" / f"{name}.npz", general_window_nats=g_nats, general_window_tokens=g_tokens,
                  general_window_docs=g_docs, domain_window_nats=d_nats, domain_window_tokens=d_tokens,
                  domain_window_docs=d_docs, cloze_correct=cloze["correct"].to_numpy(bool))
         self.heldout.append(evals_frame(g_evals + d_evals, checkpoint=name, step=step,
-                                        tokens_seen=step * self.cfg.budget.batch_size * model.cfg.seq_len))
+                                        tokens_seen=step * self.cfg.budget.batch_size * model.cfg.seq_len,
+                                        **columns))
         self.cloze.append(cloze)
         self.candidates[name] = {**params, "general_loss_nats": float(np.average(g_nats, weights=g_tokens)),
                                  "domain_loss_nats": float(np.average(d_nats, weights=d_tokens)),
                                  "cloze_accuracy": float(cloze["correct"].mean())}
 
-    def curve(self, name: str, seq_len: int) -> PeriodicEval:
+    def curve(self, log, seq_len: int) -> PeriodicEval:
+        """The forgetting curve: ``general_loss_nats`` and ``domain_loss_nats`` (token-weighted over the sources of
+        each role) at every evaluation point, sent to ``log(metrics, step)``."""
         def report(step, tokens_seen, evals):
             by_role = {"general": self.general, "domain": self.cfg.domain_sources}
             metrics = {}
             for role, sources in by_role.items():
                 mine = [e for e in evals if e.source in sources]
-                metrics[f"{name}.{role}_loss_nats"] = sum(e.loss.sum_nats for e in mine) / max(
+                metrics[f"{role}_loss_nats"] = sum(e.loss.sum_nats for e in mine) / max(
                     1, sum(e.loss.n_tokens for e in mine))
-            self.ctx.log_metrics(metrics, step)
+            log(metrics, step)
 
         return PeriodicEval(self.corpus, self.general + self.cfg.domain_sources, seq_len=seq_len,
                             eval_tokens=self.cfg.budget.eval_tokens, report=report)
 
     def write(self) -> dict[str, Any]:
-        pd.concat(self.heldout, ignore_index=True).to_parquet(self.ctx.out / "heldout.parquet", index=False)
-        cloze = pd.concat(self.cloze, ignore_index=True)
+        heldout, cloze = pd.concat(self.heldout, ignore_index=True), pd.concat(self.cloze, ignore_index=True)
+        for frame in (heldout, cloze):
+            if "recovery_steps" in frame.columns:  # the base has none
+                frame["recovery_steps"] = frame["recovery_steps"].astype("Int64")
+        heldout.to_parquet(self.ctx.out / "heldout.parquet", index=False)
         cloze["logprobs"] = cloze["logprobs"].map(lambda v: json.dumps([float(x) for x in v]))
         cloze.to_parquet(self.ctx.out / "cloze.parquet", index=False)
         (self.ctx.out / "candidates.json").write_text(json.dumps(self.candidates, indent=2))

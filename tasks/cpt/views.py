@@ -58,6 +58,25 @@ def supply_lines(path) -> list[str]:
     return lines
 
 
+def _recovery(entry: dict, candidates: dict, label: str) -> dict[str, Any]:
+    """The recovery columns of one candidate table row (``label``: steps, then ``recovery_lr``, ``tokens_seen``),
+    only when the grid has a recovery axis (``[cpt] recovery_steps``); the base's are empty."""
+    if not any("recovery_steps" in d for d in candidates.values()):
+        return {}
+    return {label: entry.get("recovery_steps"), "recovery_lr": entry.get("recovery_lr"),
+            "tokens_seen": entry.get("tokens_seen")}
+
+
+def cache_lines(path) -> list[str]:
+    """Domain adaptation: the candidate phases trained versus reused from the candidate cache when the artifact was
+    built (none for artifacts written before the cache)."""
+    run = json.loads((path / "meta.json").read_text()).get("summary", {}) if (path / "meta.json").exists() else {}
+    if "reused" not in run:
+        return []
+    return [f"  when this artifact was built: {run['trained']} candidate phase(s) trained, {run['reused']} reused from "
+            "the candidate cache (runs/cache/cpt)"]
+
+
 def summary(ctx: SummaryContext) -> list[Any]:
     """The CPT candidates table (a context extension: also the long stream, loss by position and retrieval by
     length) and the candidates' text samples."""
@@ -76,9 +95,10 @@ def summary(ctx: SummaryContext) -> list[Any]:
         candidates = json.loads((ctx.path / "candidates.json").read_text())
         cands = pd.DataFrame([{"candidate": k, "replay": d.get("replay_fraction"),
                                "realised": d.get("realised_replay_fraction"), "peak_lr": d.get("peak_lr"),
+                               **_recovery(d, candidates, "recovery"),
                                "general nats": d["general_loss_nats"], "domain nats": d["domain_loss_nats"],
                                "cloze acc": d["cloze_accuracy"]} for k, d in candidates.items()])
-        out = [rich_table("CPT candidates", cands.fillna("-"))]
+        out = [*cache_lines(ctx.path), rich_table("CPT candidates", cands.fillna("-"))]
     samples = read_samples(ctx.path)
     if samples is not None and len(samples):
         last = final_samples(samples).rename(columns={"run": "candidate"})
@@ -101,6 +121,7 @@ def report(ctx: ReportContext) -> list[Block]:
     candidates = json.loads((ctx.path / "candidates.json").read_text())
     grid = pd.DataFrame([{"candidate": k, "replay_fraction": d.get("replay_fraction"),
                           "realised_replay": d.get("realised_replay_fraction"), "peak_lr": d.get("peak_lr"),
+                          **_recovery(d, candidates, "recovery_steps"),
                           "general_loss_nats": d.get("general_loss_nats"),
                           "domain_loss_nats": d.get("domain_loss_nats"), "cloze_accuracy": d.get("cloze_accuracy")}
                          for k, d in candidates.items()])

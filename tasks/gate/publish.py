@@ -1,4 +1,5 @@
-"""What a gate artifact puts into DuckDB and MLflow: the decision table, each candidate's verdict, the parent
+"""What a gate artifact puts into DuckDB and MLflow: the decision table (each row with the corpus ``manifest_hash``
+the compared models were trained and scored on), each candidate's verdict, the parent
 run's headline (the kept model's held-out figures), and the model registry: the candidates not kept as versions of
 ``<experiment>-cpt-candidates``. The kept model is registered by the export stage (``tasks/export/publish.py``), as
 the Hugging Face folder behind the alias ``kept`` of ``<experiment>-base``. The gate's decision record
@@ -20,7 +21,9 @@ from infra.stage import PublishContext, Published, Registration
 def publish(ctx: PublishContext) -> Published:
     path, key, experiment = ctx.artifact.path, ctx.artifact.key, ctx.cfg.name
     decision = json.loads((path / "decision.json").read_text())
-    table = pd.read_parquet(path / "decisions.parquet").assign(experiment=experiment, gate_hash=decision["gate_hash"])
+    table = pd.read_parquet(path / "decisions.parquet").assign(
+        experiment=experiment, gate_hash=decision["gate_hash"],
+        manifest_hash=manifest_hash(ctx.inputs.get("main"), ctx.inputs.get("cpt"))).astype({"manifest_hash": "string"})
     # harness_items.parquet exists only when the gate names a harness criterion (tasks.gate.harness).
     files = ["decisions.parquet", "decision.json", "gate_scatter.png", "harness_items.parquet"]
     out = Published(tables={"gate_decisions": table}, files=files,
@@ -49,6 +52,19 @@ def publish(ctx: PublishContext) -> Published:
                 tags={"verdict": verdict, "failing_criteria": ", ".join(failing[row["candidate"]]),
                       "gate_hash": decision["gate_hash"]}))
     return out
+
+
+def manifest_hash(main, cpt) -> str | None:
+    """The corpus manifest hash recorded in the main checkpoint (``state.json`` ``extra``), the base the CPT
+    candidates continue from, else in the first CPT candidate's checkpoint; None when neither records one."""
+    states = [main.path / "checkpoint" / "state.json"] if main is not None else []
+    states += sorted((cpt.path / "candidates").glob("*/state.json")) if cpt is not None else []
+    for state in states:
+        if state.exists():
+            found = json.loads(state.read_text()).get("extra", {}).get("manifest_hash")
+            if found:
+                return found
+    return None
 
 
 def _headline(out: Published, decision: dict, table: pd.DataFrame, cpt) -> None:

@@ -5,7 +5,9 @@ The loss intervals resample held-out documents, all windows of a document togeth
 in the table for comparison.
 
 Outputs: ``decisions.parquet`` (the decision table: per candidate the general loss rise, the domain loss
-reduction and cloze accuracy with confidence intervals, the documents and windows behind each loss interval, each
+reduction and cloze accuracy with confidence intervals — under the summed, per-token and per-byte scorings when the
+CPT artifact's ``cloze.parquet`` carries them (``evals.cloze``), and the scoring each cloze criterion uses —, the
+documents and windows behind each loss interval, each
 criterion pass/fail/inconclusive, the overall decision and which one is kept) and ``decision.json`` (gate hash,
 kept candidate, kept checkpoint path, and under ``"decision"`` the gate's ``evals.decision.DecisionRecord``); with
 harness criteria, ``harness_items.parquet`` (``tasks.gate.harness``).
@@ -19,17 +21,65 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from evals.decision import DecisionRecord
 from evals.gate import (HARNESS_METRICS, LOSS_METRICS, SELECTIONS, CandidateEval, GateConfig, GateDecision,
                         HeldoutArrays, decide, gate_hash)
+from infra.errors import DataError
 from infra.stage import StageContext
 from tasks.readers import load_candidates
 
 
-def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | None = None) -> CandidateEval:
+CLOZE_FILE = "cloze.parquet"
+
+
+def load_cloze_results(cpt_dir: Path) -> pd.DataFrame | None:
+    """The CPT artifact's per-item cloze rows (``cloze.parquet``: one row per checkpoint and item, ``evals.cloze``
+    columns), checked by the ``cloze_results`` suite when there are any (decontamination may leave none); None
+    when the artifact has no such file.
+
+    Raises:
+        DataError: the rows fail the suite (``infra.expectations.check_cloze``).
+    """
+    path = Path(cpt_dir) / CLOZE_FILE
+    if not path.is_file():
+        return None
+    from infra.expectations import check_cloze
+
+    frame = pd.read_parquet(path)
+    if len(frame):
+        check_cloze(frame)
+    return frame
+
+
+def _normalised_cloze(cloze: pd.DataFrame | None, name: str, cloze_correct: np.ndarray) -> dict[str, np.ndarray]:
+    """``per_token`` / ``per_byte`` → bool (M,) per item for checkpoint ``name`` from the cloze rows; empty when the
+    rows carry no normalised scorings (written before they existed) or none of this checkpoint.
+
+    Raises:
+        DataError: the checkpoint's rows are not the items of its ``evals/<name>.npz`` (count or sum correctness).
+    """
+    from evals.cloze import NORMALISED_SCORINGS, correct_column
+
+    columns = [correct_column(s) for s in NORMALISED_SCORINGS]
+    if cloze is None or "checkpoint" not in cloze.columns or not set(columns) <= set(cloze.columns):
+        return {}
+    rows = cloze[cloze["checkpoint"] == name]
+    if rows.empty:
+        return {}
+    if len(rows) != cloze_correct.size or not np.array_equal(rows["correct"].to_numpy(bool), cloze_correct):
+        raise DataError(f"{name}: the {len(rows)} rows of {CLOZE_FILE} are not the {cloze_correct.size} cloze items "
+                        f"of evals/{name}.npz; refresh the cpt stage")
+    return {s: rows[correct_column(s)].to_numpy(bool) for s in NORMALISED_SCORINGS}
+
+
+def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | None = None,
+              cloze: pd.DataFrame | None = None) -> CandidateEval:
     """The paired arrays one model was scored on (same windows and items as every other model); ``harness_correct``
-    the per-document arrays of the gate's harness criteria (``tasks.gate.harness``). The windows' document ids
+    the per-document arrays of the gate's harness criteria (``tasks.gate.harness``); ``cloze`` the artifact's cloze
+    rows (``load_cloze_results``), whose per-token and per-byte correctness of this checkpoint's items go into
+    ``cloze_normalised`` (none given, or rows without them: the sum only). The windows' document ids
     (``<role>_window_docs``) are read when the file has them; older files have none (each window its own cluster).
     Files of a context extension (``[cpt] kind = "context_extension"``, docs/methods.md §15) also hold the long
     windows (``long_window_nats``, ``_tokens``, ``_docs``) and the passkey prompts (``retrieval_correct``,
@@ -44,14 +94,16 @@ def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | No
     if "retrieval_correct" in data.files:
         retrieval = {"retrieval_correct": data["retrieval_correct"].astype(bool),
                      "retrieval_length": data["retrieval_length"].astype(np.int64)}
+    cloze_correct = data["cloze_correct"].astype(bool)
     return CandidateEval(
         name=name,
         general=heldout("general"),
         domain=heldout("domain"),
-        cloze_correct=data["cloze_correct"].astype(bool),
+        cloze_correct=cloze_correct,
         params=params,
         harness_correct=dict(harness_correct or {}),
         long=heldout("long") if "long_window_nats" in data.files else None,
+        cloze_normalised=_normalised_cloze(cloze, name, cloze_correct),
         **retrieval,
     )
 
@@ -175,10 +227,12 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
         checkpoints = {name: base_path if name == "base" else cpt_dir / "candidates" / name for name in described}
         harness = score_harness(checkpoints, harness_criteria, experiment_tokenizer(cpt_dir, ctx.layout.artifacts),
                                 ctx.out, seed=ctx.seed)
-    base = load_eval(cpt_dir, "base", {}, harness.get("base"))
-    shown = ("recipe", "construction", "replay_fraction", "peak_lr")  # recipe, construction: context extension
-    candidates = [load_eval(cpt_dir, name, {k: v for k, v in params.items() if k in shown}, harness.get(name))
-                  for name, params in described.items() if name != "base"]
+    cloze = load_cloze_results(cpt_dir)
+    base = load_eval(cpt_dir, "base", {}, harness.get("base"), cloze)
+    # recipe, construction: context extension; recovery_steps: domain adaptation with a recovery phase
+    shown = ("recipe", "construction", "replay_fraction", "peak_lr", "recovery_steps")
+    candidates = [load_eval(cpt_dir, name, {k: v for k, v in params.items() if k in shown}, harness.get(name),
+                            cloze) for name, params in described.items() if name != "base"]
     decision = decide(cfg, base, candidates, seed=ctx.seed)
     decision.table.to_parquet(ctx.out / "decisions.parquet", index=False)
     kept_path = base_path if decision.kept == "base" else cpt_dir / "candidates" / decision.kept

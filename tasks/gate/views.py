@@ -75,7 +75,8 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
     declared = pd.DataFrame({"gate_hash": gates["gate_hash"].str[:12], "declared_at": gates["declared_at"].astype(str),
                              "in force": ["yes"] + ["no"] * (len(gates) - 1)})
     out.append(rich_table("Gate declarations", declared))
-    lines = [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}" for c in gate_cfg.criteria]
+    lines = [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}{_scoring_note(c.model_dump())}"
+             for c in gate_cfg.criteria]
     out.append("criteria in the config: " + "; ".join(lines))
     if decisions.empty:
         out.append("no decisions recorded under the gate in force yet")
@@ -86,9 +87,19 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
     return out
 
 
+def _scoring_note(criterion: dict) -> str:
+    """`` (per_token scoring)`` for a cloze criterion of a normalised scoring; "" at the sum (its dump has none)."""
+    scoring = criterion.get("scoring", "sum")
+    return "" if scoring == "sum" else f" ({scoring} scoring)"
+
+
+CLOZE_SCORING_COLUMNS = {"cloze_accuracy_per_token": "cloze acc/token", "cloze_accuracy_per_byte": "cloze acc/byte"}
+
+
 def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
     """The gate's decision table in the form of the CPT replay grid (docs/methods.md §11), one row per candidate: its CPT parameters, each metric as
-    ``value [low, high]`` (nats; cloze accuracy ± its standard error), each criterion's status and the decision.
+    ``value [low, high]`` (nats; cloze accuracy ± its standard error, per token and per byte too when the table
+    has them, ``evals.cloze``), each criterion's status and the decision.
 
     Args:
         decisions: rows of ``decisions.parquet`` / DuckDB ``gate_decisions``.
@@ -110,6 +121,10 @@ def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
                  "domain reduction (nats)": interval(row, "domain_loss_reduction_nats"),
                  "cloze acc": "-" if pd.isna(row.get("cloze_accuracy")) else
                  f"{row['cloze_accuracy']:.3f} ± {row.get('cloze_accuracy_se_pts', float('nan')) / 100:.3f}"}
+        for column, label in CLOZE_SCORING_COLUMNS.items():
+            if column in row:
+                value, se = row[column], row.get(column + "_se_pts", float("nan")) / 100
+                entry[label] = "-" if pd.isna(value) else f"{value:.3f} ± {se:.3f}"
         if "long_loss_reduction_nats" in row:  # a context extension (docs/methods.md §15)
             entry["long reduction (nats)"] = interval(row, "long_loss_reduction_nats")
             for column in sorted((c for c in decisions.columns if c.startswith("retrieval_accuracy_delta@")
@@ -147,7 +162,7 @@ def report(ctx: ReportContext) -> list[Block]:
     when = f", declared {declared['declared_at'].iloc[0]:%Y-%m-%d %H:%M:%S} UTC" if not declared.empty else ""
     gate_cfg = json.loads((path / "meta.json").read_text())["config"].get("gate", {})
     criteria = "; ".join(f"{c['name']}: {c['metric']} {c['op']} {c['threshold']:g} at {c['confidence']:.0%}"
-                         for c in gate_cfg.get("criteria", []))
+                         f"{_scoring_note(c)}" for c in gate_cfg.get("criteria", []))
     out.append(Text(f"Gate `{decision['gate_hash'][:12]}`{when}. Criteria: {criteria or '(none recorded)'}."))
     table = pd.read_parquet(path / "decisions.parquet")
     counts = table["decision"].value_counts()

@@ -1,10 +1,14 @@
-"""What a main-run artifact puts into DuckDB and MLflow: held-out loss per source, training events, the packing
-report, the epochs per source, the lineage of the two proxy decisions it consumed, its training mixture, its LR
-schedule (tags; under WSD the trunk key of its stable checkpoints), and its text samples (an MLflow table)."""
+"""What a main-run artifact puts into DuckDB and MLflow: held-out loss per source (with the corpus ``manifest_hash``
+of the text it was scored on; rows of checkpoint "main", and "ema" / "average_last<K>" for its averaged weights),
+training events, the packing report, the epochs per source, the lineage of the two
+proxy decisions it consumed, its training mixture, its LR schedule (tags; under WSD the trunk key of its stable
+checkpoints), and its text samples (an MLflow table)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -14,10 +18,16 @@ from tasks.train.epochs import epoch_warnings
 
 def publish(ctx: PublishContext) -> Published:
     path, produced_by = ctx.artifact.path, ctx.artifact.meta.get("mlflow_run_id", "")
-    out = Published(tables={"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by,
-                                                                                           stage="main")},
-                    tags={"checkpoint_path": str(path / "checkpoint")})
     mixture, sweep, tokenizer = (ctx.inputs.get(name) for name in ("mixture", "sweep", "tokenizer"))
+    heldout = pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by, stage="main")
+    if (path / "averaged_heldout.parquet").exists():  # [main] ema_decay / average_last: checkpoint "ema", ...
+        averaged = pd.read_parquet(path / "averaged_heldout.parquet").assign(run_id=produced_by, stage="main")
+        heldout = pd.concat([heldout, averaged], ignore_index=True)
+    out = Published(tables={"heldout_loss": heldout.assign(manifest_hash=manifest_hash(tokenizer, path / "checkpoint"))
+                            .astype({"manifest_hash": "string"})},
+                    tags={"checkpoint_path": str(path / "checkpoint")})
+    if heldout_hash := out.tables["heldout_loss"]["manifest_hash"].dropna().unique().tolist():
+        out.tags["manifest_hash"] = heldout_hash[0]
     choice = json.loads((mixture.path / "choice.json").read_text()) if mixture else None
     if sweep is not None:  # lineage of the two proxy decisions the run consumed
         best = json.loads((sweep.path / "best.json").read_text())
@@ -53,6 +63,22 @@ def publish(ctx: PublishContext) -> Published:
                         for (policy, seq_len), r in totals.iterrows()}
     if (path / "samples.parquet").exists():  # the prompts' continuations at each evaluation point
         out.mlflow_tables["samples.json"] = pd.read_parquet(path / "samples.parquet")
+    if run.get("kept_weights"):  # names for main@<name> (tasks.train.milestones)
+        out.tags["kept_weights"] = ",".join(run["kept_weights"])
     out.files = ["run.json", "heldout.parquet",
-                 *[name for name in ("packing.parquet", "events.parquet") if (path / name).exists()]]
+                 *[name for name in ("packing.parquet", "events.parquet", "averaged_heldout.parquet")
+                   if (path / name).exists()]]
     return out
+
+
+def manifest_hash(tokenizer: Any, checkpoint: Path | None = None) -> str | None:
+    """The corpus manifest hash of the text a run trained and was scored on: the one the tokenizer artifact
+    ``tokenizer`` packed its shards from (``tokenizer.meta.json``), else the one ``checkpoint`` recorded
+    (``state.json`` ``extra``), else None."""
+    if tokenizer is not None and (tokenizer.path / "tokenizer.meta.json").exists():
+        found = json.loads((tokenizer.path / "tokenizer.meta.json").read_text()).get("manifest_hash")
+        if found:
+            return found
+    if checkpoint is not None and (checkpoint / "state.json").exists():
+        return json.loads((checkpoint / "state.json").read_text()).get("extra", {}).get("manifest_hash") or None
+    return None

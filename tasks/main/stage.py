@@ -1,12 +1,17 @@
 """Main-run stage: the decoder trained on the chosen mixture at the swept peak LR.
 
-Writes resumable checkpoints to the stage's scratch folder every ``main.checkpoint_every`` steps, so a crash
+Writes resumable checkpoints to the stage's scratch folder every ``main.checkpoint_every`` steps (or at Young's
+interval from the measured save and step times, ``checkpoint_every = "young"``: ``tasks.train.intervals``, whose
+figures go to MLflow and ``run.json`` as ``checkpoint_schedule``), so a crash
 resumes from the newest complete one (a corrupt one is skipped with a warning); the final full-state checkpoint goes into the artifact.
 
 Outputs: ``checkpoint/`` (model.safetensors, optimizer.pt, state.json, checksums.json), ``heldout.parquet``
 (held-out loss and bits per byte per source at the end), ``run.json`` (peak LR, mixture, tokens seen, timing,
 the step it resumed from, and the epochs of each mixture source e_s = w_s · D / U_s, docs/methods.md §8), and with
 ``[samples]`` prompts ``samples.parquet`` (their continuations at every evaluation point, ``tasks.train.samples``).
+With ``[main] milestone_every`` / ``milestones``, ``ema_decay``, ``average_last`` also ``milestones/step_XXXXXXXX/``,
+``ema/``, ``average/`` (weights-only checkpoints, nameable as ``main@<name>``) and ``averaged_heldout.parquet`` (the
+averaged models scored like the final weights, checkpoint "ema" / "average_last<K>"): ``tasks.train.milestones``.
 
 Under ``budget.schedule = "wsd"`` the run also keeps stable-phase checkpoints at its branch steps and its last stable
 step in ``<runs>/cache/stable/<trunk_key>/`` (``tasks.train.trunk``), and a run without scratch checkpoints starts
@@ -34,7 +39,8 @@ from tasks.readers import load_best, nearest_width_lr
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.checkpoint import Checkpointer, load_model
 from tasks.train.loop import local_accelerator
-from tasks.train.parallel import check_layout, parallelize
+from tasks.train.parallel import all_sum, check_layout, parallelize
+from tasks.train.intervals import YoungInterval, checkpoint_schedule
 from tasks.train.optim import build_optimizer
 from tasks.train.config import OptimConfig
 from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_model, evals_frame, evaluate_sources,
@@ -42,6 +48,8 @@ from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_
 from models.planning import require_fit
 from tasks.train.sections import MainConfig
 from tasks.train.trunk import StableSaver, resume_trunk, stable_steps, trunk_config, trunk_folder, trunk_key
+from tasks.train.milestones import MILESTONES, MilestoneSaver, collect_milestones, keep_averaged
+from tasks.train.averaging import EMA
 from tasks.train.samples import PeriodicSamples, SampleConfig
 from infra.threads import ThreadPolicy, apply_wait_policy
 from tasks.train.packing import PackingConfig
@@ -128,7 +136,8 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
                 local_processes=processes)
     model = parallelize(build_model(model_cfg, job.seed), accelerator, dist.strategy, shard_size=dist.shard_size,
                         activation_checkpointing=dist.activation_checkpointing)
-    optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
+    optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps,
+                                                   **cfg.budget.adamw.model_dump()))
     sampler = make_sampler(corpus, choice["weights"], seq_len=model_cfg.seq_len,
                            batch_size=cfg.budget.batch_size, seed=job.seed, packing=packing)
     extra = {"tokenizer_hash": corpus.meta["tokenizer_hash"], "manifest_hash": corpus.meta.get("manifest_hash", ""),
@@ -137,13 +146,16 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
     if main_rank:
         for warning in epoch_warnings(main_epochs, job.max_epochs):
             print(f"warning: main run: {warning}")
+    # [main] ema_decay: the EMA is built on the initial weights; a resume loads the saved one over it.
+    ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
+    companions = {"ema": ema} if ema is not None else None
     checkpointer = Checkpointer(scratch, accelerator=accelerator, extra=extra, keep_last=cfg.keep_checkpoints,
-                                asynchronous=cfg.async_checkpoints)
+                                asynchronous=cfg.async_checkpoints, companions=companions)
     state = _resume(checkpointer, model, optimizer, sampler)
     resumed_from = "scratch" if state else ""
     if state is None and job.trunk:  # WSD: the stable phase of a run with another budget is this run's too
         saved = resume_trunk(Path(job.trunk), checkpointer, model, optimizer, sampler,
-                             max_step=cfg.budget.decay_start)
+                             max_step=min([cfg.budget.decay_start, *[s - 1 for s in cfg.milestone_steps]]))
         if saved is not None:
             state, resumed_from = saved["state"], "stable"
             if main_rank:
@@ -152,6 +164,9 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
     resumed_from_step = state.step if state else 0
     if not main_rank:
         log_metrics, progress = (lambda metrics, step: None), ProgressReporter()
+    # "young": every rank saves at the interval from the ranks' mean δ and step time (saves are collective).
+    checkpoints = checkpoint_schedule(cfg.checkpoint_every, cfg.mtbf_hours, report=log_metrics,
+                                      agree=lambda values: [v / processes for v in all_sum(values, accelerator)])
 
     def report(step: int, tokens_seen: int, evals) -> None:
         log_metrics({f"heldout.{e.source}.loss_nats": e.loss.loss_nats for e in evals}, step)
@@ -170,15 +185,22 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
     saver = None
     if job.trunk and job.trunk_steps:
         saver = StableSaver(Path(job.trunk), job.trunk_steps, model=model, optimizer=optimizer, sampler=sampler,
-                            accelerator=accelerator, extra=extra)
+                            accelerator=accelerator, extra=extra, companions=companions)
         callbacks.append(saver)
+    milestones = None
+    if cfg.milestone_steps:  # weights at the declared steps, into scratch now, into the artifact at the end
+        milestones = MilestoneSaver(scratch / MILESTONES, cfg.milestone_steps, model=model, accelerator=accelerator,
+                                    extra=extra)
+        callbacks.append(milestones)
+    if ema is not None:  # first: the savers after it keep the EMA of the step they save
+        callbacks.insert(0, ema)
     events = EventLog(log_metrics)
     started = time.perf_counter()
     with progress.task("main: training steps", cfg.budget.steps) as advance:
         advance(state.step if state else 0)
         result = run_training(model, sampler, peak_lr=peak_lr, budget=cfg.budget, seed=job.seed,
                               callbacks=[*callbacks, events, StepProgress(advance)], state=state, optimizer=optimizer,
-                              checkpoint_every=cfg.checkpoint_every, stability=cfg.stability,
+                              checkpoint_every=checkpoints, stability=cfg.stability,
                               rewind=lambda: checkpointer.rewind(model, optimizer),
                               accelerator=accelerator, min_lr_ratio=cfg.min_lr_ratio)
     checkpointer.wait()
@@ -189,11 +211,23 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
         return {}
     if processes > 1:
         model = load_model(out / "checkpoint")  # rank 0 scores the consolidated weights alone
+    if milestones is not None:
+        collect_milestones(scratch / MILESTONES, out, cfg.milestone_steps)
+    average_steps = cfg.averaged_steps_pool[-cfg.average_last:] if cfg.average_last else []
+    averaged = keep_averaged(out, model=model, state=result.state, extra=extra, ema=ema, average_steps=average_steps)
     events.frame().to_parquet(out / "events.parquet", index=False)
     evals = evaluate_sources(model, corpus, job.sources, seq_len=model_cfg.seq_len,
                              eval_tokens=cfg.budget.eval_tokens)
     frame = evals_frame(evals, checkpoint="main", step=result.state.step, tokens_seen=result.state.tokens_seen)
     frame.to_parquet(out / "heldout.parquet", index=False)
+    if averaged:  # the averaged models, scored like the final weights (beside them: heldout.parquet stays final)
+        labels = {"ema": "ema", "average": f"average_last{cfg.average_last}"}
+        device = next(model.parameters()).device
+        pd.concat([evals_frame(evaluate_sources(load_model(path).to(device), corpus, job.sources,
+                                                seq_len=model_cfg.seq_len, eval_tokens=cfg.budget.eval_tokens),
+                               checkpoint=labels[name], step=result.state.step, tokens_seen=result.state.tokens_seen)
+                   for name, path in averaged.items()], ignore_index=True).to_parquet(
+            out / "averaged_heldout.parquet", index=False)
     packing_report(corpus, [model_cfg.seq_len]).to_parquet(out / "packing.parquet", index=False)
     if text_samples is not None:
         text_samples.frame().to_parquet(out / "samples.parquet", index=False)
@@ -207,6 +241,13 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
                "activation_checkpointing": dist.activation_checkpointing}
     if resumed_from:
         summary["resumed_from"] = resumed_from
+    if cfg.milestone_steps or averaged:  # the weights kept beside the final ones (tasks.train.milestones names)
+        summary |= {"milestones": cfg.milestone_steps, "ema_decay": cfg.ema_decay, "average_last": cfg.average_last,
+                    "averaged_steps": average_steps, "kept_weights": ["final", *[f"step_{s:08d}" for s in
+                                                                                 cfg.milestone_steps], *averaged]}
+    if isinstance(checkpoints, YoungInterval):  # δ, step time, τ and the interval in steps it was derived from
+        summary["checkpoint_schedule"] = {"kind": "young", **checkpoints.record,
+                                          "checkpoints_saved": len(checkpoints.saved_at)}
     if cfg.budget.schedule == "wsd":
         summary |= {"decay_start": cfg.budget.decay_start, "decay_steps": cfg.budget.decay_steps,
                     "decay_shape": cfg.budget.decay_shape, "min_lr_ratio": cfg.min_lr_ratio,

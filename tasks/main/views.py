@@ -31,6 +31,8 @@ def main_run_lines(run: dict[str, Any], max_epochs: float) -> list[str]:
         out.append(f"  resumed from step {run['resumed_from_step']:,} of {run['steps']:,} ({where})")
     if run.get("schedule") == "wsd":
         out.append(f"  {wsd_line(run)}")
+    if run.get("kept_weights"):  # tasks.train.milestones: each nameable as main@<name>
+        out.append(f"  kept weights (main@<name>): {', '.join(run['kept_weights'])}")
     source = run.get("peak_lr_source", {})
     if source.get("from") == "sweep" and source.get("d_model"):
         out.append(f"  peak LR {run['peak_lr']:.2e} from the sweep at d_model {source['d_model']} (the swept width "
@@ -55,8 +57,12 @@ def wsd_line(run: dict[str, Any]) -> str:
 def summary(ctx: SummaryContext) -> list[Any]:
     """The held-out loss table per source, then ``main_run_lines``, then the samples of the last evaluation point."""
     heldout = pd.read_parquet(ctx.path / "heldout.parquet")[["source", "tokens", "loss_nats", "bits_per_byte"]]
-    out = [rich_table("Main run held-out loss per source", heldout),
-           *main_run_lines(json.loads((ctx.path / "run.json").read_text()), ctx.max_epochs)]
+    out = [rich_table("Main run held-out loss per source", heldout)]
+    if (ctx.path / "averaged_heldout.parquet").is_file():  # [main] ema_decay / average_last
+        averaged = pd.read_parquet(ctx.path / "averaged_heldout.parquet")
+        out.append(rich_table("Averaged weights held-out loss per source",
+                              averaged[["checkpoint", "source", "tokens", "loss_nats", "bits_per_byte"]]))
+    out += main_run_lines(json.loads((ctx.path / "run.json").read_text()), ctx.max_epochs)
     samples = read_samples(ctx.path)
     if samples is not None and len(samples):
         last = final_samples(samples)

@@ -1,13 +1,15 @@
 """Config section for the mixture ablation: the candidate mixtures and the rule that picks one.
 
 A candidate is either explicit per-source weights or a temperature α (docs/methods.md §8: p_s ∝ q_s^α, α = 1 natural,
-α = 0 uniform). Exactly one natural candidate is the reference every other candidate is compared against.
+α = 0 uniform), applied over sources or, with ``alpha_over = "language"``, over the sources' languages (p_ℓ ∝ q_ℓ^α,
+sources at their natural shares within a language; Conneau et al. 2020). Exactly one natural candidate is the
+reference every other candidate is compared against.
 """
 
 import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from infra.errors import ConfigError
 from infra.section import NOT_IN_KEY, Section
@@ -23,14 +25,18 @@ class MixtureCandidate(Section):
 
     Give exactly one of ``weights`` (source → sampling weight, each ≥ 0, summing to 1 within 1e-6) or ``alpha``
     (temperature in [0, 1], resolved against source sizes by ``tasks.mixture.candidates.temperature_weights``).
+    ``alpha_over`` says what the temperature is applied over: ``"source"`` (p_s ∝ q_s^α, the default) or
+    ``"language"`` (p_ℓ ∝ q_ℓ^α over the languages of ``sources.<name>.language``, each source keeping its natural
+    share within its language: ``tasks.mixture.candidates.language_temperature_weights``; only with ``alpha``).
 
     Raises:
-        ConfigError: naming ``name``, ``weights`` or ``alpha`` and the fix.
+        ConfigError: naming ``name``, ``weights``, ``alpha`` or ``alpha_over`` and the fix.
     """
 
     name: str
     weights: dict[str, float] | None = None
     alpha: float | None = None
+    alpha_over: Literal["source", "language"] = "source"
 
     @model_validator(mode="after")
     def _check(self) -> "MixtureCandidate":
@@ -43,7 +49,17 @@ class MixtureCandidate(Section):
             check_alpha(self.alpha, f"{where}.alpha")
         else:
             _check_weights(self.weights, f"{where}.weights")
+        if self.alpha_over == "language" and self.alpha is None:
+            raise ConfigError(f"{where}.alpha_over = 'language' applies a temperature: give `alpha` instead of "
+                              "`weights`, or drop alpha_over")
         return self
+
+    @model_serializer(mode="wrap")
+    def _default_alpha_over_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if data.get("alpha_over") == "source":  # temperature over sources, as always: dumps and keys unchanged
+            data.pop("alpha_over", None)
+        return data
 
     @property
     def is_natural(self) -> bool:

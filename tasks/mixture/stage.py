@@ -52,15 +52,18 @@ PROXY_CODE = ("tasks.mixture", "tasks.train", "models", "evals.heldout")
 
 
 def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: list[str],
-        packing: PackingConfig = PackingConfig()) -> dict[str, Any]:
+        packing: PackingConfig = PackingConfig(), languages: dict[str, str | None] | None = None) -> dict[str, Any]:
     """Train and score the proxies of both rounds, then apply the declared rule with its uncertainty.
+
+    ``languages`` (source → declared language) groups the sources of a candidate whose temperature is over
+    languages (``alpha_over = "language"``, ``tasks.mixture.candidates.language_temperature_weights``).
 
     Every proxy's result is cached on its own, keyed by its weights, shape, budget, LR, packing, seed, tokenizer
     and code (``<runs>/cache/proxies/``), so adding a candidate or a seed trains only what is new.
     """
     corpus = TokenizedCorpus(ctx.inputs["tokenizer"])
     sizes = corpus.train_sizes(general)
-    candidates = resolve_candidates(cfg, sizes)
+    candidates = resolve_candidates(cfg, sizes, languages)
     natural = next(c.name for c in candidates if c.alpha == 1.0 or c.name == NATURAL_NAME)
     record = DecisionRecord.declare("mixture", rule=rule_text(cfg, natural), rule_config=rule_config(cfg))
     shapes = {"proxy": proxy.model} | ({"transfer": cfg.transfer_model} if cfg.transfer_model else {})

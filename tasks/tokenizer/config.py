@@ -5,7 +5,7 @@ Sources: docs/methods.md §8 (tokenizer, padding) and §10 (held-out splits).
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from infra.execution import ExecutionConfig
 from infra.section import NOT_IN_KEY, Section
@@ -39,8 +39,13 @@ class TokenizerConfig(Section):
         decontam_ngram: training documents sharing a word n-gram of this length with any held-out document are
             removed before fitting (docs/methods.md §7 decontamination; 0 turns it off).
         decontam_common_docs: an n-gram held by this many training documents or more is common phrasing, ignored.
-        fit_weights: source → weight of the fit sample (docs/methods.md §8: a sample of the final mixture); empty = the
-            natural mixture (each source by its training characters). Sources left out are not sampled.
+        fit_weights: source → weight of the fit sample (docs/methods.md §8: a sample of the final mixture). Empty:
+            the general sources at their natural shares of the training characters (the mixture ablation's
+            reference candidate), plus ``fit_domain_share`` for the ``[cpt] domain_sources``
+            (``tasks.tokenizer.composition``). Sources left out are not sampled.
+        fit_domain_share: with ``fit_weights`` empty, the share δ in [0, 1) of the fit sample drawn from the
+            ``[cpt] domain_sources``, split equally among them; the general sources share 1 − δ. 0 (default): domain
+            text is not sampled. The kept model's share of domain tokens is (1 − f)·D_cpt / (D_main + D_cpt).
         max_pretoken_chars: longer runs of non-space (or space) characters are cut into pieces this long before
             BPE, so base64 blobs and repeated characters cost what ordinary text costs.
         domain_terms: terms whose fragmentation (tokens per term, the pieces) is reported (docs/methods.md §11).
@@ -66,6 +71,7 @@ class TokenizerConfig(Section):
     decontam_ngram: int = Field(default=13, ge=0)
     decontam_common_docs: int = Field(default=50, ge=2)
     fit_weights: dict[str, float] = {}
+    fit_domain_share: float = Field(default=0.0, ge=0.0, lt=1.0)
     max_pretoken_chars: int = Field(default=64, ge=4, le=4096)
     domain_terms: list[str] = []
     execution: TokenizerExecutionConfig = Field(default=TokenizerExecutionConfig(), json_schema_extra=NOT_IN_KEY)
@@ -90,6 +96,20 @@ class TokenizerConfig(Section):
         if weights and sum(weights.values()) <= 0:
             raise ValueError("fit_weights sum to 0: give at least one source a positive weight, or leave it empty")
         return weights
+
+    @model_validator(mode="after")
+    def _one_way_to_weigh(self) -> "TokenizerConfig":
+        if self.fit_weights and self.fit_domain_share:
+            raise ValueError(f"fit_domain_share = {self.fit_domain_share} applies to the default fit sample only: "
+                             "with fit_weights given, weigh the domain sources there and drop fit_domain_share")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _default_domain_share_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        if data.get("fit_domain_share") == 0.0:  # no domain text in the fit sample: dumps stay as they were
+            data.pop("fit_domain_share", None)
+        return data
 
     @field_validator("special_tokens")
     @classmethod

@@ -1,14 +1,17 @@
 """What a tokenizer artifact puts into DuckDB and MLflow: its reports, the held-out decontamination removals, the
-token shards as a dataset input, token counts in the corpus manifest, and chars/token metrics."""
+per-source table (tokens per split, the fit sample's composition; ``tokenizer_sources``), the token shards of each
+source as a dataset input, token counts in the corpus manifest, and chars/token metrics."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pandas as pd
 
 from infra.stage import Dataset, PublishContext, Published, TableUpdate
+from tasks.tokenizer.composition import source_table
 
 OPTIONAL_TABLES = {"fragmentation.parquet": "tokenizer_fragmentation"}
 
@@ -23,13 +26,29 @@ def publish(ctx: PublishContext) -> Published:
     out.tables |= {OPTIONAL_TABLES[name]: pd.read_parquet(path / name) for name in present}
     out.metrics, out.params = _metrics(path, report), _params(path)
     headers = pd.read_parquet(path / "shards.parquet")
-    tokens = {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}
-    out.datasets.append(Dataset("token_shards", key, path / "shards", "training", tokens))
     corpus_key = ctx.artifact.meta["input_keys"]["corpus"]
-    out.updates = [TableUpdate("manifest", {"tokens": int(n)}, {"artifact_key": corpus_key, "source": source})
-                   for source, n in headers.groupby("source")["n_tokens"].sum().items()]
-    out.files = ["tokenizer.json", "tokenizer.meta.json", "report.parquet", *present]
+    sources = source_table(path, headers)
+    out.tables["tokenizer_sources"] = sources.assign(corpus_key=corpus_key)
+    out.datasets += source_datasets(key, path / "shards", sources)
+    # The manifest's own column, for the last tokenizer published on that corpus; tokenizer_sources keeps every one.
+    out.updates = [TableUpdate("manifest", {"tokens": int(r.tokens)}, {"artifact_key": corpus_key, "source": r.source})
+                   for r in sources.itertuples()]
+    out.files = ["tokenizer.json", "tokenizer.meta.json", "report.parquet", "sources.parquet", *present]
     return out
+
+
+def source_datasets(key: str, shards: Path, sources: pd.DataFrame) -> list[Dataset]:
+    """One MLflow dataset input per source, ``token_shards/<source>``: digest the first 16 hex digits of
+    SHA-256(tokenizer key / source) (an artifact's content is fixed by its key), profile its documents and tokens
+    per split."""
+    datasets = []
+    for r in sources.itertuples():
+        digest = hashlib.sha256(f"{key}/{r.source}".encode()).hexdigest()[:16]
+        profile = {"train_docs": int(r.train_docs), "train_tokens": int(r.train_tokens),
+                   "heldout_docs": int(r.heldout_docs), "heldout_tokens": int(r.heldout_tokens),
+                   "tokens": int(r.tokens), "tokenizer_hash": r.tokenizer_hash, "manifest_hash": r.manifest_hash}
+        datasets.append(Dataset(f"token_shards/{r.source}", digest, shards / r.source, "training", profile))
+    return datasets
 
 
 def _metrics(path: Path, report: pd.DataFrame) -> dict[str, float]:
@@ -47,7 +66,8 @@ def _metrics(path: Path, report: pd.DataFrame) -> dict[str, float]:
 
 
 def _params(path: Path) -> dict:
-    """The fit sample's weights and characters drawn per source."""
+    """The fit sample's rule, weights and characters drawn per source."""
     meta = json.loads((path / "tokenizer.meta.json").read_text())
-    return {**{f"fit_weight.{s}": round(w, 6) for s, w in meta.get("fit_weights", {}).items()},
+    return {**({"fit_rule": meta["fit_rule"]} if "fit_rule" in meta else {}),
+            **{f"fit_weight.{s}": round(w, 6) for s, w in meta.get("fit_weights", {}).items()},
             **{f"fit_sample_chars.{s}": n for s, n in meta.get("fit_sample_chars", {}).items()}}

@@ -8,8 +8,10 @@ Outputs: ``tokenizer.json``, ``splits.parquet`` (doc_id, source, split), ``shard
 ``shards.parquet`` (one header row per shard), ``report.parquet`` (chars/token and tokens/word by language and by
 source, on each split: held-out rows measure text the tokenizer never saw), ``fragmentation.parquet`` (the
 configured domain terms), ``packing.parquet`` (documents cut and padding under both packing policies at the
-experiment's row lengths), ``tokenizer.meta.json`` (hash, EOS and pad ids, vocab sizes, the fit weights and the
-characters drawn per source).
+experiment's row lengths), ``tokenizer.meta.json`` (hash, EOS and pad ids, vocab sizes, the fit rule, weights,
+roles, training characters and the characters drawn per source), ``sources.parquet`` (per source: documents,
+bytes and tokens of each split, the fit sample's weight, characters drawn and share;
+``tasks.tokenizer.composition.SOURCE_COLUMNS``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from infra.errors import ConfigError
 from infra.stage import StageContext
 from tasks.readers import load_kept, manifest_hash
 from tasks.train.heldout_overlap import decontaminate_train
+from tasks.tokenizer.composition import (RULE_DECLARED, RULE_GENERAL, RULE_GENERAL_DOMAIN, default_fit_weights,
+                                         source_counts)
 from tasks.tokenizer.config import TokenizerConfig
 from tasks.tokenizer.fit import eos_id, fit_tokenizer, padded_vocab_size, sample_texts, tokenizer_hash
 from tasks.train.pretrained_tokenizer import files_digest, read_pretrained
@@ -38,15 +42,20 @@ from tasks.tokenizer.split import assign_splits
 from tasks.train.data import TokenStream
 
 
-def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
+def run(ctx: StageContext, cfg: TokenizerConfig, *, general: Sequence[str] | None = None,
+        domain: Sequence[str] = ()) -> dict[str, Any]:
     """Split → fit on a mixture-weighted sample of train only (or adopt ``cfg.pretrained``) → pack every
     (source, split) → report.
+
+    ``general`` (the general sources; None: every source) and ``domain`` (``[cpt] domain_sources``) set the fit
+    sample's default weights (:func:`fit_weights`).
 
     Returns vocab and token counts. (How the shards are cut into rows depends on each model's row length, so the
     packing report is written by the training stages, see :func:`packing_report`.)
 
     Raises:
-        ConfigError: ``fit_weights`` names a source with no training documents; the pretrained tokenizer cannot be
+        ConfigError: ``fit_weights`` names a source with no training documents, no general source has training
+            text, or ``fit_domain_share`` has no domain source to draw from; the pretrained tokenizer cannot be
             read or has no EOS.
     """
     kept = load_kept(ctx.inputs["corpus"])
@@ -57,23 +66,30 @@ def run(ctx: StageContext, cfg: TokenizerConfig) -> dict[str, Any]:
     if cfg.pretrained:
         tok, meta = _adopt(ctx, cfg)
     else:
-        tok, meta = _fit(ctx, cfg, kept[kept["split"] == "train"])
+        tok, meta = _fit(ctx, cfg, kept[kept["split"] == "train"], general=general, domain=domain)
     meta["manifest_hash"] = manifest_hash(ctx.inputs["corpus"])
     headers = _pack(ctx, cfg, tok, kept, meta)
     (ctx.out / "tokenizer.meta.json").write_text(json.dumps(meta, indent=2))
+    train_chars = kept[kept["split"] == "train"].groupby("source")["text"].agg(lambda t: sum(map(len, t)))
+    sources = source_counts(headers, meta, roles=_roles(kept["source"].unique(), general),
+                            train_chars={s: int(n) for s, n in train_chars.items()})
+    sources.to_parquet(ctx.out / "sources.parquet", index=False)
     report = pd.concat([tokenizer_reports(tok, part).assign(split=split)
                         for split, part in kept.groupby("split", sort=True)])
     report.to_parquet(ctx.out / "report.parquet", index=False)
     fragmentation(tok, cfg.domain_terms).to_parquet(ctx.out / "fragmentation.parquet", index=False)
-    return {**{k: v for k, v in meta.items() if k not in ("fit_sample_chars", "fit_weights")},
+    return {**{k: v for k, v in meta.items() if k not in ("fit_sample_chars", "fit_weights", "fit_roles",
+                                                           "fit_train_chars")},
             "decontaminated_train_docs": len(removals),
             "tokens": {f"{r.source}/{r.split}": int(r.n_tokens) for r in headers.itertuples()}}
 
 
-def _fit(ctx: StageContext, cfg: TokenizerConfig, train: pd.DataFrame) -> tuple[Tokenizer, dict[str, Any]]:
+def _fit(ctx: StageContext, cfg: TokenizerConfig, train: pd.DataFrame, *, general: Sequence[str] | None,
+         domain: Sequence[str]) -> tuple[Tokenizer, dict[str, Any]]:
     """Fit BPE on a mixture-weighted sample of the training split; writes ``tokenizer.json``."""
     by_source = {name: list(group["text"]) for name, group in train.groupby("source", sort=True)}
-    weights = fit_weights(cfg, {name: sum(map(len, texts)) for name, texts in by_source.items()})
+    train_chars = {name: sum(map(len, texts)) for name, texts in by_source.items()}
+    weights = fit_weights(cfg, train_chars, general=general, domain=domain)
     sample, sample_chars = sample_texts(by_source, weights, cfg.sample_max_chars, cfg.seed)
     with ctx.progress.task("tokenizer: fitting BPE", None):
         tok = fit_tokenizer(sample, cfg)
@@ -82,8 +98,15 @@ def _fit(ctx: StageContext, cfg: TokenizerConfig, train: pd.DataFrame) -> tuple[
     return tok, {
         "tokenizer_hash": tokenizer_hash(tok), "eos_id": eos_id(tok), "pad_id": eos_id(tok) if pad is None else pad,
         "vocab_size": tok.get_vocab_size(), "padded_vocab_size": padded_vocab_size(tok, cfg.pad_multiple),
-        "fit_weights": weights, "fit_sample_chars": sample_chars, "fit_sample_docs": len(sample),
+        "fit_rule": fit_rule(cfg), "fit_weights": weights, "fit_sample_chars": sample_chars,
+        "fit_sample_docs": len(sample), "fit_train_chars": dict(sorted(train_chars.items())),
+        "fit_roles": _roles(train_chars, general),
     }
+
+
+def _roles(sources, general: Sequence[str] | None) -> dict[str, str]:
+    """Source → "general" or "domain" (every source is general when ``general`` is None)."""
+    return {s: "general" if general is None or s in general else "domain" for s in sorted(sources)}
 
 
 def _adopt(ctx: StageContext, cfg: TokenizerConfig) -> tuple[Tokenizer, dict[str, Any]]:
@@ -104,16 +127,26 @@ def _adopt(ctx: StageContext, cfg: TokenizerConfig) -> tuple[Tokenizer, dict[str
     }
 
 
-def fit_weights(cfg: TokenizerConfig, train_chars: dict[str, int]) -> dict[str, float]:
-    """Weights of the fit sample, summing to 1: ``cfg.fit_weights`` normalised, or each source's share of the
-    training characters (the natural mixture) when none are given.
+def fit_rule(cfg: TokenizerConfig) -> str:
+    """How the fit sample was weighed: ``declared`` (``fit_weights``), ``general_natural``, or
+    ``general_natural+domain_share`` (``tasks.tokenizer.composition``)."""
+    if cfg.fit_weights:
+        return RULE_DECLARED
+    return RULE_GENERAL_DOMAIN if cfg.fit_domain_share > 0 else RULE_GENERAL
+
+
+def fit_weights(cfg: TokenizerConfig, train_chars: dict[str, int], *, general: Sequence[str] | None = None,
+                domain: Sequence[str] = ()) -> dict[str, float]:
+    """Weights of the fit sample, summing to 1: ``cfg.fit_weights`` normalised; when none are given, the general
+    sources at their shares of the training characters, and ``cfg.fit_domain_share`` split equally among the
+    ``domain`` sources (:func:`tasks.tokenizer.composition.default_fit_weights`; ``general`` None: every source
+    is general, so the weights are the natural mixture of all sources).
 
     Raises:
-        ConfigError: a weighted source has no training documents.
+        ConfigError: a weighted source has no training documents; no general source has training text.
     """
     if not cfg.fit_weights:
-        total = sum(train_chars.values())
-        return {s: n / total for s, n in sorted(train_chars.items())}
+        return default_fit_weights(train_chars, general, domain, cfg.fit_domain_share)
     missing = sorted(s for s, w in cfg.fit_weights.items() if w > 0 and not train_chars.get(s))
     if missing:
         raise ConfigError(f"tokenizer.fit_weights names {missing}, which have no training documents; "

@@ -6,7 +6,8 @@ Layout of one checkpoint directory::
     optimizer.pt        AdamW state_dict: moments, step counts, param groups
     state.json          step, tokens_seen, clipped_steps, RNG states (python, numpy, torch, cuda),
                         sampler position, model config, extra (tokenizer hash, manifest hash, ...)
-    checksums.json      sha256 of the three files above, written last: the completion record
+    <name>.safetensors  optional companions of the run (e.g. ``ema``: the weight average, tasks.train.averaging)
+    checksums.json      sha256 of the files above, written last: the completion record
 
 Files are written into a hidden sibling temp directory (``.step_N.tmp-<pid>``), fsynced, then renamed into place
 (``infra.atomic.publish_dir``), so a crash leaves either no checkpoint or a complete one; ``latest_checkpoint``
@@ -17,6 +18,9 @@ Sharded layout (runs of several processes)::
     shards/             torch.distributed.checkpoint: one ``__<rank>_0.distcp`` per rank plus ``.metadata``
     state.json          as above, plus "format": "sharded" and the world size that wrote it
     checksums.json      sha256 of every file above
+
+Weights-only layout (milestones and averaged weights, which nothing resumes from): model.safetensors, state.json
+with "format": "weights", checksums.json; ``save_weights`` writes it, ``load_model`` and ``verify_checkpoint`` read it.
 
 A sharded checkpoint loads on any world size (the tensors are stored by name and placement, and resharded on
 load). Its ``.metadata`` is a pickle written by this run into its own scratch folder; artifacts that leave the run
@@ -55,6 +59,7 @@ from tasks.train.loop import TrainState
 
 FILES = ("model.safetensors", "optimizer.pt", "state.json")
 SHARDED_FILES = ("shards/.metadata", "state.json")
+WEIGHTS_FILES = ("model.safetensors", "state.json")
 COMPLETION = "checksums.json"
 
 log = logging.getLogger(__name__)
@@ -117,8 +122,9 @@ def _seal(tmp: Path, directory: Path, files: list[str]) -> None:
 
 
 def _save_single(directory: Path, *, model: nn.Module, optimizer: Any, state: TrainState, sampler_state: dict,
-                 extra: dict, rng: dict | None = None) -> Path:
-    """The single-file layout at ``directory`` (replaced atomically); ``rng`` None records the states of now."""
+                 extra: dict, rng: dict | None = None, companions: dict[str, dict] | None = None) -> Path:
+    """The single-file layout at ``directory`` (replaced atomically); ``rng`` None records the states of now;
+    ``companions``: name → tensors, each written as ``<name>.safetensors`` and sealed with the rest."""
     directory = Path(directory)
     text = _record(model, state, sampler_state, extra, rng)
     tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
@@ -127,7 +133,31 @@ def _save_single(directory: Path, *, model: nn.Module, optimizer: Any, state: Tr
     safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(text)
-    _seal(tmp, directory, list(FILES))
+    files = list(FILES)
+    for name, tensors in (companions or {}).items():
+        safetensors.torch.save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+                                    str(tmp / f"{name}.safetensors"))
+        files.append(f"{name}.safetensors")
+    _seal(tmp, directory, files)
+    return directory
+
+
+def save_weights(directory: Path, *, model: nn.Module, state: TrainState, extra: dict | None = None) -> Path:
+    """The weights-only layout at ``directory`` (replaced atomically): ``model``'s weights (a plain, unwrapped
+    module carrying its ``ModelConfig`` as ``.cfg``), its config and ``state``'s step and tokens_seen. For
+    checkpoints nothing resumes from: milestones and averaged weights.
+
+    Raises:
+        CheckpointError: the model has no ``cfg`` or ``extra`` is not JSON serialisable.
+    """
+    directory = Path(directory)
+    text = _record(model, state, {}, dict(extra or {}), None, format="weights")
+    tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+    (tmp / "state.json").write_text(text)
+    _seal(tmp, directory, list(WEIGHTS_FILES))
     return directory
 
 
@@ -165,7 +195,8 @@ def verify_checkpoint(directory: Path) -> dict:
     if not (directory / COMPLETION).is_file():
         raise CheckpointError(f"{directory} has no {COMPLETION}: missing or unfinished checkpoint; use an earlier one")
     expected = json.loads((directory / COMPLETION).read_text())
-    required = SHARDED_FILES if "shards/.metadata" in expected else FILES
+    required = (SHARDED_FILES if "shards/.metadata" in expected else
+                WEIGHTS_FILES if "optimizer.pt" not in expected and "model.safetensors" in expected else FILES)
     for name in sorted(set(required) | set(expected)):
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name} is missing; the checkpoint is incomplete")
@@ -183,13 +214,22 @@ def _loaded(record: dict, saved_cfg: ModelConfig, restore_rng: bool) -> dict[str
 
 
 def _load_single(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 restore_rng: bool = True, record: dict | None = None) -> dict[str, Any]:
-    """Load the single-file layout into an unwrapped ``model`` (and ``optimizer``); see ``Checkpointer.load``."""
+                 restore_rng: bool = True, record: dict | None = None,
+                 companions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load the single-file layout into an unwrapped ``model`` (and ``optimizer``, and each companion's
+    ``load_state_dict`` from ``<name>.safetensors``); see ``Checkpointer.load``."""
     record = verify_checkpoint(directory) if record is None else record
     if record.get("format") == "sharded":
         raise CheckpointError(f"{directory} is a sharded checkpoint written by {record.get('world_size')} processes; "
                               "load it with a Checkpointer (run main with [main.distributed] launch = "
                               "\"accelerate\")")
+    if record.get("format") == "weights" and (optimizer is not None or companions):
+        raise CheckpointError(f"{directory} holds weights only (a milestone or averaged weights): it has no "
+                              "optimiser state to resume a run from; load it with load_model")
+    missing = [name for name in (companions or {}) if not (Path(directory) / f"{name}.safetensors").is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {directory} has no {', '.join(f'{n}.safetensors' for n in missing)}: it "
+                              "was written by a run without that state (e.g. without [main] ema_decay)")
     saved_cfg = ModelConfig(**record["model_config"])
     if getattr(model, "cfg", saved_cfg) != saved_cfg:
         raise CheckpointError(f"checkpoint {directory} was saved for {saved_cfg!r}, not the model given ({model.cfg!r})")
@@ -203,6 +243,9 @@ def _load_single(directory: Path, *, model: nn.Module, optimizer: torch.optim.Op
                 set_optimizer_state_dict(model, optimizer, saved)
             else:
                 optimizer.load_state_dict(saved)
+        for name, companion in (companions or {}).items():
+            companion.load_state_dict(safetensors.torch.load_file(str(Path(directory) / f"{name}.safetensors"),
+                                                                  device=_device(model)))
     except pickle.UnpicklingError as err:  # weights_only refused a pickle that holds more than tensors and numbers
         raise CheckpointError(f"checkpoint {directory}: optimizer.pt holds objects other than tensors, so it is not "
                               f"loaded (it could run code); use a checkpoint this platform wrote: {err}") from err
@@ -331,19 +374,26 @@ class Checkpointer:
     checkpoints count, so a torn newer one never causes the last good one to be deleted. ``asynchronous``: the
     loop's saves are snapshotted to CPU memory and written by a background thread (one process only).
 
-    ``extra`` (JSON values, e.g. tokenizer and manifest hashes) is recorded in every state.json.
+    ``extra`` (JSON values, e.g. tokenizer and manifest hashes) is recorded in every state.json. ``companions``:
+    name → an object with ``state_dict()`` (name → tensor) and ``load_state_dict``, e.g. the run's weight average
+    (``tasks.train.averaging.EMA``); saved as ``<name>.safetensors`` in every checkpoint of the single-file layout
+    (the final one included) and loaded back by ``load``/``resume``/``rewind``, so a resumed run continues it.
 
     Raises:
-        CheckpointError: ``asynchronous`` on several processes.
+        CheckpointError: ``asynchronous`` or ``companions`` on several processes.
     """
 
     def __init__(self, root: Path, *, accelerator: Any = None, extra: dict | None = None, keep_last: int | None = 3,
-                 milestone_every: int = 0, asynchronous: bool = False):
+                 milestone_every: int = 0, asynchronous: bool = False, companions: dict[str, Any] | None = None):
         self.accelerator = accelerator
         self.sharded = accelerator is not None and accelerator.num_processes > 1
         if asynchronous and self.sharded:
             raise CheckpointError("asynchronous checkpoints are written by one process; a sharded (launched) run "
                                   "saves synchronously: set async_checkpoints = false")
+        if companions and self.sharded:
+            raise CheckpointError(f"checkpoint companions {sorted(companions)} (e.g. [main] ema_decay) are saved by "
+                                  "in-process runs only; use [main.distributed] launch = \"inprocess\"")
+        self.companions = dict(companions or {})
         self.main_process = accelerator is None or accelerator.is_main_process
         self.root, self.extra = Path(root), dict(extra or {})
         self.keep_last, self.milestone_every = keep_last, milestone_every
@@ -366,7 +416,15 @@ class Checkpointer:
             return _save_sharded(directory, model=model, optimizer=optimizer, state=state,
                                  sampler_state=sampler_state, extra=self.extra, accelerator=self.accelerator)
         return _save_single(directory, model=model, optimizer=optimizer, state=state, sampler_state=sampler_state,
-                            extra=self.extra, rng=rng)
+                            extra=self.extra, rng=rng, companions=self._companion_tensors())
+
+    def _companion_tensors(self, snapshot: bool = False) -> dict[str, dict]:
+        """Each companion's tensors now (``snapshot``: copied to CPU memory, for a background write)."""
+        out = {}
+        for name, companion in self.companions.items():
+            tensors = companion.state_dict()
+            out[name] = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()} if snapshot else tensors
+        return out
 
     def save_final(self, directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
                    sampler_state: dict) -> Path | None:
@@ -378,7 +436,7 @@ class Checkpointer:
         """
         if not self.sharded:
             return _save_single(directory, model=model, optimizer=optimizer, state=state,
-                                sampler_state=sampler_state, extra=self.extra)
+                                sampler_state=sampler_state, extra=self.extra, companions=self._companion_tensors())
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         from tasks.train.parallel import unwrap
@@ -412,7 +470,8 @@ class Checkpointer:
         if self.sharded or _format(directory) == "sharded":
             return _load_sharded(directory, model=model, optimizer=optimizer, accelerator=self.accelerator or _one(),
                                  restore_rng=restore_rng)
-        return _load_single(directory, model=model, optimizer=optimizer, restore_rng=restore_rng)
+        return _load_single(directory, model=model, optimizer=optimizer, restore_rng=restore_rng,
+                            companions=self.companions)
 
     def latest(self) -> Path | None:
         """The complete checkpoint under ``root`` with the highest step, or None."""
@@ -453,14 +512,14 @@ class Checkpointer:
                 self._prune()
             _barrier(self.accelerator)
         elif not self.asynchronous:
-            self._write(directory, model, optimizer, state, sampler.state_dict(), None)
+            self._write(directory, model, optimizer, state, sampler.state_dict(), None, self._companion_tensors())
         else:
             self.wait()  # one write in flight at a time, so the snapshot buffers are free to reuse
             # Snapshot on the CPU now (weights, optimiser moments, loop state, RNG); write in the background. The
             # buffers are allocated at the first save and overwritten in place after: a memcpy, no page faults.
             snapshot_model, snapshot_optimizer = self._snapshot(model, optimizer)
             args = (directory, snapshot_model, snapshot_optimizer, copy.copy(state), copy.deepcopy(sampler.state_dict()),
-                    rng_states())
+                    rng_states(), self._companion_tensors(snapshot=True))
             self._writer = self._writer or ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
             self._pending = self._writer.submit(self._write, *args)
         self.stall_seconds.append(time.perf_counter() - started)
@@ -484,9 +543,9 @@ class Checkpointer:
             pending.result()
 
     def _write(self, directory: Path, model: nn.Module, optimizer: Any, state: TrainState, sampler_state: dict,
-               rng: dict | None) -> None:
+               rng: dict | None, companions: dict[str, dict] | None = None) -> None:
         _save_single(directory, model=model, optimizer=optimizer, state=state, sampler_state=sampler_state,
-                     extra=self.extra, rng=rng)
+                     extra=self.extra, rng=rng, companions=companions)
         if self.keep_last is not None:
             self._prune()
 

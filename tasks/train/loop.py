@@ -314,7 +314,7 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer, *, lr: floa
 
 def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps: int, eval_every: int = 0,
           callbacks: Sequence[Any] = (), state: TrainState | None = None, optimizer: torch.optim.Optimizer | None = None,
-          accelerator: Accelerator | None = None, seed: int = 0, checkpoint_every: int = 0,
+          accelerator: Accelerator | None = None, seed: int = 0, checkpoint_every: Any = 0,
           spike: SpikeRule | None = None, rewind: Any = None, instrument_every: int = 0) -> TrainResult:
     """Train ``model`` on ``sampler.next_batch()`` until ``total_steps`` optimiser steps (LR schedule
     ``optim_cfg.schedule``: warmup-cosine or WSD over ``total_steps``, docs/methods.md §6).
@@ -327,7 +327,9 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
     to callbacks' ``on_event(state, event)`` and ``TrainResult.events``. ``rewind()``: reloads the last good
     checkpoint into ``model``/``optimizer`` and returns its TrainState (None when there is none).
     ``instrument_every``: every N steps also measure the update/weight norm ratio and the max |attention logit|
-    (a probe; the output is unchanged).
+    (a probe; the output is unchanged). ``checkpoint_every``: callbacks' ``on_checkpoint`` every N steps and at the
+    end (0 = end only), or a schedule with ``due(step, start, total)`` and a ``saving(step)`` context around each
+    save (``tasks.train.intervals.YoungInterval``).
 
     Raises:
         DataError: the loss is not finite and no spike rule is given (the message names the step).
@@ -346,8 +348,12 @@ def train(model: nn.Module, sampler: Any, optim_cfg: OptimConfig, *, total_steps
     while True:
         if _due(state.step, eval_every, start, total_steps):
             _fire(callbacks, "on_eval", state, model)
-        if _due(state.step, checkpoint_every, start, total_steps):
-            _fire(callbacks, "on_checkpoint", state, model, optimizer, sampler)
+        if isinstance(checkpoint_every, int):
+            if _due(state.step, checkpoint_every, start, total_steps):
+                _fire(callbacks, "on_checkpoint", state, model, optimizer, sampler)
+        elif checkpoint_every.due(state.step, start, total_steps):  # a schedule, e.g. intervals.YoungInterval
+            with checkpoint_every.saving(state.step):
+                _fire(callbacks, "on_checkpoint", state, model, optimizer, sampler)
         if state.step >= total_steps:
             return result
         lr = spikes.lr_scale * lr_schedule(

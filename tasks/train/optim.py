@@ -29,3 +29,17 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
     )
+
+
+def set_adamw(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> None:
+    """Give ``optimizer``'s AdamW groups (``param_groups``) ``cfg``'s β1, β2, ε and, on the decayed group, its λ (the
+    ``norms`` group keeps 0). A checkpoint's ``load_state_dict`` restores the settings the groups were saved with;
+    after it, this makes the run's own config the one that acts. Groups without Adam betas are left alone."""
+    for group in optimizer.param_groups:
+        if "betas" not in group:
+            continue
+        group["betas"], group["eps"] = (cfg.beta1, cfg.beta2), cfg.eps
+        if group.get("name") == "decayed_matrices":
+            group["weight_decay"] = cfg.weight_decay
+        elif group.get("name") == "norms":
+            group["weight_decay"] = 0.0

@@ -20,7 +20,9 @@ from tasks.train.packing import PackingConfig
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
+from tasks.train.intervals import YoungInterval
 from tasks.train.loop import Callback, SpikeRule, TrainResult, TrainState, seed_everything, train
+from tasks.train.optim import set_adamw
 from tasks.train.sections import RunBudget, StabilityConfig
 
 MetricsFn = Callable[[Mapping[str, float], int], None]
@@ -132,17 +134,23 @@ class PeriodicEval(Callback):
 
 def run_training(model: torch.nn.Module, sampler: MixtureSampler, *, peak_lr: float, budget: RunBudget,
                  seed: int, callbacks: Sequence[Callback] = (), min_lr_ratio: float = 0.1,
-                 state: TrainState | None = None, optimizer=None, checkpoint_every: int = 0,
+                 state: TrainState | None = None, optimizer=None, checkpoint_every: int | YoungInterval = 0,
                  stability: StabilityConfig | None = None, rewind=None, accelerator=None,
                  decay_steps: int | None = None) -> TrainResult:
     """AdamW training for ``budget.steps`` optimiser steps under ``budget.schedule`` (warmup-cosine or WSD, floor
     ``min_lr_ratio``·peak; docs/methods.md §6 settings); with ``stability``, its z-loss, accumulation, instruments
     and spike policy (``rewind`` reloads the last checkpoint). ``decay_steps``: WSD decay length in steps instead
-    of ``budget.decay_fraction`` (a decay branch; 0 = the stable trunk, no decay)."""
+    of ``budget.decay_fraction`` (a decay branch; 0 = the stable trunk, no decay).
+
+    AdamW's β1, β2, ε and λ are ``budget.adamw``'s, also for a given (e.g. resumed) ``optimizer``, whose groups are
+    set to them (``optim.set_adamw``). ``checkpoint_every``: steps, or a schedule (``tasks.train.intervals``)."""
     st = stability or StabilityConfig(spike_policy="warn", instrument_every=0)
     optim = OptimConfig(peak_lr=peak_lr, warmup_steps=budget.warmup_steps, min_lr_ratio=min_lr_ratio,
                         z_loss=st.z_loss, micro_batches=st.micro_batches, schedule=budget.schedule,
-                        decay_fraction=budget.decay_fraction, decay_shape=budget.decay_shape, decay_steps=decay_steps)
+                        decay_fraction=budget.decay_fraction, decay_shape=budget.decay_shape, decay_steps=decay_steps,
+                        **budget.adamw.model_dump())
+    if optimizer is not None:
+        set_adamw(optimizer, optim)
     spike = None if stability is None else SpikeRule(
         window=st.spike_window, factor=st.spike_factor, min_history=st.spike_min_history, policy=st.spike_policy,
         lr_factor=st.rewind_lr_factor, max_consecutive=st.max_consecutive_spikes)

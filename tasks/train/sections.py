@@ -6,7 +6,7 @@ multiple of 64/128, docs/methods.md §8), so ``ModelShape.build(vocab_size)`` ma
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator, model_serializer,
                       model_validator)
@@ -96,6 +96,28 @@ def check_source_weights(weights: dict[str, float], name: str) -> None:
         raise ValueError(f"{name} {weights} must be ≥ 0 and sum to 1 (they sum to {total:g})")
 
 
+class AdamWConfig(Section):
+    """``[<stage>.budget.adamw]``: AdamW's settings for one training run (Loshchilov & Hutter 2019; defaults as
+    docs/methods.md §6).
+
+    Fields:
+        beta1, beta2: decay rates of Adam's first and second moment estimates, in [0, 1) (0.9, 0.95).
+        eps: ε added to √v̂ in the update's denominator, > 0 (1e-8).
+        weight_decay: λ of the decoupled decay θ ← θ − η·λ·θ, ≥ 0 (0.1); applied to 2-D weights only
+            (``tasks.train.optim.param_groups``).
+
+    Keys: a budget at all four defaults dumps without this table, so every earlier key stays as it was.
+
+    Raises:
+        ValueError (reported as ConfigError under ``<stage>.budget.adamw.<field>``): a value outside its range.
+    """
+
+    beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam first-moment decay rate")
+    beta2: float = Field(default=0.95, ge=0, lt=1, description="Adam second-moment decay rate")
+    eps: float = Field(default=1e-8, gt=0, description="Adam ε in the update's denominator")
+    weight_decay: float = Field(default=0.1, ge=0, description="decoupled weight decay λ on 2-D weights")
+
+
 class RunBudget(Section):
     """Steps, batch and LR schedule of one training run; tokens per step = batch_size · seq_len.
 
@@ -105,7 +127,8 @@ class RunBudget(Section):
     found it below linear and cosine cooldowns at equal length.
 
     Keys: the three schedule fields change results only under ``wsd``, so a ``cosine`` budget dumps without them
-    and every cosine run keeps the key (and proxy cache entry) it had before WSD existed.
+    and every cosine run keeps the key (and proxy cache entry) it had before WSD existed. ``adamw``
+    (``AdamWConfig``) enters the dump only when some setting differs from its default.
 
     Raises:
         ValueError (reported as ConfigError under the section): warmup_steps ≥ steps; under ``wsd`` a decay that
@@ -122,6 +145,7 @@ class RunBudget(Section):
     decay_fraction: float = Field(default=0.2, gt=0, le=1, description="wsd: share of the steps spent decaying")
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field(default="1-sqrt", description="wsd: shape of the "
                                                                 "decay from peak to the floor")
+    adamw: AdamWConfig = Field(default=AdamWConfig(), description="AdamW β1, β2, ε and weight decay")
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> "RunBudget":
@@ -142,6 +166,8 @@ class RunBudget(Section):
         if self.schedule == "cosine":  # the WSD fields do not act: leave them out of dumps and so out of keys
             for name in WSD_FIELDS:
                 data.pop(name, None)
+        if self.adamw == AdamWConfig():  # the AdamW every run used before it was configurable: keys as they were
+            data.pop("adamw", None)
         return data
 
     @property
@@ -276,6 +302,18 @@ class MainConfig(Section):
     ``min_lr_ratio``: the schedule's floor as a fraction of peak (WSD usually decays to about 0); in the key only
     when it differs from 0.1, the floor every main run used before it was configurable. ``branches``: decay branches
     of a WSD run (``BranchConfig``), computed by the ``branches`` stage.
+
+    Kept weights (``tasks.train.milestones``, ``tasks.train.averaging``): ``milestone_every`` (every that many steps)
+    and ``milestones`` (given steps) keep those steps' weights in the artifact (``milestones/step_XXXXXXXX/``);
+    ``ema_decay`` β > 0 also keeps and scores the EMA of the weights (``ema/``, in-process runs only);
+    ``average_last`` K > 0 the uniform mean of the last K milestone weights, the final weights counting as one
+    (``average/``). All off by default; each enters the dump (and key) only when set, so earlier keys stay as they
+    were.
+
+    ``checkpoint_every``: steps between resumable scratch checkpoints (0 = end only), or ``"young"`` with
+    ``mtbf_hours`` (the declared mean time between failures M, required with it and refused without it): after a
+    probe save the interval is Young's τ = √(2·δ·M) from the measured save time δ and step time
+    (``tasks.train.intervals``; Young 1974). Neither is in the key: when a checkpoint is written changes no result.
     """
 
     model: ModelShape
@@ -285,12 +323,22 @@ class MainConfig(Section):
                                 "fraction of peak_lr")
     branches: BranchConfig | None = Field(default=None, json_schema_extra=NOT_IN_KEY)
     log_every: int = Field(default=10, gt=0, json_schema_extra=NOT_IN_KEY)
-    checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints; 0 = end only",
-                                  json_schema_extra=NOT_IN_KEY)
+    checkpoint_every: Annotated[int, Field(ge=0)] | Literal["young"] = Field(
+        default=0, description="steps between resumable checkpoints; 0 = end only; \"young\": Young's interval from "
+        "the measured save and step times and mtbf_hours (tasks.train.intervals)", json_schema_extra=NOT_IN_KEY)
+    mtbf_hours: float | None = Field(default=None, gt=0, description="checkpoint_every = \"young\": the declared mean "
+                                     "time between failures, in hours", json_schema_extra=NOT_IN_KEY)
     keep_checkpoints: int = Field(default=3, gt=0, description="newest complete scratch checkpoints kept",
                                   json_schema_extra=NOT_IN_KEY)
     async_checkpoints: bool = Field(default=False, description="snapshot to CPU and write in a background thread",
                                     json_schema_extra=NOT_IN_KEY)
+    milestone_every: int = Field(default=0, ge=0, description="steps between milestone weights kept in the "
+                                 "artifact; 0 = none")
+    milestones: list[int] = Field(default=[], description="further steps whose weights the artifact keeps")
+    ema_decay: float = Field(default=0.0, ge=0, lt=1, description="β of the EMA of the weights kept and scored "
+                             "beside the final ones; 0 = off")
+    average_last: int = Field(default=0, ge=0, description="K: also keep and score the mean of the last K "
+                              "milestone weights (the final weights count as one); 0 = off")
     stability: StabilityConfig = StabilityConfig()
     # The launch layout changes results only by the order of float sums.
     distributed: DistributedConfig = Field(default=DistributedConfig(), json_schema_extra=NOT_IN_KEY)
@@ -317,11 +365,65 @@ class MainConfig(Section):
                                  f"{self.budget.steps})")
         return self
 
+    @model_validator(mode="after")
+    def _kept_weights_fit(self) -> "MainConfig":
+        steps = self.budget.steps
+        outside = [s for s in self.milestones if not 1 <= s <= steps]
+        if outside or len(set(self.milestones)) != len(self.milestones):
+            raise ValueError(f"milestones {self.milestones}: give distinct steps in [1, budget.steps = {steps}]")
+        if self.average_last:
+            points = self.averaged_steps_pool
+            if not 2 <= self.average_last <= len(points):
+                raise ValueError(f"average_last = {self.average_last} needs 2 ≤ K ≤ {len(points)}, the milestone "
+                                 f"steps plus the final step {points}; declare more milestones (milestone_every "
+                                 "or milestones) or lower average_last")
+        if self.ema_decay and self.distributed.launch == "accelerate":
+            raise ValueError("ema_decay is kept by in-process runs only (the average lives beside the unsharded "
+                             "weights); use [main.distributed] launch = \"inprocess\" or ema_decay = 0")
+        return self
+
+    @property
+    def milestone_steps(self) -> list[int]:
+        """The steps whose weights the artifact keeps: multiples of ``milestone_every`` up to ``budget.steps`` and
+        the ``milestones``, increasing."""
+        every = self.milestone_every
+        regular = range(every, self.budget.steps + 1, every) if every else ()
+        return sorted({*regular, *self.milestones})
+
+    @property
+    def averaged_steps_pool(self) -> list[int]:
+        """The steps ``average_last`` picks its last K from: the milestone steps and the final step."""
+        return sorted({*self.milestone_steps, self.budget.steps})
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _steps_or_young(cls, value):
+        if value == "young" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise ValueError(f"checkpoint_every = {value!r}: give a number of steps ≥ 0 (0 = end only) or \"young\" "
+                         "(with mtbf_hours, the mean time between failures)")
+
+    @model_validator(mode="after")
+    def _young_needs_mtbf(self) -> "MainConfig":
+        if self.checkpoint_every == "young" and self.mtbf_hours is None:
+            raise ValueError("checkpoint_every = \"young\" needs mtbf_hours, the mean time between failures in hours "
+                             "(Young's interval is √(2·δ·M)), e.g. mtbf_hours = 24")
+        if self.checkpoint_every != "young" and self.mtbf_hours is not None:
+            raise ValueError(f"mtbf_hours = {self.mtbf_hours} applies to checkpoint_every = \"young\" only (got "
+                             f"checkpoint_every = {self.checkpoint_every!r}); remove it or set checkpoint_every = "
+                             "\"young\"")
+        return self
+
     @model_serializer(mode="wrap")
     def _default_floor_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
         data = handler(self)
         if self.min_lr_ratio == 0.1:  # the fixed floor of earlier main runs: their keys stay as they were
             data.pop("min_lr_ratio", None)
+        for name, default in (("milestone_every", 0), ("milestones", []), ("ema_decay", 0.0), ("average_last", 0)):
+            if data.get(name, default) == default:  # kept weights off: the dump (and key) of earlier runs
+                data.pop(name, None)
+        if self.mtbf_hours is None:  # fixed checkpoint intervals: configs dump as before Young's interval existed
+            data.pop("mtbf_hours", None)
         return data
 
 
@@ -398,6 +500,19 @@ class CptConfig(Section):
         kind: ``domain_adaptation`` (train on ``domain_sources``) or ``context_extension`` (extend the window:
             ``[cpt.context]``, docs/methods.md §15; ``domain_sources`` then may stay empty).
         context: the context extension (required by, and only with, ``kind = "context_extension"``).
+        recovery_steps: a grid axis of domain adaptation: after the adapted candidate's ``budget.steps``, k more
+            optimiser steps on general text only (the replay weights, no domain source), continuing its weights,
+            AdamW moments and loader position at a constant LR (docs/methods.md §11, recovery phase). 0 = the
+            adapted candidate itself; [0] (the default) = no recovery. Each k > 0 adds a candidate ``<name>_rec<k>``
+            branched from the adapted one, which is trained once.
+        recovery_lr_ratio: the recovery LR as a fraction of the candidate's peak LR, in (0, 1]; unset = the adapt
+            schedule's floor ``min_lr_ratio``, where its LR ended (no re-warming: Ibrahim et al. 2024).
+
+    Keys: at ``recovery_steps = [0]`` neither recovery field is in the dump, so configs and keys stay as they were.
+
+    Raises:
+        ValueError (reported as ConfigError under ``cpt``): repeated or negative recovery steps; recovery under
+            ``kind = "context_extension"``; a recovery LR of 0 (``min_lr_ratio = 0`` and no ``recovery_lr_ratio``).
     """
 
     domain_sources: list[str] = []
@@ -412,6 +527,8 @@ class CptConfig(Section):
     decontaminate: bool = True
     kind: Literal["domain_adaptation", "context_extension"] = "domain_adaptation"
     context: ContextExtensionConfig | None = None
+    recovery_steps: list[int] = Field(default=[0], min_length=1)
+    recovery_lr_ratio: float | None = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _ranges(self) -> "CptConfig":
@@ -435,7 +552,33 @@ class CptConfig(Section):
             raise ValueError(f"seeds {self.seeds}: give distinct offsets ≥ 0")
         if self.replay_weights:
             check_source_weights(self.replay_weights, "replay_weights")
+        self._check_recovery()
         return self
+
+    def _check_recovery(self) -> None:
+        steps = self.recovery_steps
+        if len(set(steps)) != len(steps) or min(steps) < 0:
+            raise ValueError(f"recovery_steps {steps}: give distinct step counts ≥ 0 (0 = the adapted candidate "
+                             "without recovery)")
+        if not self.recovers:
+            return
+        if self.kind == "context_extension":
+            raise ValueError(f"recovery_steps {steps} applies to kind = 'domain_adaptation' only: a context "
+                             "extension already replays short-context text in every batch; use recovery_steps = [0]")
+        if self.recovery_lr(1.0) == 0.0:
+            raise ValueError("recovery_steps: the recovery LR defaults to the adapt floor min_lr_ratio = 0, which "
+                             "would not move the weights; set recovery_lr_ratio (e.g. 0.1)")
+
+    @property
+    def recovers(self) -> bool:
+        """True when some candidate gets a recovery phase (a ``recovery_steps`` entry > 0)."""
+        return max(self.recovery_steps) > 0
+
+    def recovery_lr(self, peak_lr: float) -> float:
+        """The constant LR of the recovery phase of a candidate with peak LR ``peak_lr``: ``recovery_lr_ratio`` (or
+        ``min_lr_ratio``, the LR the adapt schedule ended at) × ``peak_lr``."""
+        ratio = self.min_lr_ratio if self.recovery_lr_ratio is None else self.recovery_lr_ratio
+        return ratio * peak_lr
 
     @model_serializer(mode="wrap")
     def _domain_dumps_as_before(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -443,4 +586,9 @@ class CptConfig(Section):
         if self.kind == "domain_adaptation":  # configs and keys of domain adaptation stay as they were
             data.pop("kind", None)
             data.pop("context", None)
+        if data.get("recovery_steps") == [0]:  # no recovery: the recovery fields do not act, nor enter keys
+            data.pop("recovery_steps", None)
+            data.pop("recovery_lr_ratio", None)
+        elif data.get("recovery_lr_ratio", 0.0) is None:  # unset: the floor, already in the dump as min_lr_ratio
+            data.pop("recovery_lr_ratio", None)
         return data

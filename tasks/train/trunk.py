@@ -45,7 +45,8 @@ def trunk_config(cfg: MainConfig, *, packing: PackingConfig, seed: int, peak_lr:
     mixture weights actually trained on (sources of weight 0 left out, as the loader leaves them out)."""
     main = key_dump(cfg)
     budget = {k: v for k, v in main.pop("budget").items() if k not in NOT_IN_TRUNK}
-    for name in ("min_lr_ratio", "peak_lr", "branches"):
+    # Kept milestones and last-K averages change no weights (ema_decay stays: trunk checkpoints hold the EMA).
+    for name in ("min_lr_ratio", "peak_lr", "branches", "milestone_every", "milestones", "average_last"):
         main.pop(name, None)
     return {"main": {**main, "budget": budget}, "packing": key_dump(packing), "seed": int(seed),
             "peak_lr": float(peak_lr), "weights": {s: round(float(w), 9) for s, w in sorted(weights.items()) if w > 0}}
@@ -105,13 +106,15 @@ def resume_trunk(folder: Path, checkpointer: Checkpointer, model, optimizer, sam
 
 class StableSaver:
     """Training callback: after each step in ``steps``, a full checkpoint of the run into the trunk folder
-    (collective on several processes, like every ``Checkpointer`` save)."""
+    (collective on several processes, like every ``Checkpointer`` save), with the run's ``companions`` (e.g. its
+    EMA, ``Checkpointer``)."""
 
     def __init__(self, folder: Path, steps: list[int], *, model, optimizer, sampler, accelerator: Any = None,
-                 extra: dict | None = None):
+                 extra: dict | None = None, companions: dict[str, Any] | None = None):
         self.folder, self.steps = Path(folder), set(steps)
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
-        self.checkpointer = Checkpointer(self.folder, accelerator=accelerator, extra=extra, keep_last=None)
+        self.checkpointer = Checkpointer(self.folder, accelerator=accelerator, extra=extra, keep_last=None,
+                                         companions=companions)
         self.saved: list[int] = []
 
     def on_step_end(self, state: TrainState, metrics: dict) -> None:
@@ -139,6 +142,7 @@ def extend_trunk(folder: Path, steps: list[int], *, cfg: MainConfig, corpus: Any
         CheckpointError: a kept checkpoint fails its checks; whatever training raises (DataError, ...).
     """
     from tasks.train.config import OptimConfig
+    from tasks.train.intervals import checkpoint_schedule
     from tasks.train.loop import local_accelerator
     from tasks.train.optim import build_optimizer
     from tasks.train.parallel import parallelize
@@ -151,7 +155,8 @@ def extend_trunk(folder: Path, steps: list[int], *, cfg: MainConfig, corpus: Any
         model_cfg = cfg.model.build(corpus.vocab_size)
         model = parallelize(build_model(model_cfg, seed), accelerator, "ddp",
                             activation_checkpointing=cfg.distributed.activation_checkpointing)
-        optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps))
+        optimizer = build_optimizer(model, OptimConfig(peak_lr=peak_lr, warmup_steps=cfg.budget.warmup_steps,
+                                                       **cfg.budget.adamw.model_dump()))
         sampler = make_sampler(corpus, weights, seq_len=model_cfg.seq_len, batch_size=cfg.budget.batch_size,
                                seed=seed, packing=packing)
         checkpointer = Checkpointer(Path(scratch) / f"trunk_{target:08d}", accelerator=accelerator, extra=extra,
@@ -162,7 +167,8 @@ def extend_trunk(folder: Path, steps: list[int], *, cfg: MainConfig, corpus: Any
         budget = cfg.budget.model_copy(update={"steps": target, "eval_every": 0})
         run_training(model, sampler, peak_lr=peak_lr, budget=budget, seed=seed, callbacks=[checkpointer, saver],
                      state=saved["state"] if saved is not None else None, optimizer=optimizer,
-                     checkpoint_every=cfg.checkpoint_every, stability=cfg.stability,
+                     checkpoint_every=checkpoint_schedule(cfg.checkpoint_every, cfg.mtbf_hours),
+                     stability=cfg.stability,
                      rewind=lambda: checkpointer.rewind(model, optimizer), accelerator=accelerator,
                      min_lr_ratio=cfg.min_lr_ratio, decay_steps=0)
         kept = dict(trunk_checkpoints(folder))
