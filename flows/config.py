@@ -66,6 +66,11 @@ class ExperimentConfig(Section):
         for name in self.cpt.domain_sources:
             if name not in self.sources or self.sources[name].role != "domain":
                 raise ValueError(f"cpt.domain_sources: '{name}' must name a source with role = 'domain'")
+        by_language = [c.name for c in self.mixture.candidates if c.alpha_over == "language"]
+        unlabelled = sorted(s for s in general if not self.sources[s].language)
+        if by_language and unlabelled:  # caught here, before the corpus build, not when the mixture stage resolves
+            raise ValueError(f"mixture.candidates {by_language} apply the temperature over languages, but general "
+                             f"sources {unlabelled} have no language: set sources.<name>.language (e.g. \"en\")")
         context = self.cpt.context
         if context is not None:
             unknown = [n for n in context.long_sources if n not in self.sources]

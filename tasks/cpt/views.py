@@ -26,7 +26,7 @@ def _context_frames(path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | N
         "interp": f"{d.get('rope_scaling_factor', 1.0):g}", "replay": d.get("replay_fraction"),
         "realised": d.get("realised_replay_fraction"), "peak_lr": d.get("peak_lr"),
         "long nats": d["long_loss_nats"], "short nats": d["general_loss_nats"],
-        "short Δ": d["general_loss_nats"] - base["general_loss_nats"], "cloze acc": d["cloze_accuracy"],
+        "short Δ": d["general_loss_nats"] - base["general_loss_nats"], "cloze acc (sum)": d["cloze_accuracy"],
         f"retrieval@{d['retrieval_length']}": d["retrieval_accuracy"]} for name, d in candidates.items()])
     position = pd.read_parquet(path / "position_loss.parquet")
     position["bucket"] = position["bucket_start"].astype(str) + "–" + position["bucket_end"].astype(str)
@@ -97,7 +97,7 @@ def summary(ctx: SummaryContext) -> list[Any]:
                                "realised": d.get("realised_replay_fraction"), "peak_lr": d.get("peak_lr"),
                                **_recovery(d, candidates, "recovery"),
                                "general nats": d["general_loss_nats"], "domain nats": d["domain_loss_nats"],
-                               "cloze acc": d["cloze_accuracy"]} for k, d in candidates.items()])
+                               "cloze acc (sum)": d["cloze_accuracy"]} for k, d in candidates.items()])
         out = [*cache_lines(ctx.path), rich_table("CPT candidates", cands.fillna("-"))]
     samples = read_samples(ctx.path)
     if samples is not None and len(samples):

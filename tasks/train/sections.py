@@ -374,9 +374,10 @@ class MainConfig(Section):
         if self.average_last:
             points = self.averaged_steps_pool
             if not 2 <= self.average_last <= len(points):
-                raise ValueError(f"average_last = {self.average_last} needs 2 ≤ K ≤ {len(points)}, the milestone "
-                                 f"steps plus the final step {points}; declare more milestones (milestone_every "
-                                 "or milestones) or lower average_last")
+                have = (f"K ≤ {len(points)}, the milestone steps plus the final step {points}" if len(points) >= 2
+                        else f"kept weights to average, and without milestones there is only the final step {points}")
+                raise ValueError(f"average_last = {self.average_last} needs 2 ≤ {have}; declare more milestones "
+                                 "(milestone_every or milestones) or lower average_last")
         if self.ema_decay and self.distributed.launch == "accelerate":
             raise ValueError("ema_decay is kept by in-process runs only (the average lives beside the unsharded "
                              "weights); use [main.distributed] launch = \"inprocess\" or ema_decay = 0")

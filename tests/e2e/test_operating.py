@@ -22,6 +22,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import ROOT, pretrain, stage_status
+from flows.config import load_config
 from flows.registry import stage_names
 
 STAGE_NAMES = stage_names()
@@ -155,11 +156,16 @@ def test_pipeline_logs_to_an_mlflow_server_over_http(smoke_runs, tmp_path, monke
         history = _mlflow("GET", base, "metrics/get-history", params={"run_id": children["cpt"],
                                                                        "metric_key": curve_keys[0]})["metrics"]
         assert len({m["step"] for m in history}) > 1
-        # Dataset inputs with digests: the kept corpus and the main run's training mixture.
-        for stage, dataset in (("corpus", "kept_corpus"), ("main", "main_training_mixture")):
+        # Dataset inputs with digests: each corpus source's kept documents, each source's token shards, and the main
+        # run's training mixture.
+        sources = sorted(load_config(ROOT / "configs" / "smoke.toml").sources)
+        for stage, datasets in (("corpus", [f"corpus/{s}" for s in sources]),
+                                ("tokenizer", [f"token_shards/{s}" for s in sources]),
+                                ("main", ["main_training_mixture"])):
             run = _mlflow("GET", base, "runs/get", params={"run_id": children[stage]})["run"]
             inputs = run.get("inputs", {}).get("dataset_inputs", [])
-            assert [d["dataset"]["digest"] for d in inputs if d["dataset"]["name"] == dataset], (stage, inputs)
+            digests = {d["dataset"]["name"]: d["dataset"]["digest"] for d in inputs}
+            assert all(digests.get(name) for name in datasets), (stage, datasets, inputs)
         # Headline metrics on the parent run, and the registered alias of the kept model.
         parent = _mlflow("GET", base, "runs/get", params={"run_id": parents[0]})["run"]
         headline = {m["key"] for m in parent["data"]["metrics"]}

@@ -53,6 +53,9 @@ def test_a_prefect_task_that_raises_a_pretrain_error_is_printed_by_nobody_but_th
         import os, sys
         os.environ["PREFECT_HOME"] = sys.argv[1]
         os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+        # As infra.runs sets for every run: on a busy 2-core machine the local API server can take > 20 s to start.
+        os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+        os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
         from prefect import flow, task
         from flows.cli import _quiet_expected_failures
         from infra.errors import DataError

@@ -99,3 +99,18 @@ def test_the_mixture_stage_reads_source_languages_and_keys_them_only_when_used()
     moved = load_config(root / "configs" / "smoke.toml", {"mixture.candidates": over,
                                                           f"sources.{first}.language": "fr"})
     assert stage.key_config(moved) != stage.key_config(by_language)
+
+
+def test_a_general_source_without_a_language_is_refused_at_config_load():
+    from pathlib import Path
+
+    from flows.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs" / "smoke.toml")
+    first = cfg.general_sources[0]
+    over = [{"name": "natural", "alpha": 1.0}, {"name": "lang0", "alpha": 0.0, "alpha_over": "language"}]
+    with pytest.raises(ConfigError, match=rf"\['lang0'\].*\['{first}'\] have no language: set sources"):
+        load_config(root / "configs" / "smoke.toml", {"mixture.candidates": over, f"sources.{first}.language": None})
+    # Over sources the languages are not needed.
+    load_config(root / "configs" / "smoke.toml", {f"sources.{first}.language": None})
