@@ -527,7 +527,8 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
 
     console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})", soft_wrap=True)
     console.print(rich_table("Held-out loss per source", result["heldout"]))
-    console.print(rich_table("Cloze accuracy (binomial SE in points, docs/methods.md §10)", result["cloze"]))
+    console.print(rich_table("Cloze accuracy per scoring (binomial SE in points, Wilson 95% interval; "
+                             "docs/methods.md §10)", result["cloze"]))
 
 
 @app.command("export")

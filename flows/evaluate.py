@@ -12,10 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 
-from evals.cloze import load_cloze_sets, score_cloze
-from evals.stats import binomial_se
+from evals.cloze import cloze_summary, load_cloze_sets, score_cloze
 from infra.errors import CheckpointError
 from infra.runs import RunsLayout
 
@@ -43,7 +41,8 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[
     ``<artifact folder>@<name>`` (names such as ``step_00000400``, ``ema``, ``average``: ``tasks.train.milestones``).
 
     Returns {"heldout": DataFrame(source, tokens, loss_nats, bits_per_byte), "cloze": DataFrame(group, kind,
-    correct, items, accuracy, se_points), "tokenizer": Path}.
+    scoring, correct, items, accuracy, se_points, ci_low, ci_high): ``evals.cloze.cloze_summary``, every scoring
+    (sum, per token, per byte), "tokenizer": Path}.
 
     Raises:
         CheckpointError: missing/corrupt checkpoint, an unknown checkpoint name (the available ones listed), or no
@@ -88,12 +87,4 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Any, layout: RunsLayout) -> dict[
     tokenizer = corpus.tokenizer
     scored = score_cloze(model, lambda text: tokenizer.encode(text).ids, load_cloze_sets(cloze_files(cfg.gate.cloze_paths)),
                          max_len=model.cfg.seq_len)
-    rows = []
-    for (group, kind), part in scored.groupby(["group", "kind"], sort=True):
-        n, k = len(part), int(part["correct"].sum())
-        rows.append({"group": group, "kind": kind or "-", "correct": k, "items": n, "accuracy": k / n,
-                     "se_points": 100 * binomial_se(k / n, n)})
-    n, k = len(scored), int(scored["correct"].sum())
-    rows.append({"group": "all", "kind": "all", "correct": k, "items": n, "accuracy": k / n,
-                 "se_points": 100 * binomial_se(k / n, n)})
-    return {"heldout": heldout, "cloze": pd.DataFrame(rows), "tokenizer": tokenizer_dir}
+    return {"heldout": heldout, "cloze": cloze_summary(scored), "tokenizer": tokenizer_dir}

@@ -104,6 +104,7 @@ class YoungInterval:
         if self.report is not None:
             self.report(dict(self.record), step)
 
+
 def checkpoint_schedule(every: int | str, mtbf_hours: float | None, **young) -> int | YoungInterval:
     """``[main] checkpoint_every`` as ``train`` takes it: the number of steps as is, ``"young"`` as a
     ``YoungInterval`` for ``mtbf_hours`` (``young``: its keyword arguments).

@@ -191,6 +191,8 @@ def test_eval_reproduces_the_main_run_scores_and_gate_show_prints_the_table(smok
     recorded = pd.read_parquet(checkpoint.parent / "heldout.parquet").set_index("source")["loss_nats"]
     assert {r["source"]: r["loss_nats"] for r in scored["heldout"]} == pytest.approx(recorded.to_dict(), abs=1e-9)
     assert scored["cloze"][-1]["items"] == 72  # general.jsonl + domain.jsonl
+    overall = {r["scoring"]: r for r in scored["cloze"] if r["group"] == "all"}
+    assert sorted(overall) == ["per_byte", "per_token", "sum"] and {r["items"] for r in overall.values()} == {72}
     shown = json.loads(_pretrain("gate", "show", "configs/smoke.toml", "--json", runs=runs).stdout)
     assert len(shown["gates"]) == 1 and len(shown["decisions"]) == 4
     assert all(row["decision"] in {"pass", "fail", "inconclusive"} for row in shown["decisions"])
