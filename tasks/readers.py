@@ -4,6 +4,7 @@ stage reads. Stage packages import each other never; they meet here and in the t
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,20 @@ def manifest_hash(path: Path) -> str:
     """The manifest hash of the corpus artifact at ``path`` (travels into tokenizer shards, checkpoints and
     evaluations)."""
     return json.loads((Path(path) / MANIFEST).read_text())["manifest_hash"]
+
+
+def recorded_manifest_hash(tokenizer: Any = None, checkpoints: Sequence[Path] = ()) -> str | None:
+    """The corpus manifest hash a result was computed from: the one the tokenizer artifact ``tokenizer`` packed
+    its shards from (``tokenizer.meta.json``), else the first one recorded by a checkpoint directory of
+    ``checkpoints`` (``state.json`` ``extra``), else None (artifacts written before the hash travelled)."""
+    meta = Path(tokenizer.path) / "tokenizer.meta.json" if tokenizer is not None else None
+    if meta is not None and meta.exists() and (found := json.loads(meta.read_text()).get("manifest_hash")):
+        return found
+    for directory in checkpoints:
+        state = Path(directory) / "state.json"
+        if state.exists() and (found := json.loads(state.read_text()).get("extra", {}).get("manifest_hash")):
+            return found
+    return None
 
 
 def load_choice(path: Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from infra.stage import PublishContext, Published
+from tasks.readers import recorded_manifest_hash
 
 
 def publish(ctx: PublishContext) -> Published:
@@ -26,7 +27,7 @@ def publish(ctx: PublishContext) -> Published:
                 metrics[f"{r.branch}.{r.source}.{name}"] = float(value)
     return Published(
         tables={"decay_branches": table.assign(run_id=ctx.artifact.meta.get("mlflow_run_id", ""),
-                                               manifest_hash=manifest_hash(ctx.inputs.get("tokenizer")))
+                                               manifest_hash=recorded_manifest_hash(ctx.inputs.get("tokenizer")))
                 .astype({"manifest_hash": "string"})},
         metrics=metrics,
         params={"trunk_key": record["trunk_key"], "decay_shape": record["decay_shape"],
@@ -34,9 +35,3 @@ def publish(ctx: PublishContext) -> Published:
         tags={"branches": ", ".join(b["branch"] for b in record["branches"])},
         files=["branches.json", "branches.parquet"],
     )
-
-
-def manifest_hash(tokenizer) -> str | None:
-    """The corpus manifest hash the tokenizer artifact ``tokenizer`` packed its shards from, or None."""
-    meta = tokenizer.path / "tokenizer.meta.json" if tokenizer is not None else None
-    return json.loads(meta.read_text()).get("manifest_hash") if meta is not None and meta.exists() else None

@@ -5,11 +5,10 @@ MLflow: the candidates' text samples as a table."""
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
 from infra.stage import PublishContext, Published
+from tasks.readers import recorded_manifest_hash
 
 
 def publish(ctx: PublishContext) -> Published:
@@ -18,7 +17,7 @@ def publish(ctx: PublishContext) -> Published:
                                                          errors="ignore")
     # The candidates' continuations of the [samples] prompts at each evaluation point, as an MLflow table.
     tables = {"samples.json": pd.read_parquet(path / "samples.parquet")} if (path / "samples.parquet").exists() else {}
-    lineage = {"manifest_hash": manifest_hash(ctx.inputs.get("tokenizer"))}
+    lineage = {"manifest_hash": recorded_manifest_hash(ctx.inputs.get("tokenizer"))}
     warehouse = {"heldout_loss": pd.read_parquet(path / "heldout.parquet").assign(run_id=produced_by, stage="cpt",
                                                                                  **lineage),
                  "cloze_results": cloze.assign(run_id=produced_by, **lineage)}
@@ -31,11 +30,6 @@ def publish(ctx: PublishContext) -> Published:
             files.append(name)
     return Published(tables=warehouse, files=files, mlflow_tables=tables)
 
-
-def manifest_hash(tokenizer) -> str | None:
-    """The corpus manifest hash the tokenizer artifact ``tokenizer`` packed its shards from, or None."""
-    meta = tokenizer.path / "tokenizer.meta.json" if tokenizer is not None else None
-    return json.loads(meta.read_text()).get("manifest_hash") if meta is not None and meta.exists() else None
 
 
 CONTEXT_TABLES = {"context_position_loss": "position_loss.parquet", "context_retrieval": "retrieval.parquet",

@@ -16,6 +16,7 @@ import pandas as pd
 
 from evals.decision import DecisionRecord, decisions_frame
 from infra.stage import PublishContext, Published, Registration
+from tasks.readers import recorded_manifest_hash
 
 
 def publish(ctx: PublishContext) -> Published:
@@ -23,7 +24,7 @@ def publish(ctx: PublishContext) -> Published:
     decision = json.loads((path / "decision.json").read_text())
     table = pd.read_parquet(path / "decisions.parquet").assign(
         experiment=experiment, gate_hash=decision["gate_hash"],
-        manifest_hash=manifest_hash(ctx.inputs.get("main"), ctx.inputs.get("cpt"))).astype({"manifest_hash": "string"})
+        manifest_hash=gate_manifest_hash(ctx.inputs.get("main"), ctx.inputs.get("cpt"))).astype({"manifest_hash": "string"})
     # harness_items.parquet exists only when the gate names a harness criterion (tasks.gate.harness).
     files = ["decisions.parquet", "decision.json", "gate_scatter.png", "harness_items.parquet"]
     out = Published(tables={"gate_decisions": table}, files=files,
@@ -54,18 +55,6 @@ def publish(ctx: PublishContext) -> Published:
     return out
 
 
-def manifest_hash(main, cpt) -> str | None:
-    """The corpus manifest hash recorded in the main checkpoint (``state.json`` ``extra``), the base the CPT
-    candidates continue from, else in the first CPT candidate's checkpoint; None when neither records one."""
-    states = [main.path / "checkpoint" / "state.json"] if main is not None else []
-    states += sorted((cpt.path / "candidates").glob("*/state.json")) if cpt is not None else []
-    for state in states:
-        if state.exists():
-            found = json.loads(state.read_text()).get("extra", {}).get("manifest_hash")
-            if found:
-                return found
-    return None
-
 
 def _headline(out: Published, decision: dict, table: pd.DataFrame, cpt) -> None:
     """The parent run's headline: the kept model's held-out loss and bits per byte per source (from the gate's
@@ -91,3 +80,11 @@ def _decision_record(out: Published, record: DecisionRecord) -> None:
     out.metrics.update({f"decision.{record.kind}.{name}": value for name, value in
                         (("estimate", record.estimate), ("low", record.low), ("high", record.high))
                         if math.isfinite(value)})
+
+
+def gate_manifest_hash(main, cpt) -> str | None:
+    """The corpus manifest hash recorded in the main checkpoint (the base the CPT candidates continue from), else
+    in the first CPT candidate's checkpoint; None when neither records one."""
+    directories = [main.path / "checkpoint"] if main is not None else []
+    directories += sorted(p.parent for p in (cpt.path / "candidates").glob("*/state.json")) if cpt is not None else []
+    return recorded_manifest_hash(checkpoints=directories)

@@ -7,12 +7,11 @@ checkpoints), and its text samples (an MLflow table)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from infra.stage import Dataset, PublishContext, Published
+from tasks.readers import recorded_manifest_hash
 from tasks.train.epochs import epoch_warnings
 
 
@@ -23,7 +22,7 @@ def publish(ctx: PublishContext) -> Published:
     if (path / "averaged_heldout.parquet").exists():  # [main] ema_decay / average_last: checkpoint "ema", ...
         averaged = pd.read_parquet(path / "averaged_heldout.parquet").assign(run_id=produced_by, stage="main")
         heldout = pd.concat([heldout, averaged], ignore_index=True)
-    out = Published(tables={"heldout_loss": heldout.assign(manifest_hash=manifest_hash(tokenizer, path / "checkpoint"))
+    out = Published(tables={"heldout_loss": heldout.assign(manifest_hash=recorded_manifest_hash(tokenizer, [path / "checkpoint"]))
                             .astype({"manifest_hash": "string"})},
                     tags={"checkpoint_path": str(path / "checkpoint")})
     if heldout_hash := out.tables["heldout_loss"]["manifest_hash"].dropna().unique().tolist():
@@ -69,16 +68,3 @@ def publish(ctx: PublishContext) -> Published:
                  *[name for name in ("packing.parquet", "events.parquet", "averaged_heldout.parquet")
                    if (path / name).exists()]]
     return out
-
-
-def manifest_hash(tokenizer: Any, checkpoint: Path | None = None) -> str | None:
-    """The corpus manifest hash of the text a run trained and was scored on: the one the tokenizer artifact
-    ``tokenizer`` packed its shards from (``tokenizer.meta.json``), else the one ``checkpoint`` recorded
-    (``state.json`` ``extra``), else None."""
-    if tokenizer is not None and (tokenizer.path / "tokenizer.meta.json").exists():
-        found = json.loads((tokenizer.path / "tokenizer.meta.json").read_text()).get("manifest_hash")
-        if found:
-            return found
-    if checkpoint is not None and (checkpoint / "state.json").exists():
-        return json.loads((checkpoint / "state.json").read_text()).get("extra", {}).get("manifest_hash") or None
-    return None
