@@ -115,7 +115,8 @@ STAGE = Stage(name="corpus", inputs=("sources", "quality_model"), code="tasks.co
 
 # The corpus fields that do not shape the text a quality-model example is turned into (they act after the
 # per-document stages), and the model fields that act only when the corpus is scored.
-_NOT_EXAMPLE_FIELDS = ("near_dedup", "exact_dedup", "boilerplate", "decontamination", "quality_model")
+_NOT_EXAMPLE_FIELDS = ("near_dedup", "exact_dedup", "boilerplate", "decontamination", "substring_dedup",
+                       "quality_model")
 _SCORING_ONLY = ("action", "pareto_alpha", "max_removed_share", "max_removed_share_by", "accept_narrowing",
                  "ablate")
 

@@ -246,3 +246,17 @@ def test_default_build_is_unchanged(builds):
     assert "substring_dedup" not in manifest and manifest["stages"] == CURATION_STEPS
     assert "substring_dedup" not in manifest["sources"]["web"] and "substring_dedup" not in manifest["sources"][
         "web"]["filters"]
+
+
+def test_turning_it_on_moves_the_corpus_key_but_not_the_quality_models():
+    from pathlib import Path
+
+    from flows.config import load_config
+    from flows.keys import chain_keys
+
+    root = Path(__file__).resolve().parents[2]
+    off = chain_keys(load_config(root / "configs" / "smoke.toml"), until="corpus")
+    on = chain_keys(load_config(root / "configs" / "smoke.toml", {"corpus.substring_dedup.enabled": True}),
+                    until="corpus")
+    assert on["quality_model"].key == off["quality_model"].key  # it acts after the text the classifier learns from
+    assert on["corpus"].key != off["corpus"].key
