@@ -4,7 +4,7 @@ The gate is written down before any candidate is evaluated and identified by ``g
 results exist is a GateError for the caller to raise. Each criterion compares one metric to a threshold, with a
 confidence interval from paired data — the same held-out windows and the same cloze items for base and every
 candidate (docs/methods.md §10) — so a criterion is ``pass`` only when the whole interval is on the right side,
-``fail`` when the whole interval is on the wrong side, and ``inconclusive`` otherwise.
+``fail`` when the whole interval is on the wrong side, and ``undetermined`` otherwise.
 
 Held-out windows cut from one document share its content, so their losses are correlated and a bootstrap over
 windows gives too narrow an interval. The loss intervals therefore resample whole documents, every window of a
@@ -91,7 +91,7 @@ class GateCriterion(Section):
     """One predeclared condition ``metric op threshold`` judged at ``confidence``.
 
     ``threshold`` is in the metric's unit (nats per token, or an accuracy fraction: -0.01 = one point).
-    ``min_items``: for cloze, harness and retrieval metrics, fewer items than this makes the criterion inconclusive.
+    ``min_items``: for cloze, harness and retrieval metrics, fewer items than this makes the criterion undetermined.
     ``task``, ``task_metric``: for harness metrics only, the lm-evaluation-harness task and its per-item 0/1 metric.
     ``length``: for retrieval metrics only, the passkey prompt length in tokens whose items are judged; 0 = the
     longest length evaluated (``resolved``).
@@ -404,7 +404,7 @@ def _paired_loss(base: HeldoutArrays, cand: HeldoutArrays, *, rise: bool, confid
 
     The interval resamples documents (``cluster_bootstrap_ci``, Cameron, Gelbach & Miller 2008), the window-level
     one windows (``paired_bootstrap_ci``); same seed. With fewer than 2 documents of positive weight there is no
-    document-level interval: (−inf, +inf), so every criterion on it is inconclusive.
+    document-level interval: (−inf, +inf), so every criterion on it is undetermined.
     """
     if base.window_nats.shape != cand.window_nats.shape or not np.array_equal(base.window_tokens,
                                                                                cand.window_tokens):
@@ -483,16 +483,16 @@ def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence:
 # ------------------------------------------------------------------------------------------------- judging
 
 def _status(c: GateCriterion, iv: _Interval) -> str:
-    """pass / fail when the whole CI is on one side of the threshold; inconclusive when it straddles it."""
+    """pass / fail when the whole CI is on one side of the threshold; undetermined when it straddles it."""
     if c.metric in ITEM_METRICS and iv.n < c.min_items:
-        return "inconclusive"
+        return "undetermined"
     good_low, good_high = (iv.low, iv.high) if c.op == ">=" else (-iv.high, -iv.low)
     t = c.threshold if c.op == ">=" else -c.threshold
     if good_low >= t:
         return "pass"
     if good_high < t:
         return "fail"
-    return "inconclusive"
+    return "undetermined"
 
 
 def _units_needed(c: GateCriterion, iv: _Interval) -> float:
@@ -584,13 +584,13 @@ def _candidate_row(criteria: list[GateCriterion], base: CandidateEval, cand: Can
         row[f"status_{c.name}"] = status
         if c.metric in CLOZE_METRICS:  # which comparison of the options the verdict rests on
             row[f"scoring_{c.name}"] = c.scoring
-        row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "inconclusive" else math.nan
+        row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "undetermined" else math.nan
         if c.metric in LOSS_METRICS:  # what the window-level interval would have said (comparison only)
             row[f"window_status_{c.name}"] = _status(c, _Interval(iv.point, iv.window_low, iv.window_high,
                                                                   iv.windows))
     statuses = [row[f"status_{c.name}"] for c in criteria]
     row["decision"] = ("pass" if all(s == "pass" for s in statuses)
-                       else "fail" if "fail" in statuses else "inconclusive")
+                       else "fail" if "fail" in statuses else "undetermined")
     return row
 
 
@@ -649,10 +649,10 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
     over prompts), each with ``_ci_low``/``_ci_high`` at the confidence of the first criterion on that metric and
     length (else on that metric, else 0.95), and ``retrieval_accuracy_delta@L_mcnemar_p`` (exact McNemar vs base);
     per criterion ``status_<name>``
-    (pass/fail/inconclusive) and ``needed_<name>`` (for inconclusive ones: estimated documents — loss metrics —
+    (pass/fail/undetermined) and ``needed_<name>`` (for undetermined ones: estimated documents — loss metrics —
     or items to resolve it, NaN otherwise); per loss criterion ``window_status_<name>`` (its status under the
     window-level interval, for comparison); ``decision`` (pass only if every criterion passes; fail if any fails;
-    else inconclusive) and ``kept`` (bool).
+    else undetermined) and ``kept`` (bool).
 
     A retrieval criterion of ``length`` 0 judges the longest length evaluated; the decision's ``criteria`` carry
     the resolved length, so their ``column`` names the table's column.

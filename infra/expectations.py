@@ -251,7 +251,7 @@ def check_quality_ablation(table: pd.DataFrame) -> SuiteResult:
 
     E = gx.expectations
     no_interval = table["delta_low"].isna() & table["delta_high"].isna() & table["verdict"].isin(
-        ["inconclusive", "unchanged"])  # a single held-out document gives no interval
+        ["undetermined", "unchanged"])  # a single held-out document gives no interval
     frame = table.assign(low_ok=no_interval | (table["delta_low"] <= table["delta_bpb"] + 1e-12),
                          high_ok=no_interval | (table["delta_high"] >= table["delta_bpb"] - 1e-12))
     return validate_frame(
@@ -266,7 +266,7 @@ def check_quality_ablation(table: pd.DataFrame) -> SuiteResult:
             E.ExpectColumnValuesToBeInSet(column="low_ok", value_set=[True]),
             E.ExpectColumnValuesToBeInSet(column="high_ok", value_set=[True]),
             E.ExpectColumnValuesToBeInSet(column="verdict",
-                                          value_set=["helped", "hurt", "inconclusive", "unchanged"]),
+                                          value_set=["helped", "hurt", "undetermined", "unchanged"]),
             E.ExpectColumnValuesToBeBetween(column="heldout_docs", min_value=1),
         ],
     )

@@ -15,7 +15,7 @@ Both are scored on the same held-out windows of every source; the difference of 
 Δ = bpb(without) − bpb(with), averaged over seeds, gets an interval that resamples the seeds and whole held-out
 documents (``evals.stats.seed_cluster_bootstrap_ci``): putting back a few documents changes the data order, and
 that training noise alone moves a proxy's loss. The verdict per source: ``helped`` when the interval lies above 0
-(the corpus with the classifier gives the lower loss), ``hurt`` when it lies below 0, else ``inconclusive`` (also
+(the corpus with the classifier gives the lower loss), ``hurt`` when it lies below 0, else ``undetermined`` (also
 with a single seed, which cannot tell the classifier from training noise, or a single held-out document);
 ``unchanged`` when nothing was put back, or the two arms' losses are bit-identical (the proxy never drew the
 re-added rows).
@@ -206,17 +206,17 @@ def _bpb(windows: pd.DataFrame, tokens_per_byte: float) -> float:
 
 def verdict(low: float, high: float, *, seeds: int = 2, identical: bool = False) -> str:
     """``helped`` (Δ interval above 0: the classifier's corpus has the lower loss), ``hurt`` (below 0),
-    ``inconclusive`` (it holds 0, there is no interval — NaN bounds —, or a single training ``seeds``, which cannot
+    ``undetermined`` (it holds 0, there is no interval — NaN bounds —, or a single training ``seeds``, which cannot
     tell the classifier from training noise), or ``unchanged`` (the arms trained on identical data)."""
     if identical:
         return "unchanged"
     if seeds < 2:
-        return "inconclusive"
+        return "undetermined"
     if low > 0:
         return "helped"
     if high < 0:
         return "hurt"
-    return "inconclusive"
+    return "undetermined"
 
 
 def compare(windows: pd.DataFrame, tokens_per_byte: dict[str, float], roles: dict[str, str],

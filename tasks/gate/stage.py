@@ -8,7 +8,7 @@ Outputs: ``decisions.parquet`` (the decision table: per candidate the general lo
 reduction and cloze accuracy with confidence intervals — under the summed, per-token and per-byte scorings when the
 CPT artifact's ``cloze.parquet`` carries them (``evals.cloze``), and the scoring each cloze criterion uses —, the
 documents and windows behind each loss interval, each
-criterion pass/fail/inconclusive, the overall decision and which one is kept) and ``decision.json`` (gate hash,
+criterion pass/fail/undetermined, the overall decision and which one is kept) and ``decision.json`` (gate hash,
 kept candidate, kept checkpoint path, and under ``"decision"`` the gate's ``evals.decision.DecisionRecord``); with
 harness criteria, ``harness_items.parquet`` (``tasks.gate.harness``).
 """
@@ -116,7 +116,7 @@ def plot_decision(table, cfg: GateConfig, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange"}
+    colours = {"pass": "tab:green", "fail": "tab:red", "undetermined": "tab:orange"}
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     def bar(row, metric):  # an unbounded side (fewer than 2 documents) is drawn without its bar
         low, high = row[metric] - row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] - row[metric]
@@ -138,7 +138,7 @@ def plot_decision(table, cfg: GateConfig, path: Path) -> None:
     ax.set_xlabel(("long-window" if x_metric.startswith("long") else "domain")
                   + " loss reduction (nats/token, base − candidate)")
     ax.set_ylabel("general loss rise (nats/token, candidate − base)")
-    ax.set_title("CPT candidates and the gate (green pass, red fail, orange inconclusive)", fontsize=9)
+    ax.set_title("CPT candidates and the gate (green pass, red fail, orange undetermined)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -155,11 +155,11 @@ def gate_rule(cfg: GateConfig) -> str:
             f"candidates keep the one with {select}; none passes: keep the base")
 
 
-def _resolve(decision: GateDecision, inconclusive, prefer: str) -> str:
-    """The largest finite ``needed_<criterion>`` over the inconclusive candidates' inconclusive criteria, in
+def _resolve(decision: GateDecision, undetermined, prefer: str) -> str:
+    """The largest finite ``needed_<criterion>`` over the undetermined candidates' undetermined criteria, in
     documents (loss criteria) or items; on a tie, candidate ``prefer``'s."""
-    found = [(row[f"needed_{c.name}"], c, row) for row in inconclusive.to_dict("records") for c in decision.criteria
-             if row[f"status_{c.name}"] == "inconclusive" and not math.isnan(row[f"needed_{c.name}"])]
+    found = [(row[f"needed_{c.name}"], c, row) for row in undetermined.to_dict("records") for c in decision.criteria
+             if row[f"status_{c.name}"] == "undetermined" and not math.isnan(row[f"needed_{c.name}"])]
     if not found:
         return "more held-out documents and items"
     finite = [f for f in found if math.isfinite(f[0])]
@@ -180,23 +180,23 @@ def decision_record(cfg: GateConfig, decision: GateDecision, declared: DecisionR
     """The gate's decision record (``evals.decision``, docs/methods.md §14).
 
     ``decided`` when a candidate passes (it is kept) or when every candidate fails (the base is kept);
-    ``undetermined`` when none passes but some are inconclusive: the base is kept as the fallback, and ``resolve``
-    gives the largest number of documents (loss criteria) or items that a criterion of an inconclusive candidate
+    ``undetermined`` when none passes but some are undetermined: the base is kept as the fallback, and ``resolve``
+    gives the largest number of documents (loss criteria) or items that a criterion of an undetermined candidate
     needs. The estimate and interval are the gate's selected metric (``evals.gate.SELECTIONS``: domain loss reduction,
     general loss rise or long-window loss reduction, nats/token, document-level interval) of the kept candidate, or
-    of the best inconclusive one by that metric; NaN when every candidate fails.
+    of the best undetermined one by that metric; NaN when every candidate fails.
     """
     table = decision.table
     metric, largest = SELECTIONS[cfg.select]
     confidence = next((c.confidence for c in cfg.criteria if c.metric == metric), 0.95)
-    inconclusive = table[table["decision"] == "inconclusive"]
+    undetermined = table[table["decision"] == "undetermined"]
     if decision.kept != "base":
         shown, verdict, fallback, resolve = table[table["candidate"] == decision.kept].iloc[0], "decided", "", ""
-    elif len(inconclusive):
-        key = inconclusive[metric]
-        shown = inconclusive.loc[key.idxmax() if largest else key.idxmin()]
+    elif len(undetermined):
+        key = undetermined[metric]
+        shown = undetermined.loc[key.idxmax() if largest else key.idxmin()]
         verdict, fallback = "undetermined", "keep the base"
-        resolve = _resolve(decision, inconclusive, shown["candidate"])
+        resolve = _resolve(decision, undetermined, shown["candidate"])
     else:
         shown, verdict, fallback, resolve = None, "decided", "", ""
     values = (math.nan,) * 3 if shown is None else (shown[metric], shown[f"{metric}_ci_low"],

@@ -1,5 +1,5 @@
 """What the console summary, ``pretrain report`` and ``pretrain gate show`` show of the gate: the decision, its
-table with intervals, and what would resolve inconclusive criteria; in the summary also the decision record's line
+table with intervals, and what would resolve undetermined criteria; in the summary also the decision record's line
 and, per candidate, the held-out documents and windows behind each loss interval and whether the window-level
 interval (correlated windows counted as independent, docs/methods.md §14) would have given another verdict."""
 
@@ -16,8 +16,8 @@ from infra.report_blocks import Block, Figure, Heading, TableBlock, Text, rich_t
 from infra.stage import ReportContext, SummaryContext
 
 
-def inconclusive_lines(table: pd.DataFrame) -> list[str]:
-    """For each inconclusive criterion of each candidate in the gate's decision table, how many items or held-out
+def undetermined_lines(table: pd.DataFrame) -> list[str]:
+    """For each undetermined criterion of each candidate in the gate's decision table, how many items or held-out
     documents would resolve it (documents for a loss criterion, the units its interval resamples; "items/windows"
     for tables written before loss intervals resampled documents)."""
     lines = []
@@ -25,16 +25,16 @@ def inconclusive_lines(table: pd.DataFrame) -> list[str]:
         for column in (c for c in table.columns if c.startswith("status_")):
             name = column.removeprefix("status_")
             needed = row.get(f"needed_{name}")
-            if row[column] == "inconclusive" and needed is not None and needed == needed:
+            if row[column] == "undetermined" and needed is not None and needed == needed:
                 units = ("held-out documents" if f"window_status_{name}" in row
                          else "items" if "domain_loss_reduction_nats_docs" in row else "items/windows")
                 if units == "held-out documents" and needed == 2:  # fewer than 2 documents (evals.gate)
-                    lines.append(f"{row['candidate']}: {name} is inconclusive; it rests on fewer than 2 held-out "
+                    lines.append(f"{row['candidate']}: {name} is undetermined; it rests on fewer than 2 held-out "
                                  "documents, and at least 2 are needed for any interval")
                     continue
                 resolve = (f"no finite number of {units} would" if needed == float("inf")
                            else f"about {needed:,.0f} {units} would")
-                lines.append(f"{row['candidate']}: {name} is inconclusive; {resolve} resolve it")
+                lines.append(f"{row['candidate']}: {name} is undetermined; {resolve} resolve it")
     return lines
 
 
@@ -139,20 +139,20 @@ def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
 
 def summary(ctx: SummaryContext) -> list[Any]:
     """The decision's summary, the decision record's line, the documents against windows behind each candidate's
-    loss intervals, and what would resolve each inconclusive criterion."""
+    loss intervals, and what would resolve each undetermined criterion."""
     decision = json.loads((ctx.path / "decision.json").read_text())
     table = pd.read_parquet(ctx.path / "decisions.parquet")
     out: list[Any] = [f"[bold]Gate decision[/]\n{decision['summary']}"]
     if isinstance(decision.get("decision"), dict):
         out.append(f"  {DecisionRecord.from_dict(decision['decision']).line()}")
     out.extend(f"  {line}" for line in cluster_lines(table))
-    out.extend(f"  {line}" for line in inconclusive_lines(table))
+    out.extend(f"  {line}" for line in undetermined_lines(table))
     return out
 
 
 def report(ctx: ReportContext) -> list[Block]:
     """The gate decision: the gate, when it was declared (DuckDB ``gates``) and its criteria, the verdict, the
-    decision table with intervals, the inconclusive criteria, and the scatter figure (copied into
+    decision table with intervals, the undetermined criteria, and the scatter figure (copied into
     ``ctx.plots_dir``) when the artifact has it."""
     path = ctx.path
     decision = json.loads((path / "decision.json").read_text())
@@ -171,7 +171,7 @@ def report(ctx: ReportContext) -> list[Block]:
     units = "held-out documents" if "domain_loss_reduction_nats_docs" in table.columns else "windows"
     out.append(TableBlock(f"Decisions with intervals (domain reduction and general rise in nats, paired bootstrap "
                           f"over {units})", decision_frame(table)))
-    out.extend(Text(line + ".") for line in inconclusive_lines(table))
+    out.extend(Text(line + ".") for line in undetermined_lines(table))
     if (path / "gate_scatter.png").exists():
         shutil.copyfile(path / "gate_scatter.png", ctx.plots_dir / "gate_scatter.png")
         out.append(Figure(ctx.plots_dir / "gate_scatter.png", "Domain loss reduction against general loss rise, with "

@@ -115,7 +115,7 @@ def test_cpt_from_a_hugging_face_base_reaches_a_gate_decision(tmp_path, record_p
     assert decision["base_checkpoint"] == str(base)
     table = pd.read_parquet(gate_dir / "decisions.parquet")
     assert sorted(table["candidate"]) == ["replay0.1_lr0.001", "replay0.1_lr0.003"]
-    assert set(table["decision"]) <= {"pass", "fail", "inconclusive"}
+    assert set(table["decision"]) <= {"pass", "fail", "undetermined"}
     assert decision["kept"] in {"base", *table["candidate"]}
     con = duckdb.connect(str(runs / "results.duckdb"), read_only=True)
     try:

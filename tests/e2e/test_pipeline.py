@@ -195,14 +195,14 @@ def test_eval_reproduces_the_main_run_scores_and_gate_show_prints_the_table(smok
     assert sorted(overall) == ["per_byte", "per_token", "sum"] and {r["items"] for r in overall.values()} == {72}
     shown = json.loads(_pretrain("gate", "show", "configs/smoke.toml", "--json", runs=runs).stdout)
     assert len(shown["gates"]) == 1 and len(shown["decisions"]) == 4
-    assert all(row["decision"] in {"pass", "fail", "inconclusive"} for row in shown["decisions"])
+    assert all(row["decision"] in {"pass", "fail", "undetermined"} for row in shown["decisions"])
     assert all(row["domain_loss_reduction_nats_ci_low"] <= row["domain_loss_reduction_nats"]
                <= row["domain_loss_reduction_nats_ci_high"] for row in shown["decisions"])
     text = _pretrain("gate", "show", "configs/smoke.toml", runs=runs).stdout
     kept = [row["candidate"] for row in shown["decisions"] if row["kept"]]
     assert "Decisions under gate" in text and ("(kept)" in text) == bool(kept)
     # A loss interval over fewer than 2 held-out documents decides nothing, however many windows it has.
-    assert all(row["status_domain_gain"] == "inconclusive" and not row["kept"] for row in shown["decisions"]
+    assert all(row["status_domain_gain"] == "undetermined" and not row["kept"] for row in shown["decisions"]
                if row["domain_loss_reduction_nats_docs"] < 2)
 
 
@@ -417,7 +417,7 @@ def test_quality_ablation_compares_both_arms_and_records_them(smoke_runs):
     finally:
         con.close()
     assert [r[0] for r in rows] == sorted(manifest_sources(runs))
-    assert {r[1] for r in rows} <= {"helped", "hurt", "inconclusive", "unchanged"}
+    assert {r[1] for r in rows} <= {"helped", "hurt", "undetermined", "unchanged"}
     assert all(0 < r[2] < 20 and 0 < r[3] < 20 for r in rows)
     assert "Quality ablation" in smoke_runs["first"].stdout
     client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")

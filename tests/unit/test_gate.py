@@ -1,4 +1,4 @@
-"""The predeclared gate: docs/methods.md §11 Lab-5 table, inconclusive cases, selection and the gate's identity."""
+"""The predeclared gate: docs/methods.md §11 Lab-5 table, undetermined cases, selection and the gate's identity."""
 
 import numpy as np
 import pydantic
@@ -70,26 +70,26 @@ def test_select_rule_picks_among_passing(select, kept):
     assert decide(cfg, BASE, candidates).kept == kept
 
 
-def test_straddling_interval_is_inconclusive_with_an_estimate():
+def test_straddling_interval_is_undetermined_with_an_estimate():
     rng = np.random.default_rng(4)
     domain = 7.019 - 1.0 + rng.normal(0.0, 0.5, N_WINDOWS)  # reduction ~1.0 nat, noisy across 16 windows
     result = decide(LAB5_GATE, BASE, [model("noisy", 3.560, domain)])
     row = result.table.iloc[0]
     assert row["domain_loss_reduction_nats_ci_low"] < 1.0 < row["domain_loss_reduction_nats_ci_high"]
-    assert row["status_domain"] == "inconclusive"
+    assert row["status_domain"] == "undetermined"
     assert row["status_general"] == "pass"
     assert row["needed_domain"] > N_WINDOWS
     assert np.isnan(row["needed_general"])
-    assert row["decision"] == "inconclusive"
+    assert row["decision"] == "undetermined"
     assert result.kept == "base"
 
 
-def test_too_few_cloze_items_is_inconclusive():
+def test_too_few_cloze_items_is_undetermined():
     cfg = GateConfig(criteria=[GateCriterion(name="acc", metric="cloze_accuracy", op=">=", threshold=0.1,
                                              min_items=100)])
     row = decide(cfg, BASE, [model("c", 3.5, 3.0, correct=np.ones(N_ITEMS))]).table.iloc[0]
     assert row["cloze_accuracy"] == 1.0
-    assert row["status_acc"] == "inconclusive"
+    assert row["status_acc"] == "undetermined"
     assert row["needed_acc"] >= 100
 
 

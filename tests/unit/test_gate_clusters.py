@@ -46,7 +46,7 @@ def _clustered(with_docs=True, reduction=0.5, effects=EFFECTS, per_doc=PER_DOC):
     return base, cand
 
 
-def test_correlated_windows_widen_the_interval_and_a_window_pass_becomes_inconclusive():
+def test_correlated_windows_widen_the_interval_and_a_window_pass_becomes_undetermined():
     base, cand = _clustered()
     row = decide(GATE, base, [cand]).table.iloc[0]
     m = "domain_loss_reduction_nats"
@@ -59,7 +59,7 @@ def test_correlated_windows_widen_the_interval_and_a_window_pass_becomes_inconcl
     assert row[f"{m}_window_ci_low"] > 0.4  # counted as 160 independent windows it would pass ...
     assert row[f"{m}_ci_low"] < 0.4 < row[f"{m}_ci_high"]  # ... over 8 documents it does not
     assert row["window_status_domain_gain"] == "pass"
-    assert row["status_domain_gain"] == "inconclusive" and row["decision"] == "inconclusive"
+    assert row["status_domain_gain"] == "undetermined" and row["decision"] == "undetermined"
     # what would resolve it is counted in documents: n · (half-width / gap)²
     half, gap = doc_width / 2, row[m] - 0.4
     assert row["needed_domain_gain"] == max(np.ceil(N_DOCS * (half / gap) ** 2), N_DOCS + 1)
@@ -105,18 +105,18 @@ def test_without_document_ids_each_window_is_its_own_cluster():
     assert same[f"{m}_cluster_unit"] == "document"
 
 
-def test_fewer_than_two_documents_give_no_interval_and_an_inconclusive_criterion():
+def test_fewer_than_two_documents_give_no_interval_and_an_undetermined_criterion():
     base, cand = _clustered(effects=np.array([0.0]), per_doc=40)
     row = decide(GATE, base, [cand]).table.iloc[0]
     m = "domain_loss_reduction_nats"
     assert row[f"{m}_docs"] == 1 and row[f"{m}_windows"] == 40
     assert row[f"{m}_ci_low"] == -np.inf and row[f"{m}_ci_high"] == np.inf
-    assert row["status_domain_gain"] == "inconclusive" and row["window_status_domain_gain"] == "pass"
+    assert row["status_domain_gain"] == "undetermined" and row["window_status_domain_gain"] == "pass"
     assert row["needed_domain_gain"] == 2
 
 
 def test_a_gate_on_one_domain_document_is_undetermined_and_says_two_are_needed(tmp_path):
-    from tasks.gate.views import inconclusive_lines
+    from tasks.gate.views import undetermined_lines
 
     base, cand = _clustered(effects=np.array([0.0]), per_doc=40, reduction=1.0)
     out = _gate(tmp_path, {"base": base, "cand": cand}, "one")
@@ -124,7 +124,7 @@ def test_a_gate_on_one_domain_document_is_undetermined_and_says_two_are_needed(t
     assert (record["choice"], record["verdict"]) == ("base", "undetermined")
     assert record["low"] == -np.inf and record["high"] == np.inf
     assert record["resolve"] == "at least 2 held-out documents for domain_gain of cand (1 now: one gives no interval)"
-    lines = inconclusive_lines(pd.read_parquet(out / "decisions.parquet"))  # the general split is one document too
+    lines = undetermined_lines(pd.read_parquet(out / "decisions.parquet"))  # the general split is one document too
     assert len(lines) == 2 and all("fewer than 2 held-out documents" in line for line in lines)
 
 
@@ -300,5 +300,5 @@ def test_the_decision_is_published_and_summarised_with_documents_against_windows
     text = "\n".join(map(str, lines))
     assert "gate: base — undetermined" in text and "keep the base" in text
     assert "over 8 documents / 160 windows" in text
-    assert "domain_gain would be pass by window (is inconclusive)" in text
+    assert "domain_gain would be pass by window (is undetermined)" in text
     assert "held-out documents would resolve it" in text

@@ -86,7 +86,7 @@ def test_an_open_long_criterion_counts_the_documents_that_would_settle_it():
                           long=_windows(base.long.window_nats - 0.12 - spread))
     row = decide(gate, base, [noisy]).table.iloc[0]
     assert row["long_loss_reduction_nats_ci_low"] < 0.1 < row["long_loss_reduction_nats_ci_high"]
-    assert row["status_long"] == "inconclusive"
+    assert row["status_long"] == "undetermined"
     assert row["needed_long"] > N_DOCS  # in documents, the units the interval resamples
 
 
@@ -107,7 +107,7 @@ def test_retrieval_accuracy_has_scipys_wilson_bounds_per_length():
         assert row[column] == pytest.approx(k / PER_LENGTH)
         assert (row[f"{column}_ci_low"], row[f"{column}_ci_high"]) == pytest.approx((ci.low, ci.high))
         assert row[f"retrieval_items@{length}"] == PER_LENGTH
-    assert row["status_passkey"] == "inconclusive"  # 0.6 on 30 prompts: the interval holds 0.5
+    assert row["status_passkey"] == "undetermined"  # 0.6 on 30 prompts: the interval holds 0.5
     assert row["status_long_passkey"] == "fail"
     assert "long_loss_reduction_nats" not in row  # no long windows, no long columns
 

@@ -47,14 +47,14 @@ def test_a_planted_difference_gets_its_verdict_and_an_interval_around_it():
     table, overall = _compare(_windows({"good": 0.2, "bad": -0.2, "same": 0.0}))
     rows = table.set_index("source")
     assert rows.loc["good", "verdict"] == "helped" and rows.loc["bad", "verdict"] == "hurt"
-    assert rows.loc["same", "verdict"] == "inconclusive"
+    assert rows.loc["same", "verdict"] == "undetermined"
     # 0.2 nats/token at 0.25 tokens/byte is 0.2 · 0.25 / ln 2 = 0.0721 bits/byte
     expected = 0.2 * 0.25 / math.log(2)
     assert rows.loc["good", "delta_low"] < expected < rows.loc["good", "delta_high"]
     assert rows.loc["good", "bpb_without"] - rows.loc["good", "bpb_with"] == pytest.approx(rows.loc["good", "delta_bpb"])
     assert rows.loc["good", "heldout_docs"] == 30 and rows.loc["good", "heldout_windows"] == 120
     assert rows.loc["good", "seeds"] == 3 and 0 < rows.loc["good", "seed_sd"] < 0.05
-    assert overall["heldout_docs"] == 90 and overall["verdict"] == "inconclusive"  # +0.2, −0.2 and 0 pool to ≈ 0
+    assert overall["heldout_docs"] == 90 and overall["verdict"] == "undetermined"  # +0.2, −0.2 and 0 pool to ≈ 0
 
 
 def test_identical_training_data_is_unchanged_and_a_single_document_gives_no_interval():
@@ -62,20 +62,20 @@ def test_identical_training_data_is_unchanged_and_a_single_document_gives_no_int
     assert set(table.verdict) == {"unchanged"} and overall["verdict"] == "unchanged"
     table, _ = _compare(_windows({"one": 0.3}, docs=1, per_doc=40))
     row = table.iloc[0]
-    assert math.isnan(row.delta_low) and math.isnan(row.delta_high) and row.verdict == "inconclusive"
+    assert math.isnan(row.delta_low) and math.isnan(row.delta_high) and row.verdict == "undetermined"
     assert row.heldout_docs == 1 and row.delta_bpb > 0
 
 
 def test_training_noise_beyond_the_gap_or_a_single_seed_decides_nothing():
     noisy, _ = _compare(_windows({"a": 0.05}, seed_noise=0.1, seeds=3, seed=4))
-    assert noisy.iloc[0].verdict == "inconclusive"  # one seed alone would have called it
+    assert noisy.iloc[0].verdict == "undetermined"  # one seed alone would have called it
     quiet, _ = _compare(_windows({"a": 0.05}, seed_noise=0.001, seeds=3, seed=4))
     assert quiet.iloc[0].verdict == "helped"
     width = {name: t.iloc[0].delta_high - t.iloc[0].delta_low for name, t in (("noisy", noisy), ("quiet", quiet))}
     assert width["noisy"] > 2 * width["quiet"]
     single, _ = _compare(_windows({"a": 0.3}, seeds=1))
     row = single.iloc[0]
-    assert row.delta_low > 0 and row.verdict == "inconclusive" and math.isnan(row.seed_sd)
+    assert row.delta_low > 0 and row.verdict == "undetermined" and math.isnan(row.seed_sd)
 
 
 def test_the_overall_row_pools_only_the_training_sources():
@@ -91,9 +91,9 @@ def test_windows_missing_from_one_arm_are_refused():
 
 
 def test_verdict_rule():
-    assert verdict(0.01, 0.2) == "helped" and verdict(-0.2, -0.01) == "hurt" and verdict(-0.1, 0.1) == "inconclusive"
-    assert verdict(math.nan, math.nan) == "inconclusive" and verdict(0.1, 0.2, identical=True) == "unchanged"
-    assert verdict(0.01, 0.2, seeds=1) == "inconclusive"
+    assert verdict(0.01, 0.2) == "helped" and verdict(-0.2, -0.01) == "hurt" and verdict(-0.1, 0.1) == "undetermined"
+    assert verdict(math.nan, math.nan) == "undetermined" and verdict(0.1, 0.2, identical=True) == "unchanged"
+    assert verdict(0.01, 0.2, seeds=1) == "undetermined"
 
 
 def test_the_corpus_keeps_the_text_of_every_document_the_classifier_removed(model_file, tmp_path):  # noqa: F811
