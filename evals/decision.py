@@ -30,7 +30,8 @@ Kind = Literal["mixture", "peak_lr", "gate", "forecast", "lr_width_exponent"]
 Verdict = Literal["decided", "undetermined"]
 VERDICTS: tuple[str, ...] = ("decided", "undetermined")
 DECISION_COLUMNS = ("kind", "declared_at", "decided_at", "rule", "rule_hash", "choice", "verdict", "estimate", "low",
-                    "high", "unit", "confidence", "fallback", "resolve", "evidence")
+                    "high", "unit", "confidence", "fallback", "resolve", "evidence", "n_units", "units",
+                    "min_units", "used", "check", "declared_after_evidence")
 
 
 def rule_hash(rule_config: Any) -> str:
@@ -59,6 +60,14 @@ class DecisionRecord:
         fallback: what the platform does when undetermined ("" when decided).
         resolve: what evidence would settle an undetermined decision ("" when decided).
         evidence: where the evidence lives: DuckDB table(s) and the keys selecting the rows.
+        n_units, units, min_units: how many independent units the interval rests on (``n_units`` of ``units``, e.g.
+            12 "documents", 3 "seeds", 8 "rungs") and the least it needs to decide (``evals.stats.MIN_UNITS``,
+            from the coverage study in docs/methods.md §16); 0 / "" when not counted.
+        used: the value actually used downstream when it differs from ``choice`` (the peak LR the main run trained
+            at, say), else "".
+        check: the verdict of a later check of the decision ("covered" / "missed" for a forecast), else "".
+        declared_after_evidence: the rule was declared after evidence it judges already existed, so it is no
+            predeclaration (docs/methods.md §11).
     """
 
     kind: str
@@ -76,6 +85,12 @@ class DecisionRecord:
     fallback: str = ""
     resolve: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
+    n_units: int = 0
+    units: str = ""
+    min_units: int = 0
+    used: str = ""
+    check: str = ""
+    declared_after_evidence: bool = False
 
     @classmethod
     def declare(cls, kind: str, *, rule: str, rule_config: Any, declared_at: str | None = None) -> "DecisionRecord":
@@ -84,12 +99,14 @@ class DecisionRecord:
 
     def settle(self, *, choice: str, verdict: str, estimate: float = math.nan, low: float = math.nan,
                high: float = math.nan, unit: str = "", confidence: float = 0.95, fallback: str = "",
-               resolve: str = "", evidence: dict[str, Any] | None = None) -> "DecisionRecord":
+               resolve: str = "", evidence: dict[str, Any] | None = None, n_units: int = 0, units: str = "",
+               min_units: int = 0) -> "DecisionRecord":
         """The record with its outcome.
 
         Raises:
             DataError: ``verdict`` not in ``VERDICTS``; an undetermined verdict without ``fallback`` and ``resolve``;
-                an interval whose bounds are not ordered around the estimate.
+                an interval whose bounds are not ordered around the estimate; a ``decided`` verdict on fewer units
+                than ``min_units``, or on an interval of zero width.
         """
         if verdict not in VERDICTS:
             raise DataError(f"decision verdict {verdict!r}: must be one of {VERDICTS}")
@@ -98,10 +115,15 @@ class DecisionRecord:
                             "resolve it")
         if all(map(math.isfinite, (estimate, low, high))) and not low <= estimate <= high:
             raise DataError(f"{self.kind} interval [{low}, {high}] does not contain its estimate {estimate}")
+        if verdict == "decided" and n_units < min_units:
+            raise DataError(f"a {self.kind} decision on {n_units} {units} cannot be decided: it needs >= {min_units}")
+        if verdict == "decided" and math.isfinite(low) and low == high:
+            raise DataError(f"a {self.kind} decision with a zero-width interval [{low}, {high}] cannot be decided")
         return replace(self, decided_at=utc_now(), choice=str(choice), verdict=verdict, estimate=float(estimate),
                        low=float(low), high=float(high), unit=unit, confidence=float(confidence),
                        fallback=fallback if verdict == "undetermined" else "",
-                       resolve=resolve if verdict == "undetermined" else "", evidence=dict(evidence or {}))
+                       resolve=resolve if verdict == "undetermined" else "", evidence=dict(evidence or {}),
+                       n_units=int(n_units), units=units, min_units=int(min_units))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,8 +148,12 @@ class DecisionRecord:
             sign = "" if self.kind in ("forecast", "peak_lr") else "+"  # signs only where the quantity is a difference
             interval = (f" {self.estimate:{sign}.4g} [{self.low:{sign}.4g}, {self.high:{sign}.4g}] "
                         f"{self.unit}").rstrip()
+        on = f" on {self.n_units:,} {self.units}" if self.units else ""
+        used = f"; used downstream: {self.used}" if self.used else ""
+        check = f"; checked: {self.check}" if self.check else ""
+        late = " (declared after evidence)" if self.declared_after_evidence else ""
         tail = f"; {self.fallback}; to resolve: {self.resolve}" if self.verdict == "undetermined" else ""
-        return f"{self.kind}: {self.choice} — {self.verdict}{interval}{tail}"
+        return f"{self.kind}: {self.choice} — {self.verdict}{late}{interval}{on}{used}{check}{tail}"
 
 
 def decisions_frame(records: list[DecisionRecord]) -> pd.DataFrame:
