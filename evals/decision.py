@@ -25,6 +25,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from infra.errors import DataError
+from infra.json_safe import dumps
 
 Kind = Literal["mixture", "peak_lr", "gate", "forecast", "lr_width_exponent"]
 Verdict = Literal["decided", "undetermined"]
@@ -129,11 +130,17 @@ class DecisionRecord:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, default=str)
+        """The record as JSON; a missing number (no interval) is ``null``, never a bare NaN."""
+        return dumps(self.as_dict(), indent=2, default=str)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DecisionRecord":
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        """The record of ``as_dict``/``to_json`` output; ``null`` numbers read back as NaN."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for name in ("estimate", "low", "high", "confidence"):
+            if fields.get(name, 0.0) is None:
+                fields[name] = math.nan
+        return cls(**fields)
 
     def row(self) -> dict[str, Any]:
         """One row of the DuckDB ``decisions`` table (``DECISION_COLUMNS``; ``evidence`` as JSON text)."""

@@ -7,18 +7,22 @@ candidate (docs/methods.md §10) — so a criterion is ``pass`` only when the wh
 ``fail`` when the whole interval is on the wrong side, and ``undetermined`` otherwise.
 
 Held-out windows cut from one document share its content, so their losses are correlated and a bootstrap over
-windows gives too narrow an interval. The loss intervals therefore resample whole documents, every window of a
-drawn document together (cluster bootstrap, Cameron, Gelbach & Miller 2008; ``evals.stats.cluster_bootstrap_ci``;
-docs/methods.md §14): the number of documents is the effective number of independent units. Windows without
+windows gives too narrow an interval. The loss intervals therefore treat whole documents as the units: a t
+interval over documents with the delete-one-document jackknife variance (Cameron, Gelbach & Miller 2008; MacKinnon,
+Nielsen & Webb 2023; ``evals.stats.cluster_mean_ci``): the number of documents is the effective number of
+independent units. Every criterion has a minimum of such units (``evals.stats.MIN_UNITS``, from the coverage
+study of docs/methods.md §16: 5 documents, 40 items); below it, or on an interval of zero width, it is
+``undetermined`` with the reason (``reason_<name>``: "needs >= 5 documents, has 2: …"). Windows without
 document ids (``HeldoutArrays.window_docs`` None) are each their own cluster, and the table says so. The
 window-level interval (paired bootstrap over windows) is kept beside it for comparison only.
 
 Metrics (losses in nats per token, accuracies as fractions in [0, 1]):
 
-- ``domain_loss_reduction_nats`` = base − candidate domain held-out loss (paired bootstrap over documents);
-- ``general_loss_rise_nats``     = candidate − base general held-out loss (paired bootstrap over documents);
-- ``cloze_accuracy``             = candidate cloze accuracy (Wilson interval, ``scipy.stats.binomtest``);
-- ``cloze_accuracy_delta``       = candidate − base accuracy (paired bootstrap over items, exact McNemar p);
+- ``domain_loss_reduction_nats`` = base − candidate domain held-out loss (t interval over documents);
+- ``general_loss_rise_nats``     = candidate − base general held-out loss (t interval over documents);
+- ``cloze_accuracy``             = candidate cloze accuracy (Wilson interval, ``evals.stats.proportion_ci``);
+- ``cloze_accuracy_delta``       = candidate − base accuracy (Newcombe's paired interval,
+  ``evals.stats.paired_proportion_diff_ci``, never of zero width; exact McNemar p beside it);
   each under the criterion's ``scoring`` of the options (``evals.cloze.SCORINGS``: ``sum`` of log-probabilities,
   the default; ``per_token``; ``per_byte``), declared with the gate;
 - ``harness_accuracy``, ``harness_accuracy_delta``: the same two on the documents of an lm-evaluation-harness task
@@ -29,10 +33,10 @@ Context-extension metrics (``CONTEXT_METRICS``; the CPT stage scores them for ``
 docs/methods.md §15):
 
 - ``long_loss_reduction_nats``  = base − candidate loss on the held-out long windows (``CandidateEval.long``, windows
-  of the target length), judged as the domain reduction is (paired bootstrap over documents);
+  of the target length), judged as the domain reduction is (t interval over documents);
 - ``retrieval_accuracy``        = candidate passkey-retrieval accuracy on the prompts of one length (``length``
   tokens; 0 = the longest evaluated), Wilson interval as for cloze;
-- ``retrieval_accuracy_delta``  = candidate − base retrieval accuracy on those prompts (paired bootstrap over items,
+- ``retrieval_accuracy_delta``  = candidate − base retrieval accuracy on those prompts (Newcombe's paired interval,
   exact McNemar p).
 
 Lab-5 toy gate (docs/methods.md §11)::
@@ -56,8 +60,8 @@ from pydantic import SerializerFunctionWrapHandler, field_validator, model_seria
 from scipy import stats
 
 from evals.cloze import NORMALISED_SCORINGS, Scoring, check_scoring
-from evals.stats import (BootstrapCI, binomial_se, cluster_bootstrap_ci, items_needed, mcnemar_exact,
-                         paired_bootstrap_ci)
+from evals.stats import (MIN_UNITS, BootstrapCI, binomial_se, cluster_mean_ci, items_needed, mcnemar_exact,
+                         paired_bootstrap_ci, paired_proportion_diff_ci, proportion_ci)
 from infra.errors import DataError
 from infra.section import Section
 
@@ -270,8 +274,8 @@ def gate_hash(cfg: GateConfig) -> str:
 @dataclass(frozen=True)
 class HeldoutArrays:
     """Per-window held-out results: ``window_nats`` (N,) mean loss of each window in nats per predicted token,
-    ``window_tokens`` (N,) predicted tokens per window (the bootstrap weights), ``window_docs`` (N,) integer id of
-    the document each window starts in, unique across sources (the bootstrap clusters); None: unknown, each window
+    ``window_tokens`` (N,) predicted tokens per window (the interval's weights), ``window_docs`` (N,) integer id of
+    the document each window starts in, unique across sources (the interval's clusters); None: unknown, each window
     is its own cluster.
 
     Raises:
@@ -402,9 +406,11 @@ def _paired_loss(base: HeldoutArrays, cand: HeldoutArrays, *, rise: bool, confid
                  what: str) -> _Interval:
     """Token-weighted paired loss difference: rise = cand − base, reduction = base − cand (nats/token).
 
-    The interval resamples documents (``cluster_bootstrap_ci``, Cameron, Gelbach & Miller 2008), the window-level
-    one windows (``paired_bootstrap_ci``); same seed. With fewer than 2 documents of positive weight there is no
-    document-level interval: (−inf, +inf), so every criterion on it is undetermined.
+    The interval is the t interval over documents with the delete-one-document jackknife variance
+    (``evals.stats.cluster_mean_ci``; docs/methods.md §16); the window-level one resamples windows
+    (``paired_bootstrap_ci``, for comparison only). With fewer than 2 documents of positive weight there is no
+    document-level interval: (−inf, +inf). Below ``MIN_UNITS["documents"]`` every criterion on it is undetermined
+    (``_status``).
     """
     if base.window_nats.shape != cand.window_nats.shape or not np.array_equal(base.window_tokens,
                                                                                cand.window_tokens):
@@ -420,20 +426,19 @@ def _paired_loss(base: HeldoutArrays, cand: HeldoutArrays, *, rise: bool, confid
     if live < 2:
         return _Interval(by_window.delta, -math.inf, math.inf, live, int(len(a)), by_window.low, by_window.high,
                          docs is not None)
-    ci = cluster_bootstrap_ci(a, b, clusters, weights=weights, confidence=confidence, seed=seed)
+    ci = cluster_mean_ci(a, b, clusters, weights=weights, confidence=confidence)
     return _Interval(ci.delta, ci.low, ci.high, ci.n_clusters, ci.n_units, by_window.low, by_window.high,
                      docs is not None)
 
 
 def _cloze_accuracy(cand: np.ndarray, confidence: float) -> _Interval:
-    k, n = int(cand.sum()), int(cand.size)
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
-    return _Interval(k / n, float(ci.low), float(ci.high), n)
+    ci = proportion_ci(int(cand.sum()), int(cand.size), confidence)
+    return _Interval(ci.estimate, ci.low, ci.high, ci.n)
 
 
 def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float, seed: int) -> _Interval:
-    ci = paired_bootstrap_ci(base.astype(float), cand.astype(float), confidence=confidence, seed=seed)
-    return _Interval(ci.delta, ci.low, ci.high, int(base.size))
+    ci = paired_proportion_diff_ci(base, cand, confidence)
+    return _Interval(ci.delta + 0.0, ci.low, ci.high, ci.n)
 
 
 def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence: float, seed: int,
@@ -482,9 +487,32 @@ def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence:
 
 # ------------------------------------------------------------------------------------------------- judging
 
+def _minimum(c: GateCriterion) -> tuple[str, int]:
+    """The unit kind a criterion's interval counts and the least of them it needs to pass or fail: held-out
+    documents for loss metrics, items (or prompts, documents of a harness task) otherwise, at least
+    ``MIN_UNITS`` (the coverage study, docs/methods.md §16) and at least the criterion's ``min_items``."""
+    if c.metric in LOSS_METRICS:
+        return "documents", MIN_UNITS["documents"]
+    return "items", max(MIN_UNITS["items"], c.min_items)
+
+
+_MORE = {"documents": "score more held-out documents (raise the budget's eval_tokens, or the held-out split)",
+         "items": "score more items (gate.cloze_items, passkey prompts or the harness task's limit)"}
+
+
+def _shortfall(c: GateCriterion, iv: _Interval) -> str:
+    """"" when the interval rests on enough independent units; else ``needs >= N <units>, has M: <how>``."""
+    units, need = _minimum(c)
+    if iv.n >= need:
+        return ""
+    return f"needs >= {need} {units}, has {iv.n}: {_MORE[units]}"
+
+
 def _status(c: GateCriterion, iv: _Interval) -> str:
-    """pass / fail when the whole CI is on one side of the threshold; undetermined when it straddles it."""
-    if c.metric in ITEM_METRICS and iv.n < c.min_items:
+    """pass / fail when the whole CI is on one side of the threshold; undetermined when it straddles it, when it
+    rests on fewer units than its minimum (``_shortfall``), or when it has no width (no evidence of spread is no
+    evidence of none)."""
+    if _shortfall(c, iv) or not iv.low < iv.high:
         return "undetermined"
     good_low, good_high = (iv.low, iv.high) if c.op == ">=" else (-iv.high, -iv.low)
     t = c.threshold if c.op == ">=" else -c.threshold
@@ -504,8 +532,9 @@ def _units_needed(c: GateCriterion, iv: _Interval) -> float:
     n · (half-width / |point − threshold|)². Infinite when the point sits on the threshold; 2 when a loss interval
     rests on fewer than 2 documents (the least that gives an interval).
     """
-    if c.metric in LOSS_METRICS and iv.n < 2:
-        return 2.0
+    _, need = _minimum(c)
+    if iv.n < need:
+        return float(need)
     gap = abs(iv.point - c.threshold)
     if gap == 0:
         return math.inf
@@ -585,6 +614,8 @@ def _candidate_row(criteria: list[GateCriterion], base: CandidateEval, cand: Can
         if c.metric in CLOZE_METRICS:  # which comparison of the options the verdict rests on
             row[f"scoring_{c.name}"] = c.scoring
         row[f"needed_{c.name}"] = _units_needed(c, iv) if status == "undetermined" else math.nan
+        row[f"units_{c.name}"] = iv.n
+        row[f"reason_{c.name}"] = _shortfall(c, iv)
         if c.metric in LOSS_METRICS:  # what the window-level interval would have said (comparison only)
             row[f"window_status_{c.name}"] = _status(c, _Interval(iv.point, iv.window_low, iv.window_high,
                                                                   iv.windows))
@@ -645,12 +676,14 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
     verdict rests on); per harness criterion ``<metric>.<task>.<task_metric>``
     with ``_ci_low``/``_ci_high`` at its confidence (and ``_mcnemar_p`` for a delta);
     only when the models carry passkey prompts, for each prompt length L evaluated (tokens): ``retrieval_items@L``
-    (prompts of that length), ``retrieval_accuracy@L`` (Wilson), ``retrieval_accuracy_delta@L`` (paired bootstrap
+    (prompts of that length), ``retrieval_accuracy@L`` (Wilson), ``retrieval_accuracy_delta@L`` (Newcombe
     over prompts), each with ``_ci_low``/``_ci_high`` at the confidence of the first criterion on that metric and
     length (else on that metric, else 0.95), and ``retrieval_accuracy_delta@L_mcnemar_p`` (exact McNemar vs base);
     per criterion ``status_<name>``
-    (pass/fail/undetermined) and ``needed_<name>`` (for undetermined ones: estimated documents — loss metrics —
-    or items to resolve it, NaN otherwise); per loss criterion ``window_status_<name>`` (its status under the
+    (pass/fail/undetermined), ``needed_<name>`` (for undetermined ones: estimated documents — loss metrics —
+    or items to resolve it, NaN otherwise), ``units_<name>`` (the independent units its interval rests on:
+    documents or items) and ``reason_<name>`` ("needs >= N <units>, has M: <how to get more>" below the
+    minimum, else ""); per loss criterion ``window_status_<name>`` (its status under the
     window-level interval, for comparison); ``decision`` (pass only if every criterion passes; fail if any fails;
     else undetermined) and ``kept`` (bool).
 

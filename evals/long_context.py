@@ -3,7 +3,7 @@
 Loss by position: each held-out long window (one document of T' + 1 tokens, ``tasks.cpt.long_docs``) is scored
 token by token and the nats are summed per bucket of predicted position, so the loss at positions past the base's
 window T is read apart from the loss inside it. The bucket edges are T/4, T/2, T, then doublings up to T'. The
-interval of each bucket's token-weighted mean resamples whole documents (``evals.stats.cluster_bootstrap_ci``).
+interval of each bucket's token-weighted mean is a t interval over whole documents (``evals.stats.cluster_mean_ci``).
 
 Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"; needle-in-a-haystack style): a random 5-digit key
 is stated once inside held-out filler text at a set depth, and the prompt ends by asking for it. The model is not
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from scipy import stats
 from torch import nn
 
-from evals.stats import cluster_bootstrap_ci
+from evals.stats import cluster_mean_ci
 from infra.errors import ConfigError, DataError
 
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
@@ -174,9 +174,9 @@ def bucket_frame(pl: PositionLoss, docs: np.ndarray, confidence: float = 0.95, s
     ``windows`` (windows with a token in it), ``loss_nats`` (token-weighted mean nats per token), ``ci_low``,
     ``ci_high``.
 
-    The interval resamples whole documents: ``docs`` (N,) names each window's document, and the one-sample mean
-    Σnats / Σtokens is ``evals.stats.cluster_bootstrap_ci`` with a = 0, b = window mean, weights = window tokens
-    (percentile interval, Cameron, Gelbach & Miller 2008).
+    The interval treats whole documents as the units: ``docs`` (N,) names each window's document, and the
+    one-sample mean Σnats / Σtokens is ``evals.stats.cluster_mean_ci`` with a = 0, b = window mean, weights =
+    window tokens (t interval over documents with the delete-one-document jackknife variance; docs/methods.md §16).
 
     Raises:
         DataError: docs not of shape (N,), or fewer than 2 documents with tokens in a bucket (no interval).
@@ -190,7 +190,7 @@ def bucket_frame(pl: PositionLoss, docs: np.ndarray, confidence: float = 0.95, s
     for k in range(pl.n_buckets):
         nats, tokens = pl.bucket_nats[:, k], pl.bucket_tokens[:, k]
         mean = np.divide(nats, tokens, out=np.zeros_like(nats), where=tokens > 0)  # weight 0 where no token
-        ci = cluster_bootstrap_ci(np.zeros_like(mean), mean, ids, weights=tokens, confidence=confidence, seed=seed)
+        ci = cluster_mean_ci(np.zeros_like(mean), mean, ids, weights=tokens, confidence=confidence)
         rows.append({"bucket_start": int(pl.edges[k]), "bucket_end": int(pl.edges[k + 1]),
                      "tokens": int(tokens.sum()), "windows": int((tokens > 0).sum()),
                      "loss_nats": float(nats.sum() / tokens.sum()), "ci_low": ci.low, "ci_high": ci.high})

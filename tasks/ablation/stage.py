@@ -12,11 +12,12 @@ sources at the same per-source weights (their natural token shares with the clas
 
 Each arm trains at ``ablate_seeds`` seeds (the experiment seed, +1, …), paired: both arms of a seed share it.
 Both are scored on the same held-out windows of every source; the difference of bits per byte,
-Δ = bpb(without) − bpb(with), averaged over seeds, gets an interval that resamples the seeds and whole held-out
-documents (``evals.stats.seed_cluster_bootstrap_ci``): putting back a few documents changes the data order, and
-that training noise alone moves a proxy's loss. The verdict per source: ``helped`` when the interval lies above 0
-(the corpus with the classifier gives the lower loss), ``hurt`` when it lies below 0, else ``undetermined`` (also
-with a single seed, which cannot tell the classifier from training noise, or a single held-out document);
+Δ = bpb(without) − bpb(with), averaged over seeds, gets a t interval whose variance adds the training seeds' and
+the held-out documents' parts (``evals.stats.seed_cluster_mean_ci``): putting back a few documents changes the
+data order, and that training noise alone moves a proxy's loss. The verdict per source: ``helped`` when the
+interval lies above 0 (the corpus with the classifier gives the lower loss), ``hurt`` when it lies below 0, else
+``undetermined`` (also below ``MIN_UNITS``: fewer than 3 seeds or 5 held-out documents, where the interval's
+coverage is not assured, docs/methods.md §16; the row's ``reason`` says which);
 ``unchanged`` when nothing was put back, or the two arms' losses are bit-identical (the proxy never drew the
 re-added rows).
 
@@ -38,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from evals.heldout import heldout_loss, window_documents
-from evals.stats import ClusterCI, seed_cluster_bootstrap_ci
+from evals.stats import MIN_UNITS, SeedClusterCI, seed_cluster_mean_ci, units_shortfall
 from infra.atomic import atomic_file
 from infra.errors import DataError
 from infra.stage import StageContext
@@ -51,9 +52,9 @@ from tasks.train.shards import encode_documents, join_shards, read_shard, text_b
 ARMS = ("with_classifier", "without_classifier")
 ABLATION_COLUMNS = ["source", "role", "in_training", "weight", "removed_docs", "readded_docs", "readded_tokens",
                     "heldout_windows", "heldout_docs", "seeds", "bpb_with", "bpb_without", "delta_bpb", "delta_low",
-                    "delta_high", "seed_sd", "verdict"]
+                    "delta_high", "seed_sd", "verdict", "reason"]
 WINDOW_COLUMNS = ["arm", "seed", "source", "window", "doc", "nats", "tokens"]
-CONFIDENCE, RESAMPLES = 0.95, 2000
+CONFIDENCE = 0.95
 
 
 def requested(cfg: Any) -> bool:
@@ -204,13 +205,20 @@ def _bpb(windows: pd.DataFrame, tokens_per_byte: float) -> float:
     return float(windows.nats.sum() / windows.tokens.sum() * tokens_per_byte / math.log(2))
 
 
-def verdict(low: float, high: float, *, seeds: int = 2, identical: bool = False) -> str:
+def shortfall(seeds: int, docs: int) -> str:
+    """"" when ``seeds`` per arm and ``docs`` held-out documents meet ``MIN_UNITS``; else the reason."""
+    return (units_shortfall("seeds", seeds, "raise corpus.quality_model.ablate_seeds")
+            or units_shortfall("documents", docs, "raise [proxy] budget.eval_tokens"))
+
+
+def verdict(low: float, high: float, *, seeds: int = MIN_UNITS["seeds"], docs: int = MIN_UNITS["documents"],
+            identical: bool = False) -> str:
     """``helped`` (Δ interval above 0: the classifier's corpus has the lower loss), ``hurt`` (below 0),
-    ``undetermined`` (it holds 0, there is no interval — NaN bounds —, or a single training ``seeds``, which cannot
-    tell the classifier from training noise), or ``unchanged`` (the arms trained on identical data)."""
+    ``undetermined`` (it holds 0, there is no interval — NaN bounds —, or fewer ``seeds`` or held-out ``docs``
+    than ``MIN_UNITS``: :func:`shortfall`), or ``unchanged`` (the arms trained on identical data)."""
     if identical:
         return "unchanged"
-    if seeds < 2:
+    if shortfall(seeds, docs) or not low < high:
         return "undetermined"
     if low > 0:
         return "helped"
@@ -223,8 +231,9 @@ def compare(windows: pd.DataFrame, tokens_per_byte: dict[str, float], roles: dic
             weights: dict[str, float], removed_by_source: dict[str, int], readded: dict[str, tuple[int, int]], *,
             seed: int) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Per source (``ABLATION_COLUMNS``) and over the training sources together: Δ = bpb(without) − bpb(with)
-    averaged over the training seeds, and its 95% interval resampling seeds and held-out documents (2,000
-    resamples, ``evals.stats.seed_cluster_bootstrap_ci``); ``seed_sd`` is the standard deviation of the per-seed Δ.
+    averaged over the training seeds, and its 95% t interval over seeds and held-out documents
+    (``evals.stats.seed_cluster_mean_ci``); ``seed_sd`` is the standard deviation of the per-seed Δ; ``reason`` why
+    a verdict is undetermined for want of units ("" otherwise).
 
     Args:
         windows: ``WINDOW_COLUMNS`` rows of both arms at every seed over the same windows (nats summed per window).
@@ -268,30 +277,32 @@ def compare(windows: pd.DataFrame, tokens_per_byte: dict[str, float], roles: dic
                      "heldout_windows": ci.n_units, "heldout_docs": ci.n_clusters, "seeds": len(seeds),
                      "bpb_with": with_, "bpb_without": without, "delta_bpb": ci.delta, "delta_low": ci.low,
                      "delta_high": ci.high, "seed_sd": sd,
-                     "verdict": verdict(ci.low, ci.high, seeds=len(seeds), identical=identical)})
+                     "verdict": verdict(ci.low, ci.high, seeds=len(seeds), docs=ci.n_clusters, identical=identical),
+                     "reason": "" if identical else shortfall(len(seeds), ci.n_clusters)})
     table = pd.DataFrame(rows, columns=ABLATION_COLUMNS)
     mask = keys.source.isin(list(weights)).to_numpy()
     docs = (keys.source + "\x00" + keys.doc.astype(str)).to_numpy()[mask]
     ci, sd = _interval(bpb, mask, docs, window_bytes[mask], seed)
     overall = {"sources": sorted(weights), "delta_bpb": ci.delta, "delta_low": ci.low, "delta_high": ci.high,
                "seed_sd": sd, "seeds": len(seeds), "heldout_docs": ci.n_clusters, "heldout_windows": ci.n_units,
-               "verdict": verdict(ci.low, ci.high, seeds=len(seeds), identical=identical)}
+               "verdict": verdict(ci.low, ci.high, seeds=len(seeds), docs=ci.n_clusters, identical=identical),
+               "reason": "" if identical else shortfall(len(seeds), ci.n_clusters)}
     return table, overall
 
 
 def _interval(bpb: dict[str, np.ndarray], mask: np.ndarray, docs: np.ndarray, window_bytes: np.ndarray,
-              seed: int) -> tuple[ClusterCI, float]:
-    """Δ with its seed-and-document interval over the windows ``mask``, and the standard deviation of the per-seed
-    Δ (NaN for one seed). With a single held-out document there is no interval (NaN bounds): its windows are not
-    independent evidence."""
+              seed: int) -> tuple[SeedClusterCI, float]:
+    """Δ with its seed-and-document t interval over the windows ``mask`` (``evals.stats.seed_cluster_mean_ci``),
+    and the standard deviation of the per-seed Δ (NaN for one seed). With a single held-out document there is no
+    interval (NaN bounds): its windows are not independent evidence. ``seed`` is unused (nothing is resampled)."""
     a, b = bpb[ARMS[0]][:, mask], bpb[ARMS[1]][:, mask]
     per_seed = (b - a) @ window_bytes / window_bytes.sum()
     sd = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan
     n_docs = len(np.unique(docs))
     if n_docs < 2:
-        return ClusterCI(float(per_seed.mean()), math.nan, math.nan, n_docs, int(a.shape[1])), sd
-    return seed_cluster_bootstrap_ci(a, b, docs, weights=window_bytes, n_resamples=RESAMPLES,
-                                     confidence=CONFIDENCE, seed=seed), sd
+        return SeedClusterCI(float(per_seed.mean()), math.nan, math.nan, len(per_seed), n_docs, int(a.shape[1]),
+                             math.nan, math.nan, math.nan), sd
+    return seed_cluster_mean_ci(a, b, docs, weights=window_bytes, confidence=CONFIDENCE), sd
 
 
 def plot_ablation(table: pd.DataFrame, path: Path) -> None:

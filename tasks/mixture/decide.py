@@ -13,12 +13,14 @@ mean of its per-seed scores ± a Student-t interval over them (NaN with one seed
 Margin. Δ = score(runner-up) − score(leader), bits/byte, over the seeds both have. Per held-out window w of source
 s, bpb_w = nats_w · (tokens/byte)_s / (ln 2 · tokens_w), weighted by tokens_w (``min_token_weighted_bpb``) or by
 tokens_w / T_s (``min_mean_bpb``, T_s the source's scored tokens), so that Σ_w u_w·bpb_w / Σ_w u_w is the rule's
-score. Its interval is the hull of the bootstrap that resamples seeds, then whole (source, document) clusters, the
-same ones for both candidates (``evals.stats.seed_cluster_bootstrap_ci``; Davison & Hinkley 1997, §3.8), and the
-Student-t interval over the per-seed margins: with 2–5 seeds the bootstrap alone is far too narrow.
+score. Its interval is a t interval whose variance adds the two sources of noise: the spread of the per-seed
+margins (training seeds) and the delete-one-document jackknife over the (source, document) clusters of the
+seed-averaged margin (held-out sample), with Welch–Satterthwaite degrees of freedom
+(``evals.stats.seed_cluster_mean_ci``; its coverage at 2–5 seeds and 3–100 documents is in docs/methods.md §16).
 
-Verdict. ``decided`` when the interval's low bound is > 0 and both have ≥ 2 seeds; otherwise ``undetermined``,
-and the choice follows ``on_undetermined``. One eligible candidate: decided trivially.
+Verdict. ``decided`` when the interval's low bound is > 0 and it rests on at least ``MIN_UNITS["seeds"]`` common
+seeds and ``MIN_UNITS["documents"]`` held-out documents; otherwise ``undetermined`` (with "needs >= 3 seeds, has
+2"), and the choice follows ``on_undetermined``. One eligible candidate: decided trivially.
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ import pandas as pd
 from scipy import stats
 
 from evals.decision import DecisionRecord
-from evals.stats import seed_cluster_bootstrap_ci
+from evals.stats import MIN_UNITS, seed_cluster_mean_ci, units_shortfall
 from infra.errors import DataError
 from tasks.mixture.config import MixtureConfig
 from tasks.mixture.select import MixtureChoice, select_mixture
 
 SEED_STREAM = 2
-RESAMPLES = 2000
 MAX_SEEDS = 1000  # beyond this a seeds estimate is no practical advice
 WINDOW_COLUMNS = ["candidate", "seed", "source", "window", "doc", "nats", "tokens"]
 UNIT = "bits/byte"
@@ -132,53 +133,52 @@ def rule_weights(keys: pd.DataFrame, rule: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Margin:
-    """Δ = score(other) − score(leader) (bits/byte) over ``seeds`` and its interval [low, high]: the hull of the
-    seed-and-document bootstrap interval [boot_low, boot_high] and the Student-t interval over the per-seed Δ_s
-    [t_low, t_high] (NaN with one seed). ``per_seed``: the Δ_s; ``n_clusters``/``n_units``: (source, document)
+    """Δ = score(other) − score(leader) (bits/byte) over ``seeds`` and its t interval [low, high]; ``seed_se`` and
+    ``doc_se`` the standard-error parts of training seeds and held-out documents, ``df`` the t degrees of freedom
+    (``evals.stats.seed_cluster_mean_ci``). ``per_seed``: the Δ_s; ``n_clusters``/``n_units``: (source, document)
     clusters and windows."""
 
     delta: float
     low: float
     high: float
-    boot_low: float
-    boot_high: float
-    t_low: float
-    t_high: float
+    seed_se: float
+    doc_se: float
+    df: float
     per_seed: tuple[float, ...]
     seeds: tuple[int, ...]
     n_clusters: int
     n_units: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {"estimate": self.delta, "low": self.low, "high": self.high, "bootstrap": [self.boot_low, self.boot_high],
-                "seed_t": [self.t_low, self.t_high], "per_seed": list(self.per_seed), "seeds": list(self.seeds),
-                "clusters": self.n_clusters, "windows": self.n_units}
+        return {"estimate": self.delta, "low": self.low, "high": self.high, "seed_se": self.seed_se,
+                "doc_se": self.doc_se, "df": self.df if math.isfinite(self.df) else None,
+                "per_seed": list(self.per_seed), "seeds": list(self.seeds), "clusters": self.n_clusters,
+                "windows": self.n_units}
+
+    def shortfall(self) -> str:
+        """"" when the interval rests on enough seeds and documents to decide (``MIN_UNITS``); else the reason."""
+        fix = "raise mixture.seeds" if len(self.seeds) < MIN_UNITS["seeds"] else ""
+        return (units_shortfall("seeds", len(self.seeds), fix) or
+                units_shortfall("documents", self.n_clusters, "score more held-out documents (eval_tokens)"))
 
 
 def margin_interval(windows: pd.DataFrame, leader: str, other: str, seeds: Sequence[int],
                     tokens_per_byte: dict[str, float], rule: str, *, confidence: float,
                     seed: int = 0) -> Margin | None:
-    """Δ = score(other) − score(leader) over ``seeds`` (both trained at each), with its interval.
-
-    The interval is the hull of (1) the two-stage bootstrap resampling seeds, then (source, document) clusters
-    (``evals.stats.seed_cluster_bootstrap_ci``, 2,000 resamples seeded by ``seed``; Davison & Hinkley 1997, §3.8)
-    and (2) the Student-t interval over the per-seed Δ_s. With a handful of seeds the percentile bootstrap over
-    seeds is far too narrow (at 3 seeds and no true difference its low bound exceeds 0 for about a quarter of
-    leaders, docs/methods.md §14); the t-interval carries the small-sample quantile, the bootstrap the held-out
-    document noise the per-seed Δ_s share. None when the windows come from fewer than 2 documents.
+    """Δ = score(other) − score(leader) over ``seeds`` (both trained at each), with its t interval over training
+    seeds and held-out (source, document) clusters (``evals.stats.seed_cluster_mean_ci``; docs/methods.md §16).
+    None when the windows come from fewer than 2 documents. ``seed`` is unused (the interval is not resampled);
+    it stays so that callers need not change.
     """
     bpb, keys = window_bpb(windows, [leader, other], seeds, tokens_per_byte)
     clusters = (keys.source + "\x00" + keys.doc.astype(str)).to_numpy()
     if len(np.unique(clusters)) < 2:
         return None
     weights = rule_weights(keys, rule)
-    boot = seed_cluster_bootstrap_ci(bpb[leader], bpb[other], clusters, weights=weights, n_resamples=RESAMPLES,
-                                     confidence=confidence, seed=seed)
+    ci = seed_cluster_mean_ci(bpb[leader], bpb[other], clusters, weights=weights, confidence=confidence)
     per_seed = (bpb[other] - bpb[leader]) @ weights / weights.sum()  # (S,)
-    _, t_low, t_high = seed_interval(per_seed, confidence)
-    low, high = (min(boot.low, t_low), max(boot.high, t_high)) if len(per_seed) > 1 else (boot.low, boot.high)
-    return Margin(boot.delta, low, high, boot.low, boot.high, t_low, t_high, tuple(float(d) for d in per_seed),
-                  tuple(int(s) for s in seeds), boot.n_clusters, boot.n_units)
+    return Margin(ci.delta, ci.low, ci.high, ci.seed_se, ci.doc_se, ci.df, tuple(float(d) for d in per_seed),
+                  tuple(int(s) for s in seeds), ci.n_clusters, ci.n_units)
 
 
 def most_repeated(weights: dict[str, float], unique: dict[str, int]) -> float:
@@ -225,10 +225,13 @@ class MixtureDecision:
         """``record`` settled with this outcome (estimate/low/high: the margin, NaN without an interval)."""
         m = self.margin
         estimate, low, high = (m.delta, m.low, m.high) if m is not None else (math.nan, math.nan, math.nan)
+        units = (f"seeds × {m.n_clusters} documents" if m is not None else "seeds")
         return record.settle(choice=self.choice, verdict=self.verdict, estimate=estimate, low=low, high=high,
                              unit=UNIT, confidence=confidence, fallback=self.fallback, resolve=self.resolve,
                              evidence={**evidence, "leader": self.leader, "runner_up": self.runner_up,
-                                       "seeds": self.common_seeds, "reason": self.reason})
+                                       "seeds": self.common_seeds, "reason": self.reason},
+                             n_units=len(self.common_seeds), units=units,
+                             min_units=MIN_UNITS["seeds"] if self.runner_up is not None else 0)
 
 
 def mean_trials(trials: pd.DataFrame) -> pd.DataFrame:
@@ -293,7 +296,7 @@ def decide(trials: pd.DataFrame, windows: pd.DataFrame, cfg: MixtureConfig, *, n
         rows.append({"candidate": name, "score": mean, "score_low": low, "score_high": high, "seeds": len(seeds),
                      "vs_leader": ci.delta if ci else math.nan, "vs_leader_low": ci.low if ci else math.nan,
                      "vs_leader_high": ci.high if ci else math.nan,
-                     "separable": bool(ci is not None and len(common) >= 2 and ci.low > 0)})
+                     "separable": bool(ci is not None and not ci.shortfall() and ci.low > 0)})
     candidates = pd.DataFrame(rows)
     if len(ranked) == 1:
         reason = (f"{leader!r} is the only eligible candidate: every other one is worse than {natural!r} by more "
@@ -318,7 +321,12 @@ def decide(trials: pd.DataFrame, windows: pd.DataFrame, cfg: MixtureConfig, *, n
                        f"{cfg.top_k} leading candidates (raise mixture.top_k)")
     elif margin is None:
         reason = "the held-out windows come from fewer than 2 documents: no interval"
-        resolve = "evaluate on more held-out documents (≥ 2 among the general sources)"
+        resolve = f"evaluate on more held-out documents (≥ {MIN_UNITS['documents']} among the general sources)"
+    elif margin.shortfall():
+        reason = f"the margin's interval {margin.shortfall()}"
+        resolve = (f"train {leader!r} and {runner_up!r} at ≥ {MIN_UNITS['seeds']} seeds (mixture.seeds) and score "
+                   f"≥ {MIN_UNITS['documents']} held-out documents: below that the interval's coverage is not "
+                   "assured (docs/methods.md §16)")
     elif margin.low > 0:
         return MixtureDecision(leader, leader, runner_up, "decided",
                                f"the margin's {cfg.confidence:.0%} interval lies above 0", margin, common,
@@ -332,18 +340,21 @@ def decide(trials: pd.DataFrame, windows: pd.DataFrame, cfg: MixtureConfig, *, n
 
 
 def seeds_needed(margin: Margin, confidence: float, limit: int = MAX_SEEDS) -> int | None:
-    """Fewest seeds N per leading candidate at which, were the margin and the spread of the per-seed Δ_s to stay
-    as measured, the interval's low bound would exceed 0: the t part t_{(1+c)/2, N−1}·sd/√N and the bootstrap's
-    lower half-width scaled by √(n/N) both below Δ. None when Δ ≤ 0 or more than ``limit`` seeds are needed.
-    Held-out document noise does not shrink with seeds, so this is a lower bound."""
+    """Fewest seeds N per leading candidate at which, were the margin and both noise parts to stay as measured,
+    the interval's low bound would exceed 0: the seed part of the variance shrinks as 1/N, the held-out part does
+    not; degrees of freedom as ``evals.stats.seed_cluster_mean_ci`` computes them. At least
+    ``MIN_UNITS["seeds"]``. None when Δ ≤ 0 or more than ``limit`` seeds are needed."""
     m, n = margin.delta, len(margin.per_seed)
     if not m > 0:
         return None
-    sd = float(np.std(margin.per_seed, ddof=1)) if n > 1 else 0.0
-    boot_half = m - margin.boot_low
-    for needed in range(n + 1, limit + 1):
-        t_half = float(stats.t.ppf(0.5 + confidence / 2, needed - 1)) * sd / math.sqrt(needed)
-        if max(t_half, boot_half * math.sqrt(n / needed)) < m:
+    seed_var_1 = margin.seed_se ** 2 * n  # the variance of one seed's margin
+    doc_var, doc_df = margin.doc_se ** 2, max(margin.n_clusters - 1, 1)
+    for needed in range(max(n + 1, MIN_UNITS["seeds"]), limit + 1):
+        seed_var = seed_var_1 / needed
+        total = seed_var + doc_var
+        parts = [(v, d) for v, d in ((seed_var, needed - 1), (doc_var, doc_df)) if v > 0]
+        df = total ** 2 / sum(v * v / d for v, d in parts) if parts else math.inf
+        if float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(total) < m:
             return needed
     return None
 

@@ -20,7 +20,6 @@ stays free of it.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from evals.decision import DecisionRecord  # noqa: E402
 from evals.heldout import window_documents  # noqa: E402
 from infra.artifacts import artifact_key, code_version  # noqa: E402
 from infra.atomic import atomic_file  # noqa: E402
+from infra.json_safe import dumps  # noqa: E402
 from infra.stage import StageContext  # noqa: E402
 from tasks.mixture.candidates import ResolvedCandidate, resolve_candidates  # noqa: E402
 from tasks.mixture.config import NATURAL_NAME, PROPOSED_NAME, MixtureConfig  # noqa: E402
@@ -129,7 +129,7 @@ def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: l
         result["transfer"] = _transfer(trials[trials["seed"] == ctx.seed], cfg, natural,
                                        [c.name for c in candidates if c.name != PROPOSED_NAME],
                                        proxy.model.d_model, cfg.transfer_model.d_model)
-    (ctx.out / "choice.json").write_text(json.dumps(result, indent=2, default=str))
+    (ctx.out / "choice.json").write_text(dumps(result, indent=2, default=str))
     plot_trials(trials, ctx.out / "mixture_loss.png")
     margin = decision.margin
     summary = {"chosen": decision.choice, "weights": by_name[decision.choice].weights,

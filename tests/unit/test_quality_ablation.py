@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from infra.errors import DataError
-from tasks.ablation.stage import ARMS, compare, verdict
+from tasks.ablation.stage import ARMS, compare, shortfall, verdict
 from tasks.corpus.build import QUALITY_REMOVED_COLUMNS, build_corpus
 from test_corpus_quality_model import _cfg, _docs, model_file  # noqa: F401  (fixture)
 
@@ -94,6 +94,11 @@ def test_verdict_rule():
     assert verdict(0.01, 0.2) == "helped" and verdict(-0.2, -0.01) == "hurt" and verdict(-0.1, 0.1) == "undetermined"
     assert verdict(math.nan, math.nan) == "undetermined" and verdict(0.1, 0.2, identical=True) == "unchanged"
     assert verdict(0.01, 0.2, seeds=1) == "undetermined"
+    # Below the coverage study's minimum (3 seeds, 5 documents; docs/methods.md §16) nothing is decided.
+    assert verdict(0.01, 0.2, seeds=2) == "undetermined" and verdict(0.01, 0.2, docs=4) == "undetermined"
+    assert shortfall(2, 50) == "needs >= 3 seeds, has 2: raise corpus.quality_model.ablate_seeds"
+    assert shortfall(3, 4).startswith("needs >= 5 documents, has 4") and shortfall(3, 5) == ""
+    assert verdict(0.1, 0.1) == "undetermined"  # an interval of zero width is no evidence of certainty
 
 
 def test_the_corpus_keeps_the_text_of_every_document_the_classifier_removed(model_file, tmp_path):  # noqa: F811
