@@ -6,9 +6,12 @@ fully cached rerun. Each stage's section comes from its ``Stage.summary``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from rich.console import Console
 
@@ -61,7 +64,53 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
 
 def collect_decisions(paths: dict[str, Path]) -> list[DecisionRecord]:
     """Every settled decision record (``evals.decision``) the run's artifacts hold, in pipeline order: the
-    ``"decision"`` entry of any top-level JSON file of a stage's artifact folder."""
+    ``"decision"`` entry of any top-level JSON file of a stage's artifact folder, with what happened downstream
+    (:func:`downstream`): the peak LR the main run trained at, the forecast's check against the measured loss."""
+    return [downstream(record, paths) for record in _records(paths)]
+
+
+def downstream(record: DecisionRecord, paths: dict[str, Path]) -> DecisionRecord:
+    """``record`` with ``used`` and ``check`` filled from the run's main artifact (none: unchanged).
+
+    ``peak_lr`` records: the LR the main run trained at, and which swept width it came from (the main run takes
+    the swept width nearest its d_model, so a sweep at another width decides an LR that is not used).
+    ``forecast`` records: ``covered`` or ``missed`` with the measured loss and the relative error
+    (``tasks.ladder.fit.forecast_check`` on the main run's held-out loss over the general sources the ladder's
+    ``forecast.json`` names).
+    """
+    main = paths.get("main")
+    if main is None or not (main / "run.json").is_file():
+        return record
+    run = json.loads((main / "run.json").read_text())
+    if record.kind == "peak_lr" and "peak_lr" in run:
+        source = run.get("peak_lr_source") or {}
+        width = record.evidence.get("d_model")
+        if source.get("from") == "config":
+            used = f"{run['peak_lr']:.4g}, set in [main] (not the sweep's)"
+        elif width is not None and source.get("d_model") not in (None, width):
+            used = (f"not this width's: the main run (d_model {source.get('main_d_model')}) trained at "
+                    f"{run['peak_lr']:.4g}, the sweep at d_model {source['d_model']}")
+        else:
+            used = f"the main run trained at {run['peak_lr']:.4g}"
+        return dataclasses.replace(record, used=used)
+    forecast_file = paths["ladder"] / "forecast.json" if "ladder" in paths else None
+    if record.kind == "forecast" and forecast_file is not None and forecast_file.is_file() \
+            and (main / "heldout.parquet").is_file():
+        from tasks.ladder.fit import forecast_check, token_weighted_loss
+
+        sources = json.loads(forecast_file.read_text()).get("target", {}).get("general_sources")
+        if not sources or not all(isinstance(v, float) and v == v for v in (record.estimate, record.low,
+                                                                            record.high)):
+            return record
+        actual = token_weighted_loss(pd.read_parquet(main / "heldout.parquet"), sources)
+        check = forecast_check(record.estimate, record.low, record.high, actual)
+        word = "covered" if check["covered"] else "missed"
+        return dataclasses.replace(record, check=f"{word}: measured {actual:.4f} nats/token, error "
+                                                 f"{check['relative_error']:+.1%}")
+    return record
+
+
+def _records(paths: dict[str, Path]) -> list[DecisionRecord]:
     records = []
     for stage in STAGES:
         folder = paths.get(stage.name)

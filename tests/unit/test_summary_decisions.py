@@ -1,0 +1,60 @@
+"""The closing decisions block says what was used downstream and how a forecast fared (flows/summary.py)."""
+
+import json
+
+import pandas as pd
+
+from evals.decision import DecisionRecord
+from flows.summary import collect_decisions, downstream
+
+
+def _record(kind: str, **evidence) -> DecisionRecord:
+    declared = DecisionRecord.declare(kind, rule="r", rule_config={"kind": kind})
+    return declared.settle(choice="x", verdict="decided", estimate=6.7, low=6.5, high=6.9, unit="nats/token",
+                           evidence=evidence)
+
+
+def _run(tmp_path, loss: float):
+    main, ladder = tmp_path / "main", tmp_path / "ladder"
+    main.mkdir()
+    ladder.mkdir()
+    (main / "run.json").write_text(json.dumps({"peak_lr": 4.12e-3, "peak_lr_source": {
+        "from": "sweep", "d_model": 128, "study": "s", "main_d_model": 128}}))
+    pd.DataFrame({"source": ["a", "b", "dom"], "loss_nats": [loss, loss, 1.0], "tokens": [100, 300, 50]}).to_parquet(
+        main / "heldout.parquet")
+    (ladder / "forecast.json").write_text(json.dumps({"target": {"general_sources": ["a", "b"]}}))
+    return {"main": main, "ladder": ladder}
+
+
+def test_the_peak_lr_of_another_width_says_it_was_not_used(tmp_path):
+    paths = _run(tmp_path, 6.0995)
+    other = downstream(_record("peak_lr", d_model=64), paths)
+    used = downstream(_record("peak_lr", d_model=128), paths)
+    assert other.used == "not this width's: the main run (d_model 128) trained at 0.00412, the sweep at d_model 128"
+    assert used.used == "the main run trained at 0.00412"
+    assert "used downstream: not this width's" in other.line()
+
+
+def test_a_forecast_outside_its_interval_is_marked_missed(tmp_path):
+    missed = downstream(_record("forecast"), _run(tmp_path, 6.0995))
+    assert missed.check == "missed: measured 6.0995 nats/token, error +9.8%"
+    assert "checked: missed" in missed.line()
+
+
+def test_a_forecast_inside_its_interval_is_marked_covered(tmp_path):
+    covered = downstream(_record("forecast"), _run(tmp_path, 6.8))
+    assert covered.check.startswith("covered: measured 6.8000")
+
+
+def test_decisions_are_read_from_the_artifacts_with_nan_written_as_null(tmp_path):
+    paths = _run(tmp_path, 6.8)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    undetermined = DecisionRecord.declare("peak_lr", rule="r", rule_config={}).settle(
+        choice="1e-3", verdict="undetermined", fallback="best trial", resolve="more trials", evidence={"d_model": 128})
+    text = json.dumps({"decision": json.loads(undetermined.to_json())})
+    assert "NaN" not in text and '"estimate": null' in text
+    (sweep / "best.json").write_text(text)
+    [record] = collect_decisions({"sweep": sweep, **paths})
+    assert record.verdict == "undetermined" and record.used == "the main run trained at 0.00412"
+    assert record.estimate != record.estimate  # null reads back as NaN
