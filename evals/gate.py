@@ -436,7 +436,7 @@ def _cloze_accuracy(cand: np.ndarray, confidence: float) -> _Interval:
     return _Interval(ci.estimate, ci.low, ci.high, ci.n)
 
 
-def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float, seed: int) -> _Interval:
+def _cloze_delta(base: np.ndarray, cand: np.ndarray, confidence: float) -> _Interval:
     ci = paired_proportion_diff_ci(base, cand, confidence)
     return _Interval(ci.delta + 0.0, ci.low, ci.high, ci.n)
 
@@ -482,7 +482,7 @@ def _interval(metric: str, base: CandidateEval, cand: CandidateEval, confidence:
                         f"candidates on the same non-empty {fix}")
     if metric in ACCURACY_METRICS:
         return _cloze_accuracy(cand_c, confidence)
-    return _cloze_delta(base_c, cand_c, confidence, seed)
+    return _cloze_delta(base_c, cand_c, confidence)
 
 
 # ------------------------------------------------------------------------------------------------- judging
@@ -529,8 +529,8 @@ def _units_needed(c: GateCriterion, iv: _Interval) -> float:
 
     Accuracy: ``items_needed`` with half-width |p − threshold| (docs/methods.md §10). Other metrics: the CI half-width
     shrinks as 1/√n in the n independent units (held-out documents for losses, Cameron, Gelbach & Miller 2008), so
-    n · (half-width / |point − threshold|)². Infinite when the point sits on the threshold; 2 when a loss interval
-    rests on fewer than 2 documents (the least that gives an interval).
+    n · (half-width / |point − threshold|)². Infinite when the point sits on the threshold; the criterion's minimum
+    (``_minimum``: 5 documents, 40 items or its ``min_items``) when the interval rests on fewer units than that.
     """
     _, need = _minimum(c)
     if iv.n < need:
@@ -661,7 +661,8 @@ def decide(cfg: GateConfig, base: CandidateEval, candidates: list[CandidateEval]
     Table columns, one row per candidate: ``candidate``, ``param_<key>`` per params entry; for each metric
     ``<metric>``, ``<metric>_ci_low``, ``<metric>_ci_high`` (losses in nats/token, accuracies as fractions;
     interval at the confidence of the first criterion on that metric, else 0.95; NaN when no cloze results; for
-    losses resampling held-out documents, Cameron, Gelbach & Miller 2008, and (−inf, +inf) under 2 documents);
+    losses a t interval over held-out documents, ``evals.stats.cluster_mean_ci``, and (−inf, +inf) under 2
+    documents);
     ``long_loss_reduction_nats`` only when the models carry long windows (``CandidateEval.long``);
     for each loss metric ``<metric>_docs`` (independent clusters: the effective units), ``<metric>_windows``,
     ``<metric>_cluster_unit`` ("document", or "window" when the windows carry no document ids and each is its

@@ -1,6 +1,7 @@
 """Length-normalised cloze scoring (per token, Brown et al. 2020 §2.4; per byte, the lm-evaluation-harness's
 acc_bytes, Gao et al. 2021) against log-probabilities written down by hand, and a gate judged on it."""
 
+import dataclasses
 import json
 import math
 
@@ -9,6 +10,7 @@ import pandas as pd
 import pydantic
 import pytest
 import torch
+from scipy import stats
 
 from evals.cloze import ClozeItem, cloze_accuracy, cloze_summary, option_scores, score_cloze
 from evals.gate import CandidateEval, GateConfig, GateCriterion, HeldoutArrays, decide, gate_hash
@@ -189,8 +191,10 @@ def test_the_gate_stage_reads_each_scoring_from_the_cpt_cloze_rows(tmp_path):
 
     other = [row[:] for row in P]
     other[SP] = [0.10, 0.05, 0.40, 0.05, 0.40]  # the candidate prefers ' c' and ' é' after a space
-    items = [SHORT_VS_LONG, TOKENS_VS_BYTES,
-             ClozeItem("x", "general", "c", [" a", " b", " cé"], 2), ClozeItem("y", "general", "a", [" é", " ca"], 0)]
+    four = [SHORT_VS_LONG, TOKENS_VS_BYTES,
+            ClozeItem("x", "general", "c", [" a", " b", " cé"], 2), ClozeItem("y", "general", "a", [" é", " ca"], 0)]
+    # ten copies of each: 40 items, MIN_UNITS["items"], the least a cloze verdict rests on
+    items = [dataclasses.replace(item, item_id=f"{item.item_id}{k}") for k in range(10) for item in four]
     cpt = tmp_path / "cpt"
     (cpt / "evals").mkdir(parents=True)
     (cpt / "candidates.json").write_text(json.dumps({"base": {"checkpoint": str(tmp_path / "base")},
@@ -207,9 +211,11 @@ def test_the_gate_stage_reads_each_scoring_from_the_cpt_cloze_rows(tmp_path):
     cloze.to_parquet(cpt / "cloze.parquet", index=False)
     out = tmp_path / "gate"
     out.mkdir()
-    # 4/4 per byte: Wilson lower bound 0.51 clears 0.5; 3/4 under the sum and per token (lower bound 0.30) does not.
-    gate = GateConfig(criteria=[GateCriterion(name="bytes", metric="cloze_accuracy", op=">=", threshold=0.5,
-                                              scoring="per_byte")])
+    # 40/40 per byte: Wilson interval [0.912, 1] clears 0.9; 30/40 under the sum and per token: [0.598, 0.858], wholly
+    # below it.
+    gate = GateConfig(criteria=[GateCriterion(name="bytes", metric="cloze_accuracy", op=">=", threshold=0.9,
+                                              scoring="per_byte"),
+                                GateCriterion(name="summed", metric="cloze_accuracy", op=">=", threshold=0.9)])
     run(StageContext(out=out, inputs={"cpt": cpt, "main": tmp_path}, layout=RunsLayout(tmp_path / "runs"), key="g",
                      experiment="t"), gate)
     row = pd.read_parquet(out / "decisions.parquet").iloc[0]
@@ -220,13 +226,17 @@ def test_the_gate_stage_reads_each_scoring_from_the_cpt_cloze_rows(tmp_path):
         expected = [reference_choice(other, item, scoring) == item.answer for item in items]
         assert cand[column].tolist() == expected
     assert (row["cloze_accuracy"], row["cloze_accuracy_per_token"], row["cloze_accuracy_per_byte"]) == (0.75, 0.75, 1.0)
-    assert row["cloze_accuracy_per_byte_ci_low"] > 0.5 > row["cloze_accuracy_ci_low"]
-    assert row["scoring_bytes"] == "per_byte"
-    assert row["status_bytes"] == "pass"
-    assert "cloze_accuracy_per_byte >= 0.5" in json.loads((out / "decision.json").read_text())["decision"]["rule"]
+    for column, k in (("cloze_accuracy", 30), ("cloze_accuracy_per_token", 30), ("cloze_accuracy_per_byte", 40)):
+        wilson = stats.binomtest(k, 40).proportion_ci(confidence_level=0.95, method="wilson")
+        assert (row[f"{column}_ci_low"], row[f"{column}_ci_high"]) == pytest.approx((wilson.low, wilson.high))
+    assert row["cloze_accuracy_per_byte_ci_low"] > 0.9 > row["cloze_accuracy_ci_high"]
+    assert (row["scoring_bytes"], row["scoring_summed"]) == ("per_byte", "sum")
+    assert (row["status_bytes"], row["units_bytes"], row["reason_bytes"]) == ("pass", 40, "")
+    assert row["status_summed"] == "fail"  # the same items under the sum
+    assert "cloze_accuracy_per_byte >= 0.9" in json.loads((out / "decision.json").read_text())["decision"]["rule"]
     shown = decision_frame(pd.read_parquet(out / "decisions.parquet")).iloc[0]
     assert (shown["cloze acc"], shown["cloze acc/token"], shown["cloze acc/byte"]) == (
-        f"0.750 ± {math.sqrt(0.75 * 0.25 / 4):.3f}", f"0.750 ± {math.sqrt(0.75 * 0.25 / 4):.3f}", "1.000 ± 0.000")
+        f"0.750 ± {math.sqrt(0.75 * 0.25 / 40):.3f}", f"0.750 ± {math.sqrt(0.75 * 0.25 / 40):.3f}", "1.000 ± 0.000")
 
     def rerun(frame):
         frame.to_parquet(cpt / "cloze.parquet", index=False)
@@ -237,7 +247,7 @@ def test_the_gate_stage_reads_each_scoring_from_the_cpt_cloze_rows(tmp_path):
     broken.loc[0, "correct_per_byte"] = not broken.loc[0, "correct_per_byte"]  # correct is not predicted = answer
     with pytest.raises(DataError, match="expectation suite 'cloze_results' failed.*consistent_per_byte"):
         rerun(broken)
-    with pytest.raises(DataError, match="not the 4 cloze items of evals/cand.npz"):
+    with pytest.raises(DataError, match="the 39 rows of cloze.parquet are not the 40 cloze items of evals/cand.npz"):
         rerun(cloze.drop(index=len(cloze) - 1))
 
 

@@ -13,7 +13,7 @@ from evals.cloze import ClozeItem
 from evals.decision import DECISION_COLUMNS
 from evals.gate import CandidateEval, GateConfig, GateCriterion, HeldoutArrays, decide
 from evals.heldout import window_documents
-from evals.stats import paired_bootstrap_ci
+from evals.stats import MIN_UNITS, paired_bootstrap_ci
 from infra.errors import DataError
 from infra.runs import RunsLayout
 from infra.stage import StageContext, SummaryContext
@@ -33,7 +33,8 @@ def _heldout(nats, docs=None):
 
 
 def _clustered(with_docs=True, reduction=0.5, effects=EFFECTS, per_doc=PER_DOC):
-    """Base and one candidate on len(effects) · per_doc domain windows, per_doc near-identical windows per document."""
+    """Base and one candidate on len(effects) · per_doc domain windows, per_doc near-identical windows per document;
+    on the general windows (as many, in as many documents) the candidate equals the base up to per-window noise."""
     rng = np.random.default_rng(1)
     n = len(effects) * per_doc
     docs = np.repeat(np.arange(len(effects)) * 7 + 3, per_doc) if with_docs else None  # any ids, not 0..D-1
@@ -41,8 +42,9 @@ def _clustered(with_docs=True, reduction=0.5, effects=EFFECTS, per_doc=PER_DOC):
     cand_domain = base_domain - reduction - np.repeat(effects, per_doc) - rng.normal(0, 1e-3, n)
     general_docs = np.repeat(np.arange(len(effects)), per_doc) if with_docs else None
     general = rng.normal(3.0, 0.01, n)
+    cand_general = general + rng.normal(0, 0.01, n)  # no forgetting, but the candidate's own per-window noise
     base = CandidateEval("base", _heldout(general, general_docs), _heldout(base_domain, docs))
-    cand = CandidateEval("cand", _heldout(general, general_docs), _heldout(cand_domain, docs))
+    cand = CandidateEval("cand", _heldout(cand_general, general_docs), _heldout(cand_domain, docs))
     return base, cand
 
 
@@ -112,10 +114,31 @@ def test_fewer_than_two_documents_give_no_interval_and_an_undetermined_criterion
     assert row[f"{m}_docs"] == 1 and row[f"{m}_windows"] == 40
     assert row[f"{m}_ci_low"] == -np.inf and row[f"{m}_ci_high"] == np.inf
     assert row["status_domain_gain"] == "undetermined" and row["window_status_domain_gain"] == "pass"
-    assert row["needed_domain_gain"] == 2
+    # what would resolve it is the minimum a loss verdict needs, not the 2 any interval needs
+    assert (row["units_domain_gain"], row["needed_domain_gain"]) == (1, MIN_UNITS["documents"]) == (1, 5)
+    assert row["reason_domain_gain"] == ("needs >= 5 documents, has 1: score more held-out documents (raise the "
+                                         "budget's eval_tokens, or the held-out split)")
 
 
-def test_a_gate_on_one_domain_document_is_undetermined_and_says_two_are_needed(tmp_path):
+@pytest.mark.parametrize("n_docs", [2, 4])
+def test_two_to_four_documents_give_an_interval_but_no_verdict(n_docs):
+    """From 2 documents there is a t interval; below MIN_UNITS["documents"] (5) a clear gain is still undetermined,
+    with the reason; at 5 the same gain passes."""
+    effects = np.linspace(-0.02, 0.02, n_docs)  # a gain of 1 nat, nearly the same on every document
+    base, cand = _clustered(effects=effects, per_doc=4, reduction=1.0)
+    row = decide(GATE, base, [cand]).table.iloc[0]
+    m = "domain_loss_reduction_nats"
+    assert row[f"{m}_docs"] == n_docs and np.isfinite(row[f"{m}_ci_low"]) and np.isfinite(row[f"{m}_ci_high"])
+    assert row[f"{m}_ci_low"] > 0.4  # the interval alone would pass it ...
+    assert row["status_domain_gain"] == "undetermined"  # ... but it rests on too few documents
+    assert (row["units_domain_gain"], row["needed_domain_gain"]) == (n_docs, 5)
+    assert row["reason_domain_gain"].startswith(f"needs >= 5 documents, has {n_docs}: ")
+    base, cand = _clustered(effects=np.linspace(-0.02, 0.02, 5), per_doc=4, reduction=1.0)
+    row = decide(GATE, base, [cand]).table.iloc[0]
+    assert (row["status_domain_gain"], row["reason_domain_gain"], row["units_domain_gain"]) == ("pass", "", 5)
+
+
+def test_a_gate_on_one_domain_document_is_undetermined_and_says_five_are_needed(tmp_path):
     from tasks.gate.views import undetermined_lines
 
     base, cand = _clustered(effects=np.array([0.0]), per_doc=40, reduction=1.0)
@@ -123,9 +146,23 @@ def test_a_gate_on_one_domain_document_is_undetermined_and_says_two_are_needed(t
     record = json.loads((out / "decision.json").read_text())["decision"]
     assert (record["choice"], record["verdict"]) == ("base", "undetermined")
     assert record["low"] == -np.inf and record["high"] == np.inf
-    assert record["resolve"] == "at least 2 held-out documents for domain_gain of cand (1 now: one gives no interval)"
-    lines = undetermined_lines(pd.read_parquet(out / "decisions.parquet"))  # the general split is one document too
-    assert len(lines) == 2 and all("fewer than 2 held-out documents" in line for line in lines)
+    table = pd.read_parquet(out / "decisions.parquet")  # the general split is one document too
+    for name in ("domain_gain", "general_forgetting"):
+        assert table.loc[0, f"status_{name}"] == "undetermined"
+        assert (table.loc[0, f"units_{name}"], table.loc[0, f"needed_{name}"]) == (1, 5)
+        assert table.loc[0, f"reason_{name}"] == ("needs >= 5 documents, has 1: score more held-out documents "
+                                                  "(raise the budget's eval_tokens, or the held-out split)")
+    assert undetermined_lines(table) == [f"cand: {name} is undetermined; about 5 held-out documents would resolve it"
+                                         for name in ("domain_gain", "general_forgetting")]
+
+
+@pytest.mark.xfail(strict=True, reason="tasks/gate/stage.py _resolve still asks for 'at least 2 held-out documents "
+                   "(1 now: one gives no interval)' although a loss verdict needs MIN_UNITS['documents'] = 5")
+def test_the_decision_record_of_a_one_document_gate_asks_for_five_documents(tmp_path):
+    base, cand = _clustered(effects=np.array([0.0]), per_doc=40, reduction=1.0)
+    record = json.loads((_gate(tmp_path, {"base": base, "cand": cand}, "one") / "decision.json").read_text())
+    resolve = record["decision"]["resolve"]
+    assert "domain_gain of cand" in resolve and "5 held-out documents" in resolve and "1 now" in resolve
 
 
 def test_document_ids_must_match_the_windows_and_the_base():

@@ -3,6 +3,7 @@ document like the domain loss, and passkey-retrieval accuracy per prompt length 
 
 import hashlib
 import json
+import zlib
 
 import numpy as np
 import pydantic
@@ -12,12 +13,12 @@ from scipy import stats
 from evals.decision import DecisionRecord
 from evals.gate import (CONTEXT_METRICS, CandidateEval, GateConfig, GateCriterion, HeldoutArrays, decide,
                         gate_hash)
-from evals.stats import mcnemar_exact, paired_bootstrap_ci
+from evals.stats import MIN_UNITS, mcnemar_exact
 from infra.errors import DataError
 
 N_DOCS, PER_DOC, TOKENS = 12, 4, 256
 LENGTHS = (128, 256, 512)
-PER_LENGTH = 30
+PER_LENGTH = 40  # prompts per length: MIN_UNITS["items"], the least a retrieval verdict rests on
 DOCS = np.repeat(np.arange(N_DOCS) * 5 + 1, PER_DOC).astype(np.int64)
 DOC_EFFECT = np.repeat(np.linspace(-0.3, 0.3, N_DOCS), PER_DOC)  # shared by base and candidates: it cancels
 FORGETTING = GateCriterion(name="forgetting", metric="general_loss_rise_nats", op="<=", threshold=0.1)
@@ -28,18 +29,20 @@ def _windows(nats, docs=DOCS):
 
 
 def _model(name, long_reduction=None, correct=None, lengths=None, params=None):
-    """A model with flat short-context losses (base level), long windows ``long_reduction`` nats below the base's
-    (None: no long windows) and passkey results ``correct`` on prompts of ``lengths`` tokens."""
-    rng = np.random.default_rng(7)
+    """A model with short-context losses at the base's level (general: with its own per-window noise, sd 0.02;
+    domain: flat, the same for every model), long windows ``long_reduction`` nats below the base's with its own
+    per-window noise (None: no long windows) and passkey results ``correct`` on prompts of ``lengths`` tokens."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))  # each model its own noise
     n = N_DOCS * PER_DOC
     flat = HeldoutArrays(np.full(n, 3.0), np.full(n, TOKENS), DOCS)
+    general = _windows(3.0 + DOC_EFFECT + rng.normal(0, 0.02, n))
     long = None
     if long_reduction is not None:
         long = _windows(4.0 + DOC_EFFECT - long_reduction + rng.normal(0, 0.02, n))
     extra = {}
     if correct is not None:
         extra = {"retrieval_correct": np.asarray(correct, bool), "retrieval_length": np.asarray(lengths, np.int64)}
-    return CandidateEval(name, flat, flat, params=params or {}, long=long, **extra)
+    return CandidateEval(name, general, flat, params=params or {}, long=long, **extra)
 
 
 def _retrieval(accuracy_by_length, seed=0):
@@ -107,8 +110,9 @@ def test_retrieval_accuracy_has_scipys_wilson_bounds_per_length():
         assert row[column] == pytest.approx(k / PER_LENGTH)
         assert (row[f"{column}_ci_low"], row[f"{column}_ci_high"]) == pytest.approx((ci.low, ci.high))
         assert row[f"retrieval_items@{length}"] == PER_LENGTH
-    assert row["status_passkey"] == "undetermined"  # 0.6 on 30 prompts: the interval holds 0.5
-    assert row["status_long_passkey"] == "fail"
+    assert row["status_passkey"] == "undetermined"  # 0.6 on 40 prompts: the 90% interval holds 0.5
+    assert row["reason_passkey"] == ""  # undetermined by its interval, not for want of prompts
+    assert row["status_long_passkey"] == "fail"  # 0.3 on 40: the 99% interval ends below 0.6
     assert "long_loss_reduction_nats" not in row  # no long windows, no long columns
 
 
@@ -127,11 +131,14 @@ def test_retrieval_delta_is_paired_over_prompts_with_an_exact_mcnemar_p():
     assert row["retrieval_accuracy_delta@512_mcnemar_p"] == pytest.approx(stats.binomtest(9, 10, 0.5).pvalue)
     assert row["retrieval_accuracy_delta@512_mcnemar_p"] == mcnemar_exact(base_correct[at_512],
                                                                           cand_correct[at_512]).p_value
-    expected = paired_bootstrap_ci(base_correct[at_512].astype(float), cand_correct[at_512].astype(float), seed=3)
-    assert (row["retrieval_accuracy_delta@512_ci_low"], row["retrieval_accuracy_delta@512_ci_high"]) == (
-        expected.low, expected.high)
-    assert row["retrieval_accuracy_delta@128"] == 0.0 and row["retrieval_accuracy_delta@128_mcnemar_p"] == 1.0
+    low, high = row["retrieval_accuracy_delta@512_ci_low"], row["retrieval_accuracy_delta@512_ci_high"]
+    assert 0.0 < low < 8 / PER_LENGTH < high  # Newcombe's paired interval: 9 gains against 1 loss clear zero
+    for length in (128, 256):  # the same answers on every prompt: no discordant pair, still an interval with width
+        column = f"retrieval_accuracy_delta@{length}"
+        assert row[column] == 0.0 and row[f"{column}_mcnemar_p"] == 1.0
+        assert row[f"{column}_ci_low"] < 0.0 < row[f"{column}_ci_high"]
     assert row["status_gain"] == "pass"  # judged at 512, the longest length
+    assert (row["units_gain"], row["reason_gain"]) == (PER_LENGTH, "")
 
 
 def test_length_zero_resolves_to_the_longest_length_evaluated():
@@ -143,6 +150,7 @@ def test_length_zero_resolves_to_the_longest_length_evaluated():
     assert result.criteria[0].length == 512 and result.criteria[0].column == "retrieval_accuracy@512"
     row = result.table.iloc[0]
     assert row["status_passkey"] == "fail"  # 0.2 at 512 tokens; 1.0 at the shorter lengths would pass
+    assert row["units_passkey"] == PER_LENGTH == max(MIN_UNITS["items"], criterion.min_items)
     assert f"over {PER_LENGTH} items of 512 tokens" in result.summary()
     assert "documents" not in result.summary()
 
@@ -255,6 +263,10 @@ def test_load_eval_reads_the_context_keys_and_older_files_without_them(tmp_path)
     base = _model("base", 0.0, correct=np.zeros_like(correct), lengths=lengths)
     table = decide(gate, base, [loaded]).table
     row = table.iloc[0]
-    assert row["status_long"] == "pass" and row["status_passkey"] == "pass"  # 0.3 of 30 at 512 clears 0.1
+    assert row["status_long"] == "pass" and row["status_passkey"] == "pass"  # 0.3 of 40 at 512 clears 0.1
+    few = GateConfig(criteria=[gate.criteria[1].model_copy(update={"min_items": 60})])  # more than were scored
+    row = decide(few, base, [loaded]).table.iloc[0]
+    assert (row["status_passkey"], row["units_passkey"], row["needed_passkey"]) == ("undetermined", PER_LENGTH, 60)
+    assert row["reason_passkey"].startswith(f"needs >= 60 items, has {PER_LENGTH}: ")
     plot_decision(table, gate, tmp_path / "gate_scatter.png")
     assert (tmp_path / "gate_scatter.png").stat().st_size > 0

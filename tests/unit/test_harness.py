@@ -22,6 +22,7 @@ from evals.gate import CandidateEval, GateConfig, GateCriterion, HeldoutArrays, 
 from evals.harness import (CLOZE_TASKS, HARNESS_TASKS, DecoderLM, evaluate, per_item_correct, results_frame,
                            write_shipped_cloze_tasks)
 from evals.heldout import heldout_loss
+from evals.stats import MIN_UNITS, mcnemar_exact, paired_proportion_diff_ci
 from infra.errors import ConfigError, DataError
 from infra.runs import RunsLayout
 from infra.stage import StageContext
@@ -351,7 +352,18 @@ def test_the_gate_stage_scores_harness_criteria_on_base_and_candidates(tmp_path,
     for name, m in (("base", tiny_decoder(0)), ("cand", tiny_decoder(3))):
         own = score_cloze(m, lambda t: tokenizer.encode(t).ids, load_cloze_items(SETS[0]), max_len=SEQ_LEN)
         np.testing.assert_array_equal(by_model[name], own["correct"].to_numpy(bool))
-    assert table.loc[0, "status_harness"] == "pass"
+    # Paired per document: the interval is Newcombe's over the 38 pairs, with the exact McNemar p beside it.
+    paired = paired_proportion_diff_ci(by_model["base"], by_model["cand"])
+    column = "harness_accuracy_delta.pretrain_cloze_general.acc"
+    assert (table.loc[0, column + "_ci_low"], table.loc[0, column + "_ci_high"]) == pytest.approx(
+        (paired.low, paired.high))
+    exact = mcnemar_exact(by_model["base"], by_model["cand"])
+    assert table.loc[0, column + "_mcnemar_p"] == pytest.approx(exact.p_value)
+    # The task has 38 documents, fewer than MIN_UNITS["items"]: the criterion has no verdict, and says why.
+    assert table.loc[0, "status_harness"] == "undetermined" and table.loc[0, "decision"] == "undetermined"
+    assert (table.loc[0, "units_harness"], table.loc[0, "needed_harness"]) == (38, MIN_UNITS["items"]) == (38, 40)
+    assert table.loc[0, "reason_harness"] == ("needs >= 40 items, has 38: score more items (gate.cloze_items, passkey "
+                                              "prompts or the harness task's limit)")
 
 
 def test_harness_criteria_fields_and_the_gate_hash():
