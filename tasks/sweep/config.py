@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
+from evals.stats import MIN_UNITS
 from infra.errors import ConfigError
 from infra.section import Section
 
@@ -26,13 +27,13 @@ class SweepConfig(Section):
             the optimum"; their LR range is reported as the spread of the choice.
         forecast_windows: shares of the best trial's tokens on which L(D) = L∞ + a·D^−γ is fitted to forecast its
             final held-out loss (docs/methods.md §10); at least 3 held-out reports must fall in a window.
-        lr_decided_factor: the peak LR is decided when the bootstrap interval of the fitted optimum spans at most
-            this factor (high/low), > 1 (docs/methods.md §14).
-        confidence: of that interval, and the share of bootstrap replicates that must have an interior optimum,
-            in (0, 1).
-        min_fit_trials: COMPLETE trials the quadratic LR fit needs before it may decide, ≥ 4; with fewer the main
-            run takes the best trial's LR. At confidence 0.95 the bootstrap also needs ≥ 6 trials at distinct LRs
-            (with 5, 10% of resamples hold fewer than 3 distinct LRs and cannot be fitted).
+        lr_decided_factor: the peak LR is decided when the confidence set of the fitted cubic's minimum (in
+            ln(peak LR), Fieller 1954) is bounded and spans at most this factor (high/low), > 1 (docs/methods.md §14).
+        confidence: of that set (and of the width exponent's bootstrap interval), in (0, 1).
+        min_fit_trials: COMPLETE trials the cubic LR fit needs before it may decide, ≥ 10 (``MIN_UNITS["trials"]``:
+            the fewest from which the set's simulated coverage stayed within [0.93, 0.99], docs/methods.md §16);
+            with fewer the main run takes the best trial's LR. Pruned trials do not count: give ``n_trials`` and
+            ``pruner_startup_trials`` room for that many to complete.
 
     Raises:
         ConfigError: naming the field and the fix.
@@ -51,7 +52,7 @@ class SweepConfig(Section):
     forecast_windows: list[float] = [0.5, 0.75]
     lr_decided_factor: float = 3.0
     confidence: float = 0.95
-    min_fit_trials: int = 4
+    min_fit_trials: int = MIN_UNITS["trials"]
 
     @model_validator(mode="after")
     def _check(self) -> "SweepConfig":
@@ -80,7 +81,8 @@ class SweepConfig(Section):
             raise ConfigError(f"sweep.lr_decided_factor = {self.lr_decided_factor}: must be > 1 (a high/low ratio)")
         if not 0.0 < self.confidence < 1.0:
             raise ConfigError(f"sweep.confidence = {self.confidence}: must lie in (0, 1), e.g. 0.95")
-        if self.min_fit_trials < 4:
-            raise ConfigError(f"sweep.min_fit_trials = {self.min_fit_trials}: must be ≥ 4 (a quadratic has three "
-                              "coefficients, and three trials fit it exactly, which leaves nothing to resample)")
+        if self.min_fit_trials < MIN_UNITS["trials"]:
+            raise ConfigError(f"sweep.min_fit_trials = {self.min_fit_trials}: must be ≥ {MIN_UNITS['trials']}, the "
+                              "fewest COMPLETE trials from which the simulated coverage of the LR optimum's interval "
+                              "stayed within [0.93, 0.99] (docs/methods.md §16)")
         return self

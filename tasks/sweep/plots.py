@@ -1,5 +1,5 @@
-"""The peak-LR decision as a figure: held-out loss against peak LR per width, the fitted parabola in ln(LR) and the
-bootstrap interval of its optimum (docs/methods.md §14)."""
+"""The peak-LR decision as a figure: held-out loss against peak LR per width, the fitted cubic in ln(LR) and the
+Fieller confidence set of its minimum (docs/methods.md §14)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from infra.figures import save_figure  # noqa: E402
 
 def plot_lr_fit(trials: pd.DataFrame, widths: list[dict], path: Path) -> Path:
     """COMPLETE trials (dots) and PRUNED ones (crosses at their last reported loss, not fitted), each width's fitted
-    parabola over its tried LRs, its interval as a band and its chosen LR as a dashed line.
+    cubic over its tried LRs, the interval of its minimum as a band (none when unbounded) and its chosen LR as a
+    dashed line.
 
     Args:
         trials: ``trials.parquet``: ``d_model``, ``state``, ``peak_lr``, ``value``, ``intermediate`` (JSON text).
@@ -36,19 +37,29 @@ def plot_lr_fit(trials: pd.DataFrame, widths: list[dict], path: Path) -> Path:
         if len(last):
             ax.scatter(pruned["peak_lr"], last, color=colour, marker="x", alpha=0.6)
         fit = entry.get("fit") or {}
-        if fit.get("a") is not None and len(done):
-            grid = np.geomspace(done["peak_lr"].min(), done["peak_lr"].max(), 100)
-            x = np.log(grid)
-            ax.plot(grid, fit["a"] * x * x + fit["b"] * x + fit["c"], color=colour)
+        coefficients = fit_coefficients(fit)
+        if coefficients and len(done):
+            grid = np.geomspace(done["peak_lr"].min(), done["peak_lr"].max(), 200)
+            ax.plot(grid, np.polynomial.polynomial.polyval(np.log(grid), coefficients), color=colour)
         if fit.get("low") is not None and fit.get("high") is not None:
             low, high = max(fit["low"], fit["lr_min"] / 10), min(fit["high"], fit["lr_max"] * 10)
             ax.axvspan(low, high, color=colour, alpha=0.12)
         ax.axvline(entry["best_lr"], color=colour, linestyle="--", linewidth=1)
     ax.set_xscale("log")
     ax.set(xlabel="peak LR", ylabel="held-out loss (nats/token)",
-           title="LR sweep: quadratic fit in ln(LR), bootstrap interval of the optimum")
+           title="LR sweep: cubic fit in ln(LR), confidence set of its minimum")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def fit_coefficients(fit: dict) -> list[float]:
+    """(c0, c1, …) of the fitted loss Σ c_k ln(LR)^k of a ``best.json`` fit; an artifact written with the earlier
+    quadratic holds ``a``, ``b``, ``c`` instead; [] when there is no fit."""
+    if fit.get("coefficients"):
+        return [float(c) for c in fit["coefficients"]]
+    if all(fit.get(k) is not None for k in ("a", "b", "c")):
+        return [float(fit["c"]), float(fit["b"]), float(fit["a"])]
+    return []
 
 
 def _last_loss(intermediate: Any) -> float:

@@ -5,12 +5,14 @@ general sources every ``sweep.report_every`` steps, so the median pruner can sto
 studies live in ``<runs>/optuna/`` (journal file with a lock, shared by workers, resumable after a kill). A study's
 name leaves ``n_trials`` out (TPE), so raising it continues the study instead of starting over.
 
-Outputs: ``trials.parquet`` (every trial of every width) and ``best.json``: per width, a quadratic fit of held-out
-loss in ln(peak LR) with a bootstrap interval of its optimum and the declared rule's verdict (``tasks.sweep.lr_fit``,
+Outputs: ``trials.parquet`` (every trial of every width) and ``best.json``: per width, a cubic fit of held-out loss
+in ln(peak LR) with the Fieller confidence set of its minimum and the declared rule's verdict (``tasks.sweep.lr_fit``,
 docs/methods.md §14): decided → the fitted optimum, undetermined → the best COMPLETE trial's LR (``best_lr``, which
 the main run reads), the ``decision`` record of the proxy width, the drift of the LR optimum across widths (an
 exponent only from ≥ 3 widths), the spread of LRs near the best trial, and the loss forecast of the best trial
-(docs/methods.md §10).
+(docs/methods.md §10). ``best.json`` holds no NaN or infinity: a missing number is null with a ``reason`` beside it,
+and a decision record leaves out an estimate or bound it does not have (``DecisionRecord.from_dict`` reads it back
+as NaN).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 
 from evals.decision import DecisionRecord
@@ -30,7 +33,8 @@ from infra.stage import StageContext
 from tasks.readers import load_choice
 from tasks.sweep.config import SweepConfig
 from tasks.sweep.forecast import forecast
-from tasks.sweep.lr_fit import LrFit, LrRule, exponent_verdict, fit_lr, judge, width_exponent
+from evals.stats import MIN_UNITS
+from tasks.sweep.lr_fit import N_BOOTSTRAP, LrFit, LrRule, exponent_verdict, fit_lr, judge, width_exponent
 from tasks.sweep.study import SweepResult, run_sweep
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.loop import Callback
@@ -86,7 +90,8 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
                 for w in widths}
     exponent_record = (DecisionRecord.declare("lr_width_exponent", rule=EXPONENT_RULE.format(c=cfg.confidence),
                                               rule_config={"confidence": cfg.confidence, "widths": sorted(widths),
-                                                           "replicates": rule.replicates})
+                                                           "replicates": N_BOOTSTRAP,
+                                                           "min_trials_per_width": MIN_UNITS["trials"]})
                        if len(widths) > 1 else None)
     results: dict[int, SweepResult] = {}
     with ctx.progress.task("sweep: Optuna trials", cfg.n_trials * len(widths)) as advance:
@@ -116,7 +121,7 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
     best = results[base]
     tokens_per_step = budget.batch_size * proxy.model.seq_len
     fits = {w: fit_lr(r.trials, lr_min=cfg.lr_min, lr_max=cfg.lr_max, confidence=cfg.confidence,
-                      seed=[ctx.seed, cfg.seed, w], replicates=rule.replicates) for w, r in results.items()}
+                      seed=[ctx.seed, cfg.seed, w], replicates=N_BOOTSTRAP) for w, r in results.items()}
     entries = [width_entry(w, results[w], fits[w], rule, declared[w], cfg, ctx.key) for w in widths]
     chosen = entries[0]
     record = {"best_lr": chosen["best_lr"], "best_trial_lr": best.best_lr, "best_value": best.best_value,
@@ -131,7 +136,7 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
         record["decisions"] = [record["lr_drift"]["decision"]]
     trials["intermediate"] = trials["intermediate"].map(lambda d: json.dumps(d, default=str))
     trials.to_parquet(ctx.out / "trials.parquet", index=False)
-    (ctx.out / "best.json").write_text(json.dumps(record, indent=2))
+    (ctx.out / "best.json").write_text(json.dumps(json_safe(record), indent=2, allow_nan=False))
     summary = {"best_lr": chosen["best_lr"], "best_trial_lr": best.best_lr, "best_value": best.best_value,
                "study_name": best.study_name, "peak_lr_verdict": chosen["verdict"]}
     fit = fits[base]
@@ -144,9 +149,11 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
 
 
 EXPONENT_RULE = ("lr* ∝ d_model^b with b the least-squares slope of ln(fitted LR optimum) on ln(d_model) over ≥ 3 "
-                 "widths; decided that the LR optimum moves with width when ≥ {c:.0%} of the bootstrap replicates "
-                 "(trials resampled within each width) give a slope and its {c:.0%} percentile interval excludes 0; "
-                 "an interval containing 0 is undetermined (it does not show that the LR transfers)")
+                 "widths whose optimum is resolved (a bounded Fieller set of the cubic's minimum from ≥ "
+                 + str(MIN_UNITS["trials"]) + " COMPLETE trials); decided that the LR optimum moves with width when "
+                 "≥ {c:.0%} of the bootstrap replicates (trials resampled within each width, the cubic refitted) "
+                 "give a slope and its {c:.0%} percentile interval excludes 0; an interval containing 0 is "
+                 "undetermined (it does not show that the LR transfers)")
 
 
 def lr_rule(cfg: SweepConfig) -> LrRule:
@@ -159,17 +166,42 @@ def width_entry(width: int, result: SweepResult, fit: LrFit, rule: LrRule, decla
     """One width's part of ``best.json``: ``best_lr`` (the LR the rule chose: the fitted optimum when decided,
     else the best trial's), the best trial, the fit, the verdict and the settled ``peak_lr`` decision record."""
     judged = judge(fit, rule)
+    evidence = {"table": "sweep_trials", "artifact_key": key, "study_name": result.study_name, "d_model": width,
+                "state": "COMPLETE", "n_trials": fit.n_trials, "n_pruned_left_out": fit.n_pruned,
+                "bounded": fit.bounded, "ratio": fit.ratio if math.isfinite(fit.ratio) else None}
+    if fit.reason:
+        evidence["no_interval"] = fit.reason
     decision = declared.settle(
         choice=f"{judged.lr:.4g}", verdict=judged.verdict, estimate=fit.optimum, low=fit.low, high=fit.high,
         unit="peak LR", confidence=rule.confidence, fallback=judged.fallback, resolve=judged.resolve,
-        evidence={"table": "sweep_trials", "artifact_key": key, "study_name": result.study_name, "d_model": width,
-                  "state": "COMPLETE", "n_trials": fit.n_trials, "n_pruned_left_out": fit.n_pruned,
-                  "ok_share": fit.ok_share, "ratio": fit.ratio if math.isfinite(fit.ratio) else None})
+        evidence=evidence, n_units=fit.n_trials, units="trials", min_units=rule.min_fit_trials)
     return {"d_model": width, "best_lr": judged.lr, "lr_source": judged.source, "best_trial_lr": result.best_lr,
             "best_value": result.best_value, "study_name": result.study_name,
             "edge_warning": edge_warning(result.best_lr, cfg), "verdict": judged.verdict,
             "fallback": judged.fallback, "resolve": judged.resolve, "fit": fit.as_dict(),
-            "decision": decision.as_dict()}
+            "decision": decision_json(decision)}
+
+
+def decision_json(record: DecisionRecord) -> dict[str, Any]:
+    """``record.as_dict()`` without the estimate and bounds that are NaN or infinite: JSON has no NaN, and a null
+    would not read back as a number (``DecisionRecord.from_dict`` fills a left-out field with its NaN default).
+    ``evidence`` says why an interval is missing."""
+    return {k: v for k, v in record.as_dict().items()
+            if not (k in ("estimate", "low", "high") and not math.isfinite(v))}
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NumPy's too) in nested dicts, lists and tuples replaced by None, so
+    ``json.dumps(..., allow_nan=False)`` writes it."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 def study_key(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, shape: ModelShape,
@@ -216,7 +248,7 @@ def width_drift(entries: list[dict[str, Any]], fits: dict[int, LrFit], confidenc
         evidence={"table": "sweep_trials", "artifact_key": key, "d_model": widths, "state": "COMPLETE"})
     return {**drift, "best_lrs": [by_width[w]["best_lr"] for w in widths],
             "ratio": by_width[widths[-1]]["best_lr"] / by_width[widths[0]]["best_lr"], "verdict": verdict,
-            "decision": decision.as_dict()}
+            "decision": decision_json(decision)}
 
 
 def best_trial_forecast(trials: pd.DataFrame, tokens_per_step: int, windows: list[float]) -> list[dict] | str:

@@ -14,24 +14,21 @@ from infra.stage import ReportContext, SummaryContext
 
 
 def fit_line(entry: dict) -> str:
-    """One width's peak LR in words: the fit (trials used, optimum with its interval), the verdict, and
-    (undetermined) the fallback and what would resolve it."""
+    """One width's peak LR in words: the fit (trials used, optimum with its interval, or why there is none), the
+    verdict, and (undetermined) the fallback and what would resolve it."""
     fit = entry.get("fit") or {}
     if not fit:
         return ""
     pruned = f", {fit['n_pruned']} pruned not fitted" if fit.get("n_pruned") else ""
-    if fit.get("optimum") is not None:
-        outcome = f"optimum {fit['optimum']:.2e}"
-        if fit.get("low") is not None:
-            outcome += (f" [{fit['low']:.2e}, {fit['high']:.2e}] ({fit['confidence']:.0%}, high/low "
-                        f"{fit['ratio']:.3g}, {fit['ok_share']:.0%} of replicates with a minimum)")
-        else:
-            outcome += " (no interval)"
-    elif fit.get("a") is not None:
-        outcome = f"no minimum (a = {fit['a']:.3g} ≤ 0)"
+    if fit.get("low") is not None and fit.get("high") is not None and fit.get("optimum") is not None:
+        ratio = f", high/low {fit['ratio']:.3g}" if fit.get("ratio") is not None else ""
+        outcome = f"optimum {fit['optimum']:.2e} [{fit['low']:.2e}, {fit['high']:.2e}] ({fit['confidence']:.0%}{ratio})"
+    elif fit.get("optimum") is not None:
+        outcome = f"optimum {fit['optimum']:.2e}, {fit.get('reason') or 'no interval'}"
     else:
-        outcome = "too few distinct LRs to fit"
-    line = f"quadratic fit in ln(LR) over {fit['n_trials']} COMPLETE trials{pruned}: {outcome} — {entry['verdict']}"
+        outcome = fit.get("reason") or "no fit"
+    model = "cubic" if "coefficients" in fit else "quadratic"
+    line = f"{model} fit in ln(LR) over {fit['n_trials']} COMPLETE trials{pruned}: {outcome} — {entry['verdict']}"
     if entry.get("verdict") == "undetermined":
         line += f"; {entry['fallback']}; to resolve: {entry['resolve']}"
     return line
@@ -101,8 +98,8 @@ def report(ctx: ReportContext) -> list[Block]:
     figures = sweep_figures(path, ctx.plots_dir)
     if figures:
         out.append(Figure(figures[0], "Held-out loss against peak LR: COMPLETE trials (dots), pruned trials at their "
-                                      "last report (crosses, not fitted), the fitted parabola, the interval of its "
-                                      "optimum (band) and the chosen LR (dashed)"))
+                                      "last report (crosses, not fitted), the fitted cubic, the confidence set of "
+                                      "its minimum (band, when bounded) and the chosen LR (dashed)"))
     if best.get("spread"):
         sp = best["spread"]
         out.append(Text(f"Spread: {sp['n_within']} of {sp['n_complete']} completed trials within "

@@ -2,7 +2,9 @@
 and the views show, and a study that grows."""
 
 import json
+import math
 
+import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -17,7 +19,10 @@ from infra.stage import PublishContext, ReportContext, StageContext, SummaryCont
 from infra.warehouse import Warehouse
 from tasks.sweep.config import SweepConfig
 from tasks.sweep.publish import publish
-from tasks.sweep.stage import at_width, lr_spread, run
+from evals.decision import DecisionRecord
+from tasks.sweep.lr_fit import fit_lr
+from tasks.sweep.stage import at_width, json_safe, lr_rule, lr_spread, run, width_entry
+from tasks.sweep.study import SweepResult
 from tasks.sweep.views import report, summary as summary_lines
 from tasks.train.sections import ModelShape, ProxyConfig, RunBudget
 from tests.unit.test_train_stage import inputs  # noqa: F401  (fixture: tokenizer artifact + mixture choice)
@@ -27,6 +32,10 @@ PROXY = ProxyConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_hea
                     budget=RunBudget(steps=6, batch_size=2, warmup_steps=1, eval_tokens=64))
 CFG = SweepConfig(n_trials=3, lr_min=1e-3, lr_max=1e-1, report_every=1, widths=[32], pruner_startup_trials=10,
                   forecast_windows=[0.5, 0.9], spread_tolerance=0.05)
+
+
+def _no_constant(name):
+    raise AssertionError(f"best.json holds {name}")
 
 
 def _run(tmp_path, inputs, name, cfg, children=None):
@@ -42,24 +51,27 @@ def _run(tmp_path, inputs, name, cfg, children=None):
 def test_widths_spread_forecast_and_a_growing_study(tmp_path, inputs):  # noqa: F811
     children = []
     summary, out = _run(tmp_path, inputs, "first", CFG, children)
-    best = json.loads((out / "best.json").read_text())
+    best = json.loads((out / "best.json").read_text(), parse_constant=_no_constant)  # no NaN or Infinity
     assert [w["d_model"] for w in best["widths"]] == [16, 32]
     assert best["best_lr"] == best["widths"][0]["best_lr"] == summary["best_lr"]  # the proxy width feeds main
     assert best["spread"]["lr_low"] <= best["best_trial_lr"] <= best["spread"]["lr_high"]
     assert 1 <= best["spread"]["n_within"] <= best["spread"]["n_complete"] <= 3
-    # Three trials are fewer than min_fit_trials = 4: undetermined, and the main run gets the best trial's LR.
+    # Three trials are fewer than the 10 the LR fit needs: undetermined, and the main run gets the best trial's LR.
     for entry in best["widths"]:
         assert entry["verdict"] == "undetermined" and entry["best_lr"] == entry["best_trial_lr"]
         assert entry["fit"]["n_trials"] + entry["fit"]["n_pruned"] <= 3
-        assert entry["resolve"].startswith("add ≥ ") and entry["fallback"]
+        assert entry["resolve"].startswith(f"needs >= 10 trials, has {entry['fit']['n_trials']}: raise sweep.n_trials")
+        assert entry["fallback"] and entry["fit"]["optimum"] is None and entry["fit"]["reason"]
     decision = best["decision"]
     assert decision["kind"] == "peak_lr" and decision["verdict"] == "undetermined"
+    assert (decision["units"], decision["min_units"]) == ("trials", 10)
+    assert decision["n_units"] == best["widths"][0]["fit"]["n_trials"]
     assert decision["declared_at"] <= decision["decided_at"]
     assert decision["choice"] == f"{best['best_lr']:.4g}" and decision["evidence"]["table"] == "sweep_trials"
     drift = best["lr_drift"]
     assert drift["widths"] == [16, 32] and drift["ratio"] == pytest.approx(
         best["widths"][1]["best_lr"] / best["widths"][0]["best_lr"])
-    assert drift["exponent"] is None and drift["reason"].startswith("needs ≥ 3 widths with a fitted optimum; got ")
+    assert drift["exponent"] is None and drift["reason"].startswith("needs ≥ 3 widths with a resolved optimum; got ")
     assert "lr_width_exponent" not in summary
     assert [d["kind"] for d in best["decisions"]] == ["lr_width_exponent"]
     assert best["decisions"][0]["verdict"] == "undetermined"
@@ -97,7 +109,8 @@ def _published_and_shown(tmp_path, out, best):
         console.print(item)
     shown = console.export_text()
     assert f"Peak LR: {best['best_lr']:.3e} (the best trial {best['best_lr']:.3e}" in shown
-    assert "undetermined; fall back to the best COMPLETE trial's LR" in shown and "to resolve: add ≥ " in shown
+    assert "undetermined; fall back to the best COMPLETE trial's LR" in shown
+    assert "to resolve: needs >= 10 trials, has " in shown
     assert "no width exponent: needs ≥ 3 widths" in shown and "d_model^" not in shown
     blocks = report(ReportContext(path=out, paths={"sweep": out}, layout=RunsLayout(tmp_path / "runs"),
                                   warehouse=warehouse, plots_dir=tmp_path))
@@ -116,3 +129,35 @@ def test_width_scaling_and_spread_rules():
                            "peak_lr": [1e-3, 3e-3, 1e-2, 1e-4]})
     assert lr_spread(trials, 0.02) == {"tolerance": 0.02, "best_value": 2.0, "lr_low": 1e-3, "lr_high": 3e-3,
                                        "n_within": 2, "n_complete": 3}
+
+
+def _entry(lrs, losses):
+    """One width's ``best.json`` entry from synthetic COMPLETE trials, through the rule and the decision record."""
+    cfg = SweepConfig(lr_min=1e-4, lr_max=1e-1, report_every=1)
+    trials = pd.DataFrame({"state": "COMPLETE", "peak_lr": lrs, "value": losses})
+    best = int(np.argmin(losses))
+    result = SweepResult(float(lrs[best]), float(losses[best]), "s", trials)
+    rule = lr_rule(cfg)
+    declared = DecisionRecord.declare("peak_lr", rule=rule.text(cfg.lr_min, cfg.lr_max),
+                                      rule_config=rule.config(cfg.lr_min, cfg.lr_max))
+    fit = fit_lr(trials, lr_min=cfg.lr_min, lr_max=cfg.lr_max, confidence=cfg.confidence, seed=0)
+    return json.loads(json.dumps(json_safe(width_entry(16, result, fit, rule, declared, cfg, "k")), allow_nan=False))
+
+
+def test_a_decided_peak_lr_records_its_trials_and_an_unresolved_one_leaves_its_interval_out():
+    lrs = np.geomspace(1e-4, 1e-1, 12)
+    u = np.log(lrs / 3e-3)
+    decided = _entry(lrs, 3.0 + 0.05 * u**2 + 0.004 * u**3 + np.random.default_rng(0).normal(0, 0.005, 12))
+    record = decided["decision"]
+    assert decided["verdict"] == record["verdict"] == "decided" and decided["lr_source"] == "fit"
+    assert (record["n_units"], record["units"], record["min_units"]) == (12, "trials", 10)
+    assert record["low"] <= record["estimate"] == decided["best_lr"] <= record["high"]
+    assert "Fieller" in record["rule"] and "≥ 10 COMPLETE trials" in record["rule"]
+
+    flat = _entry(lrs, 3.0 + np.random.default_rng(1).normal(0, 0.01, 12))
+    record = flat["decision"]
+    assert flat["verdict"] == "undetermined" and "the minimum is not resolved" in flat["resolve"]
+    assert "low" not in record and "high" not in record and record["evidence"]["no_interval"]
+    assert flat["fit"]["interval"] == [None, None] and flat["fit"]["bounded"] is False
+    read = DecisionRecord.from_dict(record)
+    assert math.isnan(read.low) and "peak_lr: " in read.line()
