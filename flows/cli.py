@@ -341,7 +341,8 @@ def plan(
 
 @gate_app.command("declare")
 def gate_declare(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
-    """Record the config's \\[gate] as the experiment's gate from now on (earlier declarations are kept)."""
+    """Record the config's \\[gate] as the experiment's gate from now on (earlier declarations are kept); a gate
+    first declared after CPT results of the experiment exist is marked as declared after evidence."""
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)
@@ -356,6 +357,9 @@ def gate_declare(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
     what = "declared" if added else f"already declared at {row['declared_at']}; nothing added"
     console.print(escape(f"gate {row['gate_hash'][:12]} of '{cfg.name}' {what} (DuckDB table gates in "
                          f"{layout.duckdb})"), soft_wrap=True)
+    if row.get("declared_after_evidence"):
+        console.print("[yellow]declared after evidence:[/] " + escape(f"{row['evidence_before']}; decisions under "
+                      "this gate are marked as no predeclaration (docs/methods.md §11)"), soft_wrap=True)
     console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2), soft_wrap=True)
 
 
@@ -415,7 +419,8 @@ def gc(runs_dir: Optional[str] = RunsDir,
 @gate_app.command("show")
 def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
               as_json: bool = typer.Option(False, "--json", help="print the rows as JSON")) -> None:
-    """The experiment's gate declarations and, for the one in force, the decision table with intervals."""
+    """One experiment's gate declarations (the config's name; each marked when declared after evidence) and, for
+    the one in force, the decision table with intervals."""
     layout = RunsLayout.resolve(runs_dir)
     try:
         cfg = load_config(config)
@@ -428,7 +433,9 @@ def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
     except PretrainError as err:
         _fail(err)
     if as_json:
-        print(json.dumps({"gates": gates.astype(str).to_dict("records"),
+        shown = [{**{k: str(v) for k, v in r.items()}, "declared_after_evidence": bool(r["declared_after_evidence"])}
+                 for r in gates.to_dict("records")]
+        print(json.dumps({"gates": shown,
                           "decisions": decisions.astype(object).where(decisions.notna(), None).to_dict("records")},
                          indent=2, default=str))
         return
@@ -436,6 +443,7 @@ def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
     from tasks.gate.views import gate_tables
 
     console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    console.print(escape(f"experiment: {cfg.name} (its gates only)"), soft_wrap=True)
     if len(gates) and gates["gate_hash"].iloc[0] != gate_hash(cfg.gate):
         console.print(f"[yellow]note:[/] the config's [gate] ({gate_hash(cfg.gate)[:12]}) differs from the one in "
                       f"force ({gates['gate_hash'].iloc[0][:12]}); the table below is under the one in force. "

@@ -178,13 +178,16 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
     cached: dict[str, bool] = {}
     status = "FAILED"
     try:
+        # Before the first stage: a gate this run is the first to see is hashed and timestamped before any CPT
+        # candidate trains (marked when CPT evidence of the experiment exists already).
         record_gate(cfg, env.warehouse, env.tracker, env.parent_run_id)
         keys = chain_keys(cfg, until)
         with env.progress:
             for stage in STAGES[:len(keys)]:
                 upstream[stage.name], cached[stage.name] = run_stage(stage, keys[stage.name], env, upstream)
                 # The ladder's forecast goes on record before main starts, and is checked once main exists.
-                after_stage(stage.name, upstream, keys["main"].key if "main" in keys else None, env.target)
+                after_stage(stage.name, upstream, keys["main"].key if "main" in keys else None, env.target,
+                            env.store)
         status = "FINISHED"
     finally:
         env.tracker.end_run(env.parent_run_id, status)

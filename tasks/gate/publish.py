@@ -4,7 +4,10 @@ run's headline (the kept model's held-out figures), and the model registry: the 
 ``<experiment>-cpt-candidates``. The kept model is registered by the export stage (``tasks/export/publish.py``), as
 the Hugging Face folder behind the alias ``kept`` of ``<experiment>-base``. The gate's decision record
 (``evals.decision``, docs/methods.md §14) goes to the ``decisions`` table, the tag ``decision.gate.verdict`` and the
-metrics ``decision.gate.estimate``/``low``/``high`` (domain loss reduction, nats/token)."""
+metrics ``decision.gate.estimate``/``low``/``high`` (domain loss reduction, nats/token). Whether the gate was declared
+after CPT evidence existed (docs/methods.md §11) is the record's ``declared_after_evidence``: a column of the
+``decisions`` and ``gate_decisions`` rows (False for artifacts written before records carried it) and the stage
+run's tag ``decision.gate.declared_after_evidence``."""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from tasks.readers import recorded_manifest_hash
 def publish(ctx: PublishContext) -> Published:
     path, key, experiment = ctx.artifact.path, ctx.artifact.key, ctx.cfg.name
     decision = json.loads((path / "decision.json").read_text())
+    record = decision.get("decision") if isinstance(decision.get("decision"), dict) else {}
     table = pd.read_parquet(path / "decisions.parquet").assign(
         experiment=experiment, gate_hash=decision["gate_hash"],
+        declared_after_evidence=bool(record.get("declared_after_evidence", False)),
         manifest_hash=gate_manifest_hash(ctx.inputs.get("main"), ctx.inputs.get("cpt"))).astype({"manifest_hash": "string"})
     # harness_items.parquet exists only when the gate names a harness criterion (tasks.gate.harness).
     files = ["decisions.parquet", "decision.json", "gate_scatter.png", "harness_items.parquet"]
@@ -76,6 +81,7 @@ def _decision_record(out: Published, record: DecisionRecord) -> None:
     metrics of the stage run."""
     out.tables["decisions"] = decisions_frame([record])
     out.tags[f"decision.{record.kind}.verdict"] = record.verdict
+    out.tags[f"decision.{record.kind}.declared_after_evidence"] = str(record.declared_after_evidence).lower()
     out.parent_tags[f"decision.{record.kind}.verdict"] = record.verdict
     out.metrics.update({f"decision.{record.kind}.{name}": value for name, value in
                         (("estimate", record.estimate), ("low", record.low), ("high", record.high))

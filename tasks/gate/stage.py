@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +171,9 @@ def _resolve(decision: GateDecision, undetermined, prefer: str) -> str:
     if c.metric not in LOSS_METRICS:
         return f"about {needed:,.0f} {unit} for {c.name} of {row['candidate']}"
     docs = row[c.column + "_docs"]
-    if docs < 2:
-        return f"at least 2 {unit} for {c.name} of {row['candidate']} ({docs} now: one gives no interval)"
+    if row.get(f"reason_{c.name}"):  # below the minimum the coverage study sets (evals.stats.MIN_UNITS)
+        return (f"at least {needed:,.0f} {unit} for {c.name} of {row['candidate']}, {docs} now (the fewest at "
+                "which its interval's coverage holds, docs/methods.md §16)")
     return f"about {needed:,.0f} {unit} for {c.name} of {row['candidate']}, {docs} now"
 
 
@@ -207,14 +209,53 @@ def decision_record(cfg: GateConfig, decision: GateDecision, declared: DecisionR
                            evidence=evidence)
 
 
+def gate_declaration(ctx: StageContext, gate: str) -> dict[str, Any] | None:
+    """The first declaration of gate hash ``gate`` for ``ctx.experiment`` in DuckDB ``gates`` (the pipeline writes
+    it before its first stage, ``flows.gates``): ``declared_at`` (naive UTC), ``declared_after_evidence`` (NULL of
+    rows written before the column existed: False) and ``evidence_before``; None when the warehouse has none (a
+    stage run outside the pipeline)."""
+    from infra.warehouse import Warehouse
+
+    warehouse = Warehouse(ctx.layout.duckdb)
+    if not warehouse.has_table("gates"):
+        return None
+    rows = warehouse.query("SELECT * FROM gates WHERE experiment = ? AND gate_hash = ? ORDER BY declared_at LIMIT 1",
+                           [ctx.experiment, gate])
+    if rows.empty:
+        return None
+    row = rows.iloc[0].to_dict()
+    late, text = row.get("declared_after_evidence"), row.get("evidence_before")
+    return {"declared_at": row["declared_at"], "declared_after_evidence": bool(late) if pd.notna(late) else False,
+            "evidence_before": str(text) if text is not None and pd.notna(text) else ""}
+
+
+def declared_record(ctx: StageContext, cfg: GateConfig) -> tuple[DecisionRecord, str]:
+    """The gate's decision record as declared, and what evidence preceded that declaration ("" when none).
+
+    ``declared_at`` is the first declaration of this exact gate hash for the experiment (``gate_declaration``), so
+    a rerun hours later still cites the time the rule was fixed, and ``declared_after_evidence`` is that
+    declaration's mark; without one on record, the record is declared now, before this stage reads any evidence.
+    """
+    found = gate_declaration(ctx, gate_hash(cfg))
+    when = None
+    if found is not None:
+        stamp = pd.Timestamp(found["declared_at"])  # gates stores naive UTC
+        stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+        when = stamp.replace(microsecond=0, nanosecond=0).isoformat()
+    declared = DecisionRecord.declare("gate", rule=gate_rule(cfg), rule_config=cfg.model_dump(mode="json"),
+                                      declared_at=when)
+    if found is None or not found["declared_after_evidence"]:
+        return declared, ""
+    return replace(declared, declared_after_evidence=True), found["evidence_before"]
+
+
 def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
     """Decide; the kept checkpoint is the best passing candidate, else the base (the main run).
 
-    The decision record is declared when this stage starts, before any evidence is read: the stage has no access
-    to the ``gates`` table, whose ``declared_at`` (written before any CPT step, ``flows.gates``) is the earlier
-    time the same rule (``gate_hash``) was fixed.
+    The decision record's ``declared_at`` and ``declared_after_evidence`` come from the experiment's first
+    declaration of this gate hash (``declared_record``).
     """
-    declared = DecisionRecord.declare("gate", rule=gate_rule(cfg), rule_config=cfg.model_dump(mode="json"))
+    declared, evidence_before = declared_record(ctx, cfg)
     cpt_dir = ctx.inputs["cpt"]
     described = load_candidates(cpt_dir)
     # "base" is the checkpoint CPT started from: the main run's, or an external one ([cpt] base_checkpoint).
@@ -237,6 +278,8 @@ def run(ctx: StageContext, cfg: GateConfig) -> dict[str, Any]:
     decision.table.to_parquet(ctx.out / "decisions.parquet", index=False)
     kept_path = base_path if decision.kept == "base" else cpt_dir / "candidates" / decision.kept
     evidence = {"table": "gate_decisions", "gate_hash": gate_hash(cfg), "artifact_key": ctx.key}
+    if evidence_before:  # what existed before the gate was declared (DuckDB gates.evidence_before)
+        evidence["evidence_before_declaration"] = evidence_before
     settled = decision_record(cfg, decision, declared, evidence=evidence)
     record = {"gate_hash": gate_hash(cfg), "kept": decision.kept, "kept_checkpoint": str(kept_path),
               "candidates_dir": str(cpt_dir / "candidates"), "base_checkpoint": str(base_path),

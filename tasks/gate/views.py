@@ -10,6 +10,7 @@ import shutil
 from typing import Any
 
 import pandas as pd
+from rich.markup import escape
 
 from evals.decision import DecisionRecord
 from infra.report_blocks import Block, Figure, Heading, TableBlock, Text, rich_table
@@ -66,15 +67,26 @@ def cluster_lines(table: pd.DataFrame) -> list[str]:
     return lines
 
 
+def declarations_frame(gates: pd.DataFrame) -> pd.DataFrame:
+    """The ``gates`` rows of one experiment (newest first) as shown: short hash, declaration time, whether it is in
+    force (the first row) and whether it was declared after evidence, with what existed then (rows written before
+    the mark existed: no)."""
+    late = gates["declared_after_evidence"] if "declared_after_evidence" in gates else pd.Series(False, gates.index)
+    text = gates["evidence_before"] if "evidence_before" in gates else pd.Series("", gates.index)
+    marks = ["yes: " + str(t) if (v is not None and not pd.isna(v) and bool(v)) else "no"
+             for v, t in zip(late, text.fillna(""))]
+    return pd.DataFrame({"gate_hash": gates["gate_hash"].str[:12], "declared_at": gates["declared_at"].astype(str),
+                         "in force": ["yes"] + ["no"] * (len(gates) - 1), "declared after evidence": marks})
+
+
 def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
-    """Rich renderables for ``pretrain gate show``: the declarations (newest first, the first is in force) and
-    the decision table in the form of the CPT replay grid (docs/methods.md §11), each metric with its confidence interval and each criterion's verdict."""
+    """Rich renderables for ``pretrain gate show``: one experiment's declarations (newest first, the first is in
+    force, each marked when declared after evidence) and the decision table in the form of the CPT replay grid
+    (docs/methods.md §11), each metric with its confidence interval and each criterion's verdict."""
     out = []
     if gates.empty:
         return ["no gate declared yet for this experiment: `pretrain run` or `pretrain gate declare` records it"]
-    declared = pd.DataFrame({"gate_hash": gates["gate_hash"].str[:12], "declared_at": gates["declared_at"].astype(str),
-                             "in force": ["yes"] + ["no"] * (len(gates) - 1)})
-    out.append(rich_table("Gate declarations", declared))
+    out.append(rich_table("Gate declarations", declarations_frame(gates)))
     lines = [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}{_scoring_note(c.model_dump())}"
              for c in gate_cfg.criteria]
     out.append("criteria in the config: " + "; ".join(lines))
@@ -144,7 +156,12 @@ def summary(ctx: SummaryContext) -> list[Any]:
     table = pd.read_parquet(ctx.path / "decisions.parquet")
     out: list[Any] = [f"[bold]Gate decision[/]\n{decision['summary']}"]
     if isinstance(decision.get("decision"), dict):
-        out.append(f"  {DecisionRecord.from_dict(decision['decision']).line()}")
+        record = DecisionRecord.from_dict(decision["decision"])
+        out.append(f"  {record.line()}")
+        if record.declared_after_evidence:
+            before = escape(str(record.evidence.get("evidence_before_declaration", "")))
+            out.append(f"  [yellow]the gate was declared after evidence existed[/]{': ' + before if before else ''}; "
+                       "this decision is no predeclaration (docs/methods.md §11)")
     out.extend(f"  {line}" for line in cluster_lines(table))
     out.extend(f"  {line}" for line in undetermined_lines(table))
     return out
@@ -157,9 +174,14 @@ def report(ctx: ReportContext) -> list[Block]:
     path = ctx.path
     decision = json.loads((path / "decision.json").read_text())
     out: list[Block] = [Heading("Gate decision")]
-    declared = ctx.warehouse.query("SELECT declared_at FROM gates WHERE gate_hash = ? ORDER BY declared_at LIMIT 1",
-                                   [decision["gate_hash"]]) if ctx.warehouse.has_table("gates") else pd.DataFrame()
+    # The experiment's own first declaration of this gate: other experiments share the table.
+    experiment = getattr(ctx.cfg, "name", None)
+    declared = ctx.warehouse.query(
+        "SELECT * FROM gates WHERE gate_hash = ? AND experiment = ? ORDER BY declared_at LIMIT 1",
+        [decision["gate_hash"], experiment]) if experiment and ctx.warehouse.has_table("gates") else pd.DataFrame()
     when = f", declared {declared['declared_at'].iloc[0]:%Y-%m-%d %H:%M:%S} UTC" if not declared.empty else ""
+    if not declared.empty and declarations_frame(declared)["declared after evidence"].iloc[0] != "no":
+        when += f" after evidence existed ({declared['evidence_before'].iloc[0]})"
     gate_cfg = json.loads((path / "meta.json").read_text())["config"].get("gate", {})
     criteria = "; ".join(f"{c['name']}: {c['metric']} {c['op']} {c['threshold']:g} at {c['confidence']:.0%}"
                          f"{_scoring_note(c)}" for c in gate_cfg.get("criteria", []))

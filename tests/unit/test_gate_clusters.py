@@ -156,8 +156,6 @@ def test_a_gate_on_one_domain_document_is_undetermined_and_says_five_are_needed(
                                          for name in ("domain_gain", "general_forgetting")]
 
 
-@pytest.mark.xfail(strict=True, reason="tasks/gate/stage.py _resolve still asks for 'at least 2 held-out documents "
-                   "(1 now: one gives no interval)' although a loss verdict needs MIN_UNITS['documents'] = 5")
 def test_the_decision_record_of_a_one_document_gate_asks_for_five_documents(tmp_path):
     base, cand = _clustered(effects=np.array([0.0]), per_doc=40, reduction=1.0)
     record = json.loads((_gate(tmp_path, {"base": base, "cand": cand}, "one") / "decision.json").read_text())
