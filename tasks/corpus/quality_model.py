@@ -111,6 +111,22 @@ class QualityModelConfig(Section):
     ``max_examples``: at most this many examples per class, training and held-out together (>= 10), a seeded
     choice. ``holdout_fraction``: share of each class held out for the metrics, in (0, 0.5]. ``seed``: seeds the
     choice, the split, fastText's training and the ``sample`` action (>= 0).
+    Class balance: ``class_balance`` = "balanced" (default) gives both classes the same total weight in training,
+    whatever their example counts: naive Bayes weighs each example by n / (2 · n_class) (scikit-learn
+    ``compute_sample_weight("balanced")``), fastText, which takes no weights, reads the smaller class's examples
+    repeated (seeded) until both classes have as many lines. Unbalanced, the smoothing of the smaller class's few
+    counts can rank its own held-out examples last (docs/methods.md §7). "none" trains on the counts as they are.
+    A "pretrained" model is not trained here, so neither applies to it.
+    Held-out check (the stage fails rather than remove documents; ``check_heldout``): ``min_auc``, in [0.5, 1], is
+    the floor on the held-out ROC AUC (the probability that a held-out positive scores above a held-out negative;
+    0.5 is chance, below it the classifier is inverted); default 0.7, the lower end of "acceptable discrimination"
+    (Hosmer & Lemeshow 2000, Applied Logistic Regression, §5.2.4). ``min_score_spread``, in [0, 0.5], is the
+    floor on the standard deviation of the held-out scores (probability units); default 0.01, one percentage
+    point: scores that all lie closer together than that (a fastText model trained on a hundred examples puts
+    every score within 1e-4 of 0.5) make a threshold or a Pareto draw remove documents by differences that
+    carry no information, while a classifier that separates the classes spreads its scores by tenths (0.2–0.4
+    on the smoke and demo examples). A "pretrained" model without held-out examples of both classes has no AUC
+    and is not checked.
     ``action``: "threshold" keeps a document whose score is >= ``threshold`` (in [0, 1]); "sample" keeps it by
     GPT-3's Pareto rule with shape ``pareto_alpha`` (> 0), with probability (2 − score)^(−pareto_alpha)
     (``keep_decisions``).
@@ -140,6 +156,9 @@ class QualityModelConfig(Section):
     max_examples: int = 2000
     holdout_fraction: float = 0.2
     seed: int = 0
+    class_balance: Literal["balanced", "none"] = "balanced"
+    min_auc: float = 0.7
+    min_score_spread: float = 0.01
     action: Literal["threshold", "sample"] = "threshold"
     threshold: float = 0.5
     pareto_alpha: float = 9.0
@@ -209,6 +228,12 @@ class QualityModelConfig(Section):
                 raise ConfigError(f"quality_model.{name}={getattr(self, name)} must be >= 1")
         if self.max_features < 2:
             raise ConfigError(f"quality_model.max_features={self.max_features} must be >= 2 hashed columns")
+        if not 0.5 <= self.min_auc <= 1.0:
+            raise ConfigError(f"quality_model.min_auc={self.min_auc} is a floor on the held-out ROC AUC and must lie "
+                              "in [0.5, 1]: below 0.5 it would accept a classifier that ranks the classes inverted")
+        if not 0.0 <= self.min_score_spread <= 0.5:
+            raise ConfigError(f"quality_model.min_score_spread={self.min_score_spread} is a floor on the standard "
+                              "deviation of held-out scores in [0, 1] and must lie in [0, 0.5]")
         _share("max_removed_share", self.max_removed_share)
         for key, share in self.max_removed_share_by.items():
             if not key.strip():
@@ -310,7 +335,10 @@ class TrainedModel(ABC):
         positive_label: the label of the reference-quality class, among ``labels``.
         labels: every label of the model.
         metrics: held-out evaluation (``heldout_metrics`` plus the counts ``n_train_pos``, ``n_train_neg``,
-            ``n_heldout_pos``, ``n_heldout_neg``).
+            ``n_heldout_pos``, ``n_heldout_neg`` and ``balancing``: the class balancing training applied, a dict
+            with ``method`` ("sample_weight", "oversample" or "none"), the training examples per class and the
+            weight per example of each class, or with ``reason`` for a model trained elsewhere; empty until
+            ``train``). Saved with the model in ``quality_model.json``.
         metrics_note: why a metric is NaN ("" when none is).
         split: example indices per part, keys ``train_positive``, ``heldout_positive``, ``train_negative``,
             ``heldout_negative`` (indices into the lists given to ``train``; empty for a model loaded alone).
@@ -324,7 +352,7 @@ class TrainedModel(ABC):
         self.positive_label = positive_label
         self.labels = list(labels)
         self.metrics: dict[str, Any] = {**heldout_metrics(np.zeros(0), np.zeros(0), 0.5), **dict.fromkeys(
-            ("n_train_pos", "n_train_neg", "n_heldout_pos", "n_heldout_neg"), 0)}
+            ("n_train_pos", "n_train_neg", "n_heldout_pos", "n_heldout_neg"), 0), "balancing": {}}
         self.metrics_note = "not evaluated: no held-out examples were scored"
         self.split: dict[str, np.ndarray] = {k: np.zeros(0, dtype=np.int64) for k in _SPLIT_KEYS}
         self.heldout: dict[str, list] | None = None
@@ -472,10 +500,11 @@ def train(positives: Sequence[str], negatives: Sequence[str], cfg: QualityModelC
 
     Each class is shuffled with ``numpy.random.default_rng([cfg.seed, c])`` (c = 1 positive, 0 negative), cut to
     ``cfg.max_examples``, and its first round(``holdout_fraction`` · n) examples (at least 1) are held out; the
-    rest train the model. The same inputs and seed give the same model and scores: naive Bayes has no randomness,
-    and fastText trains with one thread and ``seed`` (with several threads its updates race and results vary). For
-    "pretrained" every chosen example is held out; with no examples (or one class only) the metrics that need them
-    are NaN and ``metrics_note`` says why.
+    rest train the model, with the classes balanced by ``cfg.class_balance`` (naive Bayes: sample weights
+    n / (2 · n_class); fastText: the smaller class oversampled, ``oversample``). The same inputs and seed give the
+    same model and scores: naive Bayes has no randomness, and fastText trains with one thread and ``seed`` (with
+    several threads its updates race and results vary). For "pretrained" every chosen example is held out; with no
+    examples (or one class only) the metrics that need them are NaN and ``metrics_note`` says why.
 
     Args:
         positives: reference-quality texts.
@@ -483,8 +512,9 @@ def train(positives: Sequence[str], negatives: Sequence[str], cfg: QualityModelC
         cfg: the quality-model section.
 
     Returns:
-        The model, with ``metrics`` (accuracy at ``cfg.threshold``, ROC AUC, Brier score, calibration bins and the
-        counts), ``split`` and ``heldout``.
+        The model, with ``metrics`` (accuracy at ``cfg.threshold``, ROC AUC with its interval, the spread of the
+        scores, Brier score, calibration bins, the counts and the balancing), ``split`` and ``heldout``. Whether
+        the figures are good enough is ``check_heldout``'s to decide, not ``train``'s.
 
     Raises:
         DataError: kind "naive_bayes" / "fasttext" with fewer than 2 examples of a class; an entry not a string;
@@ -514,16 +544,17 @@ def train(positives: Sequence[str], negatives: Sequence[str], cfg: QualityModelC
     train_pos, train_neg = pick(positives, split["train_positive"]), pick(negatives, split["train_negative"])
     if pretrained:
         model = load_model(cfg.path, positive_label=cfg.positive_label)
+        balancing = dict(method="none", reason="pretrained: trained elsewhere")
     elif cfg.kind == "naive_bayes":
-        model = _train_naive_bayes(train_pos, train_neg, cfg)
+        model, balancing = _train_naive_bayes(train_pos, train_neg, cfg)
     else:
-        model = _train_fasttext(train_pos, train_neg, cfg)
+        model, balancing = _train_fasttext(train_pos, train_neg, cfg)
     held = pick(positives, split["heldout_positive"]) + pick(negatives, split["heldout_negative"])
     y = np.r_[np.ones(len(split["heldout_positive"])), np.zeros(len(split["heldout_negative"]))]
     scores = model.score(held)
     model.metrics = heldout_metrics(y, scores, cfg.threshold)
     model.metrics.update(n_train_pos=len(train_pos), n_train_neg=len(train_neg), n_heldout_pos=int(y.sum()),
-                         n_heldout_neg=int(len(y) - y.sum()))
+                         n_heldout_neg=int(len(y) - y.sum()), balancing=balancing)
     model.metrics_note = _metrics_note(y)
     if model.metrics_note:
         log.warning("quality model: %s", model.metrics_note)
@@ -535,10 +566,18 @@ def train(positives: Sequence[str], negatives: Sequence[str], cfg: QualityModelC
     return model
 
 
-def _train_naive_bayes(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> NaiveBayesModel:
+def _balancing(method: str, n_pos: int, n_neg: int, weight_pos: float, weight_neg: float) -> dict[str, Any]:
+    """What class balancing training applied: the method, the training examples of each class and the weight per
+    example of each class (for oversampling, the mean number of times an example is read)."""
+    return dict(method=method, n_train_pos=n_pos, n_train_neg=n_neg, weight_pos=weight_pos, weight_neg=weight_neg)
+
+
+def _train_naive_bayes(pos: list[str], neg: list[str], cfg: QualityModelConfig
+                       ) -> tuple[NaiveBayesModel, dict[str, Any]]:
     from sklearn.feature_extraction.text import HashingVectorizer
     from sklearn.naive_bayes import MultinomialNB
     from sklearn.pipeline import Pipeline
+    from sklearn.utils.class_weight import compute_sample_weight
 
     pipeline = Pipeline([
         # Single-character tokens count: a CJK character is a word here (word_units); the default pattern drops them.
@@ -549,20 +588,42 @@ def _train_naive_bayes(pos: list[str], neg: list[str], cfg: QualityModelConfig) 
         # short document (little evidence) should score near 0.5 rather than near the larger class.
         ("nb", MultinomialNB(alpha=cfg.nb_alpha, fit_prior=False)),
     ])
-    pipeline.fit([word_units(t) for t in pos + neg], [POSITIVE] * len(pos) + [NEGATIVE] * len(neg))
-    return NaiveBayesModel(pipeline, POSITIVE)
+    labels = np.array([POSITIVE] * len(pos) + [NEGATIVE] * len(neg))
+    if cfg.class_balance == "balanced":
+        # n / (2 · n_class) per example: both classes carry the same total weight, so the smaller class's counts
+        # are not drowned by the additive smoothing the larger class outgrows.
+        weights = compute_sample_weight("balanced", labels)
+        balancing = _balancing("sample_weight", len(pos), len(neg), float(weights[0]), float(weights[-1]))
+    else:
+        weights = None
+        balancing = _balancing("none", len(pos), len(neg), 1.0, 1.0)
+    pipeline.fit([word_units(t) for t in pos + neg], labels, nb__sample_weight=weights)
+    return NaiveBayesModel(pipeline, POSITIVE), balancing
 
 
-def _train_fasttext(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> FastTextModel:
+def _train_fasttext(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> tuple[FastTextModel, dict[str, Any]]:
     trainer = _fasttext_trainer()
     if trainer is None:
         raise ConfigError("quality_model.kind = 'fasttext' needs a fastText build with train_supervised, but "
                           "fasttext-new is not installed and the 'fasttext' module, if any, is the predict-only "
                           "build; install the project's dependencies (pip install -e .), or use kind = "
                           "'naive_bayes', or kind = 'pretrained' with a fastText model trained elsewhere")
+    pos_index, neg_index = np.arange(len(pos)), np.arange(len(neg))
+    if cfg.class_balance == "balanced":
+        # fastText takes no example weights: the smaller class is read repeatedly until both have as many lines.
+        rng = np.random.default_rng([cfg.seed, 3])
+        if len(pos) < len(neg):
+            pos_index = oversample(len(pos), len(neg), rng)
+        elif len(neg) < len(pos):
+            neg_index = oversample(len(neg), len(pos), rng)
+        balancing = _balancing("oversample", len(pos), len(neg), len(pos_index) / len(pos),
+                               len(neg_index) / len(neg))
+    else:
+        balancing = _balancing("none", len(pos), len(neg), 1.0, 1.0)
     # Interleaved by a seeded order: fastText reads the file in order, and one class after the other would make
     # its last updates all of one class.
-    lines = [f"{POSITIVE} {fasttext_line(t)}" for t in pos] + [f"{NEGATIVE} {fasttext_line(t)}" for t in neg]
+    lines = ([f"{POSITIVE} {fasttext_line(pos[i])}" for i in pos_index]
+             + [f"{NEGATIVE} {fasttext_line(neg[i])}" for i in neg_index])
     lines = [lines[i] for i in np.random.default_rng([cfg.seed, 2]).permutation(len(lines))]
     with tempfile.TemporaryDirectory(prefix="quality-fasttext-") as tmp:
         data = Path(tmp) / "train.txt"
@@ -576,7 +637,15 @@ def _train_fasttext(pos: list[str], neg: list[str], cfg: QualityModelConfig) -> 
         except (RuntimeError, ValueError) as err:
             raise DataError(f"quality model: fastText training failed on {len(pos)} + {len(neg)} examples ({err}); "
                             "change quality_model.ft_dim / ft_lr / ft_word_ngrams or give more examples") from err
-    return FastTextModel(model, POSITIVE, _fasttext_labels(model), source=None)
+    return FastTextModel(model, POSITIVE, _fasttext_labels(model), source=None), balancing
+
+
+def oversample(n_small: int, n_large: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices into a class of ``n_small`` examples that read it ``n_large`` times in all: every example
+    ⌊n_large / n_small⌋ times, and n_large mod n_small of them, drawn without replacement by ``rng``, once more
+    (random oversampling to balance two classes; each example is read at most once more than any other)."""
+    base = np.tile(np.arange(n_small), n_large // n_small)
+    return np.r_[base, np.sort(rng.choice(n_small, n_large % n_small, replace=False))].astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -683,28 +752,128 @@ def heldout_metrics(y: np.ndarray, scores: np.ndarray, threshold: float) -> dict
 
     Returns:
         ``accuracy`` at ``threshold``; ``roc_auc`` (``sklearn.metrics.roc_auc_score``; NaN unless both classes are
-        present); ``brier`` = mean (score − y)² (Brier 1950, ``sklearn.metrics.brier_score_loss``); ``calibration``
-        = {"mean_predicted": [...], "fraction_positive": [...]} over the non-empty ones of 10 uniform score bins
-        (``sklearn.calibration.calibration_curve``). With N = 0 the floats are NaN and the bins empty.
+        present) with ``roc_auc_low`` / ``roc_auc_high``, its 95% interval (``auc_interval``, Hanley & McNeil
+        1982); ``score_std`` (population standard deviation) and ``score_iqr`` (75th − 25th percentile) of the
+        scores, in probability units; ``brier`` = mean (score − y)² (Brier 1950,
+        ``sklearn.metrics.brier_score_loss``); ``calibration`` = {"mean_predicted": [...], "fraction_positive":
+        [...]} over the non-empty ones of 10 uniform score bins (``sklearn.calibration.calibration_curve``). With
+        N = 0 the floats are NaN and the bins empty.
     """
     from sklearn.calibration import calibration_curve
     from sklearn.metrics import brier_score_loss, roc_auc_score
 
     y = np.asarray(y, dtype=np.int64)
     scores = np.asarray(scores, dtype=np.float64)
-    out: dict[str, Any] = dict(accuracy=math.nan, roc_auc=math.nan, brier=math.nan,
+    out: dict[str, Any] = dict(accuracy=math.nan, roc_auc=math.nan, roc_auc_low=math.nan, roc_auc_high=math.nan,
+                               score_std=math.nan, score_iqr=math.nan, brier=math.nan,
                                calibration={"mean_predicted": [], "fraction_positive": []})
     if not len(y):
         return out
     out["accuracy"] = float(np.mean((scores >= threshold) == (y == 1)))
     out["brier"] = float(brier_score_loss(y, scores, pos_label=1))
+    out["score_std"] = float(np.std(scores))
+    q25, q75 = np.percentile(scores, [25, 75])
+    out["score_iqr"] = float(q75 - q25)
     if len(np.unique(y)) == 2:
         out["roc_auc"] = float(roc_auc_score(y, scores))
+        n_pos = int(y.sum())
+        out["roc_auc_low"], out["roc_auc_high"] = auc_interval(out["roc_auc"], n_pos, len(y) - n_pos)
     fraction, mean_predicted = calibration_curve(y, scores, pos_label=1, n_bins=CALIBRATION_BINS,
                                                  strategy="uniform")
     out["calibration"] = {"mean_predicted": [float(v) for v in mean_predicted],
                           "fraction_positive": [float(v) for v in fraction]}
     return out
+
+
+def auc_interval(auc: float, n_pos: int, n_neg: int, z: float = 1.959964) -> tuple[float, float]:
+    """The normal-approximation interval of a ROC AUC by Hanley & McNeil (1982, "The Meaning and Use of the Area
+    under a Receiver Operating Characteristic (ROC) Curve", Radiology 143):
+    SE² = [A(1 − A) + (n_pos − 1)(Q1 − A²) + (n_neg − 1)(Q2 − A²)] / (n_pos · n_neg), Q1 = A / (2 − A),
+    Q2 = 2A² / (1 + A); the interval A ± z · SE is clipped to [0, 1].
+
+    Closed form, so it costs nothing; its Q1 / Q2 assume exponential score distributions, and at A = 1 (or 0) the
+    SE is 0, so a perfect held-out ranking gets a zero-width interval however few examples it rests on.
+
+    Args:
+        auc: the ROC AUC A, in [0, 1].
+        n_pos, n_neg: held-out examples of each class (>= 1 each).
+        z: standard-normal quantile; 1.959964 gives 95%.
+
+    Returns:
+        (low, high); (NaN, NaN) when ``auc`` is NaN or a class is empty.
+    """
+    if not (n_pos >= 1 and n_neg >= 1) or math.isnan(auc):
+        return math.nan, math.nan
+    q1, q2 = auc / (2.0 - auc), 2.0 * auc**2 / (1.0 + auc)
+    var = (auc * (1.0 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)) / (n_pos * n_neg)
+    se = math.sqrt(max(var, 0.0))
+    return max(0.0, auc - z * se), min(1.0, auc + z * se)
+
+
+def check_heldout(metrics: dict[str, Any], cfg: QualityModelConfig) -> None:
+    """Refuse a classifier that would remove documents by chance, inverted or by noise (docs/methods.md §7).
+
+    The rule reads the held-out figures of ``train`` (``heldout_metrics``): the point ROC AUC must be at least
+    ``cfg.min_auc`` and the standard deviation of the held-out scores at least ``cfg.min_score_spread``. The 95%
+    interval of the AUC (``roc_auc_low`` / ``roc_auc_high``) is reported, not ruled on: a floor on its lower end
+    would fail a good classifier for having few held-out examples, and the stage warns instead when the interval
+    reaches below the floor (``quality_stage.classifier_warnings``). A model without held-out examples of both
+    classes (kind "pretrained" with few or no examples) has no AUC and is not checked.
+
+    Args:
+        metrics: ``TrainedModel.metrics`` after ``train``.
+        cfg: ``min_auc``, ``min_score_spread``, ``class_balance`` and ``kind`` are read.
+
+    Raises:
+        DataError: a figure below its floor; the message gives the AUC with its interval, the held-out and
+            training examples of each class, the balancing applied, the spread of the scores, and the fixes.
+    """
+    auc, std = float(metrics.get("roc_auc", math.nan)), float(metrics.get("score_std", math.nan))
+    if math.isnan(auc):
+        return
+    low_auc, flat = auc < cfg.min_auc, not std >= cfg.min_score_spread
+    if not (low_auc or flat):
+        return
+    kind = cfg.kind
+    pos, neg = int(metrics.get("n_heldout_pos", 0)), int(metrics.get("n_heldout_neg", 0))
+    problems = []
+    if low_auc:
+        low, high = float(metrics.get("roc_auc_low", math.nan)), float(metrics.get("roc_auc_high", math.nan))
+        if high < 0.5:
+            meaning = "it ranks held-out ordinary text above reference text: inverted"
+        elif low <= 0.5 or math.isnan(low):
+            meaning = "it is no better than chance (0.5)"
+        else:
+            meaning = "it separates the classes, but too weakly to rank documents by"
+        problems.append(f"held-out ROC AUC {auc:.3f} (95% interval {low:.3f}–{high:.3f}, Hanley & McNeil 1982) is "
+                        f"below quality_model.min_auc = {cfg.min_auc}; {meaning}")
+    if flat:
+        problems.append(f"the held-out scores' standard deviation {std:.2g} is below quality_model.min_score_spread "
+                        f"= {cfg.min_score_spread}: a threshold or a Pareto draw would remove documents by "
+                        "differences that carry no information")
+    balancing = metrics.get("balancing") or {}
+    trained = (f"trained on {metrics.get('n_train_pos', 0):,} positive and {metrics.get('n_train_neg', 0):,} negative "
+               f"examples, balancing {balancing.get('method', 'none')}"
+               + (f" (weight per example {balancing['weight_pos']:.3g} positive, {balancing['weight_neg']:.3g} "
+                  "negative)" if balancing.get("method") in ("sample_weight", "oversample") else ""))
+    if balancing.get("reason"):
+        trained = str(balancing["reason"])
+    fixes = [f"declare more examples (hundreds per class; the smaller class has {min(pos, neg):,} held out)",
+             "choose positives and negatives that differ in quality rather than in topic or language"]
+    if cfg.class_balance == "none" and kind != "pretrained":
+        fixes.insert(0, "set class_balance = 'balanced'")
+    if kind == "pretrained":
+        fixes.append("check positive_label (the classes may be swapped) or train a classifier here")
+    else:
+        other = "fasttext" if kind == "naive_bayes" else "naive_bayes"
+        fixes.append(f"try kind = '{other}'")
+    if flat and kind == "fasttext":
+        fixes.append("raise ft_epoch or ft_lr (the model has barely moved from its start)")
+    raise DataError(
+        f"quality model ({kind}) failed its held-out check, so it removes nothing: " + "; ".join(problems)
+        + f". Held out: {pos:,} positive and {neg:,} negative examples; {trained}; held-out scores: std "
+        f"{std:.3g}, interquartile range {metrics.get('score_iqr', math.nan):.3g}. Fix: " + "; ".join(fixes)
+        + "; lower quality_model.min_auc or min_score_spread only with a reason.")
 
 
 def _metrics_note(y: np.ndarray) -> str:

@@ -1,5 +1,6 @@
-"""What a quality-model artifact puts into MLflow and the console: the classifier's held-out accuracy, ROC AUC,
-Brier score and reliability diagram, and how many examples came from where."""
+"""What a quality-model artifact puts into MLflow and the console: the classifier's held-out accuracy, ROC AUC
+with its 95% interval, spread of the scores, Brier score and reliability diagram, how many examples came from
+where, and how training balanced the classes."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def publish(ctx: PublishContext) -> Published:
     if not metrics.get("enabled"):
         return Published(tags={"quality_model": "disabled"})
     numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    balancing = metrics.get("balancing") or {}
     return Published(metrics={k: v for k, v in numbers.items() if math.isfinite(v)},
-                     params={"kind": metrics["kind"], **{f"examples.{k}": v for k, v in metrics["origins"].items()}},
+                     params={"kind": metrics["kind"], **{f"examples.{k}": v for k, v in metrics["origins"].items()},
+                             **{f"balancing.{k}": v for k, v in balancing.items()}},
                      files=[METRICS, "examples.parquet", metrics["model_file"]])
 
 
@@ -43,6 +46,9 @@ def summary(ctx: SummaryContext) -> list[Any]:
     if not metrics.get("enabled"):
         return []
     shown = ", ".join(f"{name.replace('_', ' ')} {metrics[name]:.3f}" for name in HEADLINE if name in metrics)
+    low, high = metrics.get("roc_auc_low"), metrics.get("roc_auc_high")
+    if low is not None and high is not None and low == low:
+        shown += f" (ROC AUC 95% interval {low:.3f}–{high:.3f}), score std {metrics.get('score_std', math.nan):.3f}"
     if metrics.get("metrics_note"):
         shown += f" ({metrics['metrics_note']})"
     origins = ", ".join(f"{k} {v:,}" for k, v in metrics["origins"].items())
@@ -50,5 +56,11 @@ def summary(ctx: SummaryContext) -> list[Any]:
     out: list[Any] = [f"[bold]Quality model[/] ({metrics['kind']}): held-out {shown}; examples available {origins}; "
                       f"used {used['n_train_pos']:,} + {used['n_heldout_pos']:,} positive and {used['n_train_neg']:,} + "
                       f"{used['n_heldout_neg']:,} negative (train + held out)"]
+    balancing = metrics.get("balancing") or {}
+    if balancing.get("method") in ("sample_weight", "oversample"):
+        out[0] += (f"; classes balanced by {balancing['method'].replace('_', ' ')} (weight per example "
+                   f"{balancing['weight_pos']:.3g} positive, {balancing['weight_neg']:.3g} negative)")
+    elif balancing:
+        out[0] += f"; classes not balanced ({balancing.get('reason', 'class_balance = none')})"
     out += [f"[yellow]quality model warning:[/] {w}" for w in metrics.get("warnings", [])]
     return out

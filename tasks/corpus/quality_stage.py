@@ -13,13 +13,15 @@ Inputs: the sources artifact. Examples are declared in ``[corpus.quality_model]`
   text of a seeded sample of every source, per language.
 
 Outputs: ``model/`` (the classifier, ``tasks.corpus.quality_model``), ``metrics.json`` (held-out accuracy, ROC
-AUC, Brier score, calibration bins, example counts by origin), ``reliability.png`` and ``examples.parquet``
+AUC with its 95% interval, spread of the scores, Brier score, calibration bins, example counts by origin, the
+class balancing of training), ``reliability.png`` and ``examples.parquet``
 (every held-out example, for review: ``EXAMPLE_COLUMNS``). An example's ``doc_id`` finds where it came from: the
 source document's id (with ``source``) for source and corpus-sample examples, ``<file>:<line>`` for a JSON-lines
 record and ``<file>`` for a whole text file, and ``junk:<kind>:<i>`` for the i-th generated junk page (its text
 is only here, in ``snippet``). The ids are outputs: they are not in the stage's key and do not change what the
 classifier is trained on. A disabled model writes ``metrics.json`` with ``enabled: false`` only, and the corpus
-build then scores nothing.
+build then scores nothing. A classifier whose held-out ROC AUC is below ``min_auc``, or whose held-out scores have
+no spread (``min_score_spread``), fails the stage (``quality_model.check_heldout``) and writes no artifact.
 """
 
 from __future__ import annotations
@@ -216,13 +218,19 @@ def heldout_examples(heldout: dict[str, list], positives: list[str], negatives: 
 MIN_HELDOUT_PER_CLASS = 20
 
 
-def classifier_warnings(metrics: dict[str, Any]) -> list[str]:
-    """What makes a trained classifier's held-out figures weak evidence: too few held-out examples of a class, or
-    an accuracy no better than always answering the larger class (the all-one-class baseline)."""
+def classifier_warnings(metrics: dict[str, Any], min_auc: float | None = None) -> list[str]:
+    """What makes a trained classifier's held-out figures weak evidence: too few held-out examples of a class, a
+    ROC AUC that passes ``min_auc`` while its 95% interval (Hanley & McNeil 1982) reaches below it, or an accuracy
+    no better than always answering the larger class (the all-one-class baseline)."""
     pos, neg = int(metrics.get("n_heldout_pos", 0)), int(metrics.get("n_heldout_neg", 0))
     out = [f"only {n} held-out {label} examples (fewer than {MIN_HELDOUT_PER_CLASS}): accuracy and ROC AUC are "
            "noisy; declare more examples or a larger holdout_fraction"
            for label, n in (("positive", pos), ("negative", neg)) if 0 < n < MIN_HELDOUT_PER_CLASS]
+    auc, low = metrics.get("roc_auc"), metrics.get("roc_auc_low")
+    if min_auc is not None and auc is not None and low is not None and low < min_auc <= auc:
+        out.append(f"held-out ROC AUC {auc:.3f} passes min_auc {min_auc} but its 95% interval reaches down to "
+                   f"{low:.3f}: the evidence that the classifier ranks reference text first is weak; declare more "
+                   "examples")
     accuracy = metrics.get("accuracy")
     if pos and neg and accuracy is not None and accuracy == accuracy:
         baseline = max(pos, neg) / (pos + neg)
@@ -234,8 +242,14 @@ def classifier_warnings(metrics: dict[str, Any]) -> list[str]:
 
 
 def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
-    """Train (or load) and evaluate the classifier; write the artifact (module docstring)."""
-    from tasks.corpus.quality_model import load_model, reliability_plot, train
+    """Train (or load) and evaluate the classifier; write the artifact (module docstring).
+
+    Raises:
+        DataError: the held-out check fails (``quality_model.check_heldout``: ROC AUC below ``min_auc`` or scores
+            without spread), or the examples cannot be gathered (``gather_examples``).
+        ConfigError: a declared source is not in the sources artifact.
+    """
+    from tasks.corpus.quality_model import check_heldout, load_model, reliability_plot, train
 
     qm = cfg.corpus.quality_model
     out = ctx.out
@@ -245,11 +259,14 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     with ctx.progress.task(f"quality model: {qm.kind} on declared examples", None):
         positives, negatives, origins, provenance = gather_examples(ctx.inputs["sources"], cfg.corpus)
         model = train(positives, negatives, qm)
+    # A classifier at chance, inverted or without spread would remove documents by noise: fail before the corpus
+    # build scores anything with it.
+    check_heldout(model.metrics, qm)
     saved = model.save(out / MODEL_DIR)
     load_model(saved, qm.positive_label)  # what the corpus build loads: refused here, not in every shard worker
     metrics = {"enabled": True, "kind": qm.kind, "model_file": str(saved.relative_to(out)), "origins": origins,
                **model.metrics, "metrics_note": model.metrics_note,
-               "warnings": classifier_warnings(model.metrics)}
+               "warnings": classifier_warnings(model.metrics, qm.min_auc)}
     (out / METRICS).write_text(json.dumps(metrics, indent=2, default=float))
     reliability_plot(model.metrics, out / "reliability.png")
     heldout = getattr(model, "heldout", None)

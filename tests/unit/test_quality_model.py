@@ -1,6 +1,7 @@
 """Quality classifier: trained naive Bayes and fastText models separate manual-like prose from navigation and spam
 on held-out examples; training and the Pareto sampling are seeded; save → load keeps the scores; a loaded model's
-positive label is found by name or must be set; configs and example files are checked with clear errors."""
+positive label is found by name or must be set; configs and example files are checked with clear errors; unequal
+classes are balanced, and the held-out check stops an inverted, chance-level or flat classifier with its figures."""
 
 import importlib.util
 import json
@@ -447,3 +448,213 @@ def test_naive_bayes_reads_chinese_by_characters_and_ignores_class_sizes():
     high, low = model.score(fresh)
     assert high > 0.9 and low < 0.1
     assert model.score(["qqqq zzzz"])[0] == pytest.approx(0.5, abs=0.01)  # only smoothing tells the classes apart
+
+
+# ---------------------------------------------------------------------------------------------- balance / check
+
+_FUNCTION_WORDS = "the of and to a in is that it for as with be on by this are from or can".split()
+
+
+def _coined(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9)))
+
+
+def planted_imbalance(n_pos: int, n_neg: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """Reference prose (half function words, the rest from a 300-word technical vocabulary) and ordinary text (15%
+    function words, the rest from a 20,000-word vocabulary, so each of its words is rare): the reference class is
+    the denser user of words both classes share, which is what additive smoothing punishes in the smaller class."""
+    rng = random.Random(seed)
+    technical, ordinary = [_coined(rng) for _ in range(300)], [_coined(rng) for _ in range(20_000)]
+
+    def text(share: float, vocab: list[str]) -> str:
+        return " ".join(rng.choice(_FUNCTION_WORDS) if rng.random() < share else rng.choice(vocab)
+                        for _ in range(rng.randint(80, 160)))
+
+    return [text(0.5, technical) for _ in range(n_pos)], [text(0.15, ordinary) for _ in range(n_neg)]
+
+
+def _probe_auc(model, pos: list[str], neg: list[str]) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(np.r_[np.ones(len(pos)), np.zeros(len(neg))], model.score(pos + neg)))
+
+
+def test_balancing_rescues_an_imbalanced_set_that_unbalanced_naive_bayes_inverts(tmp_path):
+    """11 positives against 160 negatives: unbalanced, the smoothing drowns the positives' counts and the classifier
+    ranks held-out ordinary text first (AUC 0); with balanced sample weights it ranks every probe right, and the
+    balancing is recorded beside the model."""
+    from tasks.corpus.quality_model import check_heldout
+
+    pos, neg = planted_imbalance(11 + 50, 160 + 50)
+    (pos, probe_pos), (neg, probe_neg) = (pos[:11], pos[11:]), (neg[:160], neg[160:])
+    balanced = train(pos, neg, cfg())
+    m = balanced.metrics
+    assert (m["n_train_pos"], m["n_train_neg"], m["n_heldout_pos"], m["n_heldout_neg"]) == (9, 128, 2, 32)
+    assert m["roc_auc"] >= 0.9 and _probe_auc(balanced, probe_pos, probe_neg) >= 0.9
+    assert m["balancing"] == dict(method="sample_weight", n_train_pos=9, n_train_neg=128,
+                                  weight_pos=pytest.approx(137 / 18), weight_neg=pytest.approx(137 / 256))
+    check_heldout(m, cfg())  # passes
+    saved = json.loads((balanced.save(tmp_path).parent / "quality_model.json").read_text())
+    assert saved["metrics"]["balancing"]["method"] == "sample_weight"
+    assert load_model(tmp_path).metrics["balancing"] == m["balancing"]
+
+    unbalanced = train(pos, neg, cfg(class_balance="none"))
+    assert unbalanced.metrics["roc_auc"] < 0.5 and _probe_auc(unbalanced, probe_pos, probe_neg) < 0.5
+    assert unbalanced.metrics["balancing"]["method"] == "none"
+    with pytest.raises(DataError) as err:
+        check_heldout(unbalanced.metrics, cfg(class_balance="none"))
+    message = str(err.value)
+    assert message.startswith("quality model (naive_bayes) failed its held-out check, so it removes nothing: "
+                              "held-out ROC AUC 0.000 (95% interval 0.000–0.000, Hanley & McNeil 1982) is below "
+                              "quality_model.min_auc = 0.7; it ranks held-out ordinary text above reference text: "
+                              "inverted.")
+    assert "Held out: 2 positive and 32 negative examples; trained on 9 positive and 128 negative examples" in message
+    assert "Fix: set class_balance = 'balanced'; declare more examples" in message
+
+
+def test_fasttext_balances_by_oversampling_the_smaller_class():
+    from tasks.corpus.quality_model import oversample
+
+    index = oversample(9, 128, np.random.default_rng(0))
+    counts = np.bincount(index, minlength=9)
+    assert len(index) == 128 and set(counts) == {14, 15} and counts.sum() == 128  # 128 = 9 · 14 + 2
+    assert np.array_equal(index, oversample(9, 128, np.random.default_rng(0)))
+    model = train(POS[:30], NEG, cfg(kind="fasttext"))
+    assert model.metrics["balancing"] == dict(method="oversample", n_train_pos=24, n_train_neg=240,
+                                              weight_pos=10.0, weight_neg=1.0)
+    assert model.metrics["roc_auc"] >= 0.95
+
+
+def test_uninformative_examples_fail_the_check_with_the_figures():
+    """Labels drawn independently of the text: the held-out AUC is near chance and the check names it, with the
+    interval, the counts, the balancing, the spread and the fixes."""
+    from tasks.corpus.quality_model import check_heldout
+
+    texts = [manual_page(random.Random(i)) for i in range(300)]
+    labels = np.random.default_rng(7).permutation([1] * 150 + [0] * 150)
+    pos, neg = [t for t, y in zip(texts, labels) if y], [t for t, y in zip(texts, labels) if not y]
+    model = train(pos, neg, cfg())
+    m = model.metrics
+    assert 0.3 < m["roc_auc"] < 0.7 and m["roc_auc_low"] < 0.5 < m["roc_auc_high"]
+    with pytest.raises(DataError) as err:
+        check_heldout(m, cfg())
+    message = str(err.value)
+    assert (f"held-out ROC AUC {m['roc_auc']:.3f} (95% interval {m['roc_auc_low']:.3f}–{m['roc_auc_high']:.3f}, "
+            "Hanley & McNeil 1982) is below quality_model.min_auc = 0.7") in message
+    assert "Held out: 30 positive and 30 negative examples; trained on 120 positive and 120 negative examples, " \
+           "balancing sample_weight (weight per example 1 positive, 1 negative)" in message
+    assert f"held-out scores: std {m['score_std']:.3g}, interquartile range {m['score_iqr']:.3g}" in message
+    assert "is below quality_model.min_auc = 0.7; it is no better than chance (0.5)." in message
+    assert "try kind = 'fasttext'" in message and "min_score_spread" in message
+
+
+def test_scores_without_spread_fail_the_check_even_when_they_rank_well():
+    """fastText on 137 training examples barely moves from its start: every score lies within 1e-4 of 0.5 even
+    though the order is right, and a threshold would split the documents by noise."""
+    from tasks.corpus.quality_model import check_heldout
+
+    pos, neg = planted_imbalance(11, 160)
+    model = train(pos, neg, cfg(kind="fasttext"))
+    m = model.metrics
+    assert m["roc_auc"] >= 0.9 and m["score_std"] < 1e-3
+    assert np.all(np.abs(np.array(model.heldout["score"]) - 0.5) < 1e-3)
+    with pytest.raises(DataError) as err:
+        check_heldout(m, cfg(kind="fasttext"))
+    message = str(err.value)
+    assert (f"the held-out scores' standard deviation {m['score_std']:.2g} is below quality_model.min_score_spread "
+            "= 0.01: a threshold or a Pareto draw would remove documents by differences that carry no information"
+            in message)
+    assert "min_auc = 0.7;" not in message  # the ranking itself passes
+    assert "balancing oversample (weight per example 14.2 positive, 1 negative)" in message
+    assert "raise ft_epoch or ft_lr" in message
+    # Constant scores: no spread and chance ranking, both named.
+    flat = {**heldout_metrics(np.array([1, 0] * 20), np.full(40, 0.5), 0.5), "n_heldout_pos": 20, "n_heldout_neg": 20}
+    assert flat["score_std"] == flat["score_iqr"] == 0.0 and flat["roc_auc"] == 0.5
+    with pytest.raises(DataError, match=r"ROC AUC 0\.500 .* no better than chance \(0\.5\); the held-out scores' "
+                                        r"standard deviation 0 is below"):
+        check_heldout(flat, cfg())
+
+
+def test_the_check_reads_its_floors_and_skips_a_model_without_auc(nb_model):
+    from tasks.corpus.quality_model import check_heldout
+
+    m = nb_model.metrics
+    check_heldout(m, cfg())
+    with pytest.raises(DataError, match=f"ROC AUC {m['roc_auc']:.3f} .* below quality_model.min_auc = 1.0"):
+        check_heldout({**m, "roc_auc": m["roc_auc"] - 1e-9}, cfg(min_auc=1.0))
+    with pytest.raises(DataError, match="below quality_model.min_score_spread = 0.5"):
+        check_heldout(m, cfg(min_score_spread=0.5))
+    check_heldout(heldout_metrics([], [], 0.5), cfg())  # pretrained without examples: no AUC, nothing to check
+
+
+def test_auc_interval_is_hanley_mcneil():
+    from tasks.corpus.quality_model import auc_interval
+
+    # At A = 0.5 the Hanley–McNeil variance equals the exact null variance of the Mann–Whitney statistic,
+    # (n1 + n2 + 1) / (12 n1 n2).
+    low, high = auc_interval(0.5, 50, 50)
+    half = 1.959964 * math.sqrt(101 / (12 * 50 * 50))
+    assert (low, high) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
+    narrow = auc_interval(0.8, 400, 400)
+    assert 0.8 - narrow[0] < 0.8 - auc_interval(0.8, 40, 40)[0] and narrow[1] < 0.85
+    assert auc_interval(1.0, 2, 32) == (1.0, 1.0) and all(math.isnan(v) for v in auc_interval(0.7, 0, 10))
+    m = heldout_metrics(np.array([1, 1, 0, 0]), np.array([0.9, 0.4, 0.6, 0.1]), 0.5)
+    assert (m["roc_auc_low"], m["roc_auc_high"]) == auc_interval(0.75, 2, 2)
+    assert m["score_std"] == pytest.approx(np.std([0.9, 0.4, 0.6, 0.1])) and m["score_iqr"] == pytest.approx(0.35)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(min_auc=0.4), r"min_auc=0.4 is a floor on the held-out ROC AUC and must lie in \[0.5, 1\]"),
+    (dict(min_auc=1.1), r"min_auc=1.1 .* \[0.5, 1\]"),
+    (dict(min_score_spread=0.6), r"min_score_spread=0.6 .* must lie in \[0, 0.5\]"),
+    (dict(min_score_spread=-0.01), r"min_score_spread=-0.01 .* \[0, 0.5\]"),
+])
+def test_check_floors_are_validated(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        cfg(**kw)
+    with pytest.raises(ConfigError, match="class_balance"):
+        QualityModelConfig.validate_strict({"class_balance": "weights"}, "quality.toml")
+
+
+def test_the_stage_fails_on_uninformative_examples_and_writes_no_model(tmp_path, monkeypatch):
+    """Through the stage as the pipeline runs it: two sources of the same kind of text, one declared reference and
+    the other ordinary, give a classifier at chance; the stage raises with the figures before saving anything."""
+    import tomllib
+
+    from flows.config import parse_config
+    from infra.runs import RunsLayout
+    from infra.stage import StageContext
+    from tasks.corpus.quality_stage import run as run_quality_model
+    from tasks.sources.stage import run as run_sources
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the smoke config's relative paths
+    rng = random.Random(11)
+    for name in ("manual", "forum"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": manual_page(rng)}) + "\n"
+                                                        for _ in range(150)))
+    raw = tomllib.loads((root / "configs" / "smoke.toml").read_text())
+    raw["sources"] = {name: {"kind": "local", "include": [str(tmp_path / f"{name}.jsonl")], "language": "en",
+                             "role": "general" if name == "manual" else "domain"} for name in ("manual", "forum")}
+    raw["cpt"]["domain_sources"] = ["forum"]
+    # Template sentences repeat n-grams and are short: the rules are relaxed so every page is an example.
+    relaxed = {"min_words": 10, "top_ngram_max_share": {n: 1.0 for n in (2, 3, 4)},
+               "dup_ngram_max_share": {n: 1.0 for n in range(5, 11)}}
+    raw["corpus"] = {"languages": ["en"], "gopher": relaxed, "quality_model": {
+        "enabled": True, "positive": {"sources": ["manual"]}, "negative": {"corpus_sample": True}}}
+    cfg_all = parse_config(raw)
+    layout = RunsLayout(tmp_path / "runs")
+    src, out = tmp_path / "sources", tmp_path / "qm"
+    src.mkdir(), out.mkdir()
+    run_sources(StageContext(out=src, inputs={}, layout=layout, key="s", experiment="t"), cfg_all.sources)
+    with pytest.raises(DataError) as err:
+        run_quality_model(StageContext(out=out, inputs={"sources": src}, layout=layout, key="q", experiment="t"),
+                          cfg_all)
+    message = str(err.value)
+    found = re.search(r"held-out ROC AUC (0\.\d+) \(95% interval (0\.\d+)–(0\.\d+), Hanley & McNeil 1982\) is below "
+                      r"quality_model\.min_auc = 0\.7", message)
+    assert found and float(found[2]) < 0.5 < float(found[3]), message
+    assert re.search(r"Held out: \d+ positive and \d+ negative examples; trained on \d+ positive and \d+ negative "
+                     r"examples, balancing sample_weight", message), message
+    assert "held-out scores: std" in message and "Fix: declare more examples" in message
+    assert not list(out.iterdir())  # no model, no metrics: nothing downstream can score with it
