@@ -496,7 +496,8 @@ def _minimum(c: GateCriterion) -> tuple[str, int]:
     return "items", max(MIN_UNITS["items"], c.min_items)
 
 
-_MORE = {"documents": "score more held-out documents (raise the budget's eval_tokens, or the held-out split)",
+_MORE = {"documents": "score more held-out documents (the budget's eval_tokens while documents lack a window, "
+                      "else a larger held-out split: [tokenizer] heldout_fraction or min_heldout_docs)",
          "items": "score more items (gate.cloze_items, passkey prompts or the harness task's limit)"}
 
 

@@ -13,8 +13,9 @@ The base and every candidate are scored on the same units (``evals.long_context`
 - the loss by token position bucket on held-out long windows (one document each) of target_seq_len + 1 tokens;
   the base is evaluated there with its RoPE unchanged (recipe ``none``): positions past its window are new to it;
 - passkey retrieval at several lengths and depths, generated deterministically from held-out text;
-- the short-context held-out loss at the base's window (general sources, and the long sources) and the cloze items:
-  what the extension forgot.
+- the short-context held-out loss at the base's window (general sources, and the long sources) on windows spread
+  over the held-out documents as domain adaptation's (``tasks.cpt.stage.eval_starts``), and the cloze items: what
+  the extension forgot.
 
 Outputs (beside those of domain adaptation: ``candidates/``, ``evals/<name>.npz``, ``heldout.parquet``,
 ``cloze.parquet``, ``candidates.json``, ``decontamination.parquet``): ``position_loss.parquet``,
@@ -47,7 +48,7 @@ from models.decoder import Decoder
 from tasks.cpt.digest import base_digest
 from tasks.cpt.eval_overlap import cloze_hits, hits_frame, training_ngrams, window_hits
 from tasks.cpt.long_docs import LongWindows, check_supply, long_stream, long_windows
-from tasks.cpt.stage import DOC_ID_STRIDE, _Scorer, replay_weights, setup
+from tasks.cpt.stage import DOC_ID_STRIDE, _Scorer, eval_starts, replay_weights, setup
 from tasks.train.checkpoint import Checkpointer, load_model
 from tasks.train.data import MixtureSampler
 from tasks.train.packing import PackingConfig
@@ -179,12 +180,13 @@ def _eval_sets(ctx, cfg, corpus, general, items, encode, stream, base_len, requi
     frames = [hits_frame("cloze", "", [], np.empty(0))]
     train = (training_ngrams(corpus.tokens(s, "train") for s in stream if corpus.has(s, "train"))
              if cfg.decontaminate else None)
-    from evals.heldout import heldout_windows
+    from evals.heldout import windows_at
 
     if train is not None:
         for source in sources:
-            if corpus.has(source, "heldout"):
-                windows = heldout_windows(corpus.tokens(source, "heldout"), base_len, cfg.budget.eval_tokens)
+            if corpus.has(source, "heldout"):  # the short windows the scorer reads (spread over documents)
+                windows = windows_at(corpus.tokens(source, "heldout"),
+                                     eval_starts(corpus, source, base_len, cfg.budget.eval_tokens), base_len)
                 hits = window_hits(windows, train)
                 masks[source] = hits == 0
                 frames.append(hits_frame("heldout_window", source, [str(i) for i in range(len(windows))], hits))

@@ -10,7 +10,9 @@ general text only, scored like every other candidate (``tasks.cpt.adapt``). Each
 once and kept in ``runs/cache/cpt/``.
 
 Before training: the base checkpoint's tokenizer is checked against the experiment's, and the evaluation sets
-against the CPT training stream (``tasks/cpt/eval_overlap.py``).
+against the CPT training stream (``tasks/cpt/eval_overlap.py``). The base and every candidate are scored on the same
+held-out windows: ``budget.eval_tokens`` worth of each split's window grid spread round-robin over its documents
+(:func:`eval_starts`), since the gate's loss intervals count documents (docs/methods.md §11).
 
 Outputs: ``candidates/<name>/`` checkpoints, ``decontamination.parquet`` (evaluation windows/items left out),
 ``evals/<name>.npz`` (per-window general/domain nats and tokens, ``<role>_window_docs`` the document each window
@@ -31,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from evals.cloze import ClozeItem, score_cloze
-from evals.heldout import bits_per_byte, heldout_windows, keep_windows, window_documents
+from evals.heldout import (bits_per_byte, documents_at, heldout_loss, keep_windows, spread_windows,
+                           windows_at)
 from infra.errors import CheckpointError, DataError
 from infra.stage import StageContext
 from models.decoder import Decoder
@@ -42,13 +45,27 @@ from tasks.readers import load_choice
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.checkpoint import load_model, verify_checkpoint
 from tasks.train.loop import local_accelerator
-from tasks.train.runner import PeriodicEval, SourceEval, evals_frame, evaluate_sources, seed_everything
+from tasks.train.runner import PeriodicEval, SourceEval, evals_frame, seed_everything
 from tasks.train.sections import CptConfig
 from tasks.train.samples import SampleConfig, samples_frame
 from tasks.train.packing import PackingConfig
 
 
 DOC_ID_STRIDE = 10**9  # window document id = source index · stride + document index in the source's held-out split
+
+
+def eval_starts(corpus: TokenizedCorpus, source: str, seq_len: int, eval_tokens: int,
+                split: str = "heldout") -> np.ndarray:
+    """(n_windows,) int64 start offsets of the windows the CPT stage scores ``source``'s ``split`` on for the gate:
+    ``eval_tokens`` worth of the split's stride-``seq_len`` window grid, spread round-robin over its documents
+    (``evals.heldout.spread_windows``), so the document-level intervals rest on many documents, not on the one or
+    two the first ``eval_tokens`` tokens hold (docs/methods.md §11).
+
+    Raises:
+        DataError: as ``spread_windows`` (a split shorter than one window, bad document offsets).
+    """
+    stream = corpus.stream(source, split)
+    return spread_windows(stream.doc_offsets, len(stream.tokens), seq_len, eval_tokens)
 
 
 def replay_weights(domain: list[str], general_weights: dict[str, float], replay_fraction: float) -> dict[str, float]:
@@ -182,7 +199,8 @@ def _decontaminate(ctx, cfg, corpus, general, items, encode, stream, seq_len):
     for source in sources:
         if not corpus.has(source, "heldout"):
             continue
-        windows = heldout_windows(corpus.tokens(source, "heldout"), seq_len, cfg.budget.eval_tokens)
+        windows = windows_at(corpus.tokens(source, "heldout"),
+                             eval_starts(corpus, source, seq_len, cfg.budget.eval_tokens), seq_len)
         hits = window_hits(windows, train)
         masks[source] = hits == 0
         frames.append(hits_frame("heldout_window", source, [str(i) for i in range(len(windows))], hits))
@@ -203,13 +221,35 @@ class _Scorer:
         self.ctx, self.corpus, self.general, self.cfg = ctx, corpus, general, cfg
         self.items, self.encode, self.masks = items, encode, masks or {}
         self.heldout, self.cloze, self.candidates = [], [], {}
+        self._starts: dict[tuple[str, str, int], np.ndarray] = {}
         (ctx.out / "evals").mkdir(parents=True, exist_ok=True)
+
+    def starts(self, source: str, split: str, seq_len: int) -> np.ndarray:
+        """The window starts of ``source``'s ``split`` at ``seq_len`` (:func:`eval_starts`), the same for every
+        model and for the decontamination masks."""
+        key = (source, split, seq_len)
+        if key not in self._starts:
+            self._starts[key] = eval_starts(self.corpus, source, seq_len, self.cfg.budget.eval_tokens, split)
+        return self._starts[key]
+
+    def _evaluate(self, model, sources, seq_len: int, split: str = "heldout") -> list[SourceEval]:
+        """Held-out loss and bits per byte per source on its :meth:`starts` windows (sources without the split are
+        skipped)."""
+        results = []
+        for source in sources:
+            if not self.corpus.has(source, split):
+                continue
+            loss = heldout_loss(model, self.corpus.tokens(source, split), seq_len=seq_len, batch_size=8,
+                                starts=self.starts(source, split, seq_len))
+            results.append(SourceEval(source, split, loss, bits_per_byte(
+                loss.loss_nats, self.corpus.tokens_per_byte(source, split))))
+        return results
 
     def _arrays(self, model, sources, seq_len: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
         """Per-window nats/token, tokens, document ids and the evaluations of ``sources`` at ``seq_len`` (default
-        the model's window)."""
+        the model's window), on the windows :meth:`starts` gives."""
         seq_len = seq_len or model.cfg.seq_len
-        raw = evaluate_sources(model, self.corpus, sources, seq_len=seq_len, eval_tokens=self.cfg.budget.eval_tokens)
+        raw = self._evaluate(model, sources, seq_len)
         docs = np.concatenate([self._window_docs(e, sources.index(e.source), seq_len) for e in raw])
         evals = [self._decontaminated(e) for e in raw]
         nats = np.concatenate([e.loss.window_nats for e in evals])
@@ -224,7 +264,7 @@ class _Scorer:
         if len(offsets) >= DOC_ID_STRIDE:
             raise DataError(f"{e.source} {e.split}: {len(offsets):,} documents, more than the {DOC_ID_STRIDE:,} a "
                             "window document id can number")
-        docs = window_documents(offsets, len(e.loss.window_nats), seq_len) + index * DOC_ID_STRIDE
+        docs = documents_at(offsets, self.starts(e.source, e.split, seq_len)) + index * DOC_ID_STRIDE
         mask = self.masks.get(e.source)
         return docs if mask is None or mask.all() else docs[mask]
 
@@ -257,7 +297,9 @@ class _Scorer:
 
     def curve(self, log, seq_len: int) -> PeriodicEval:
         """The forgetting curve: ``general_loss_nats`` and ``domain_loss_nats`` (token-weighted over the sources of
-        each role) at every evaluation point, sent to ``log(metrics, step)``."""
+        each role) at every evaluation point, sent to ``log(metrics, step)``. It reads the first ``eval_tokens`` of
+        each split, not the gate's spread windows: the curve is kept with the candidate's training in the candidate
+        cache, whose key does not read the evaluation windows."""
         def report(step, tokens_seen, evals):
             by_role = {"general": self.general, "domain": self.cfg.domain_sources}
             metrics = {}
