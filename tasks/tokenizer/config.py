@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
+from evals.stats import MIN_UNITS
 from infra.execution import ExecutionConfig
 from infra.section import NOT_IN_KEY, Section
 
@@ -33,7 +34,9 @@ class TokenizerConfig(Section):
         pad_multiple: the model's embedding rows are padded to a multiple of this (64 or 128, docs/methods.md §8).
         special_tokens: reserved up front; the first must be ``<|endoftext|>``, the EOS that separates documents.
         heldout_fraction: share of near-duplicate families held out, in (0, 1) (docs/methods.md §10).
-        min_heldout_docs: held-out documents required per source (docs/methods.md §10: held-out loss per source).
+        min_heldout_docs: held-out documents required per source (docs/methods.md §10: held-out loss per source);
+            default ``evals.stats.MIN_UNITS["documents"]`` (5), the fewest from which a verdict on a held-out loss
+            difference may be decided (docs/methods.md §16).
         sample_max_chars: cap on the tokenizer fit sample, in characters.
         seed: seeds the split hash and the fit sample.
         decontam_ngram: training documents sharing a word n-gram of this length with any held-out document are
@@ -65,7 +68,7 @@ class TokenizerConfig(Section):
     pad_multiple: Literal[64, 128] = 64
     special_tokens: list[str] = [EOS_TOKEN, "<|pad|>", "<|im_start|>", "<|im_end|>"]
     heldout_fraction: float = 0.1
-    min_heldout_docs: int = 1
+    min_heldout_docs: int = MIN_UNITS["documents"]
     sample_max_chars: int = 5_000_000
     seed: int = 0
     decontam_ngram: int = Field(default=13, ge=0)
