@@ -292,6 +292,7 @@ class FittedLaw:
     artifact_key: str
     form: str
     verdict: str
+    reason: str = ""  # why the ladder's forecast is undetermined ("" when decided)
 
 
 def ladder_law(path: Path, layout: Any) -> tuple[FittedLaw | None, str]:
@@ -326,7 +327,10 @@ def ladder_law(path: Path, layout: Any) -> tuple[FittedLaw | None, str]:
         return None, (f"the law of ladder artifact {key} has a zero exponent or coefficient (α {fitted['alpha']:.3g}, "
                       f"β {fitted['beta']:.3g}): no compute-optimal allocation to plan with")
     law = Chinchilla(E=fitted["E"], A=fitted["A"], B=fitted["B"], alpha=fitted["alpha"], beta=fitted["beta"])
-    return FittedLaw(law, key, fitted["form"], forecast["decision"]["verdict"]), f"ladder artifact {key}"
+    reasons = forecast.get("assessment", {}).get("reasons")
+    reason = ("; ".join(r["problem"] for r in reasons) if reasons is not None
+              else forecast["decision"].get("resolve", ""))
+    return FittedLaw(law, key, fitted["form"], forecast["decision"]["verdict"], reason), f"ladder artifact {key}"
 
 
 def build_plan(plan: PlanConfig, law: FittedLaw | None = None, law_note: str = "") -> list[PlanTable]:
@@ -357,6 +361,9 @@ def build_plan(plan: PlanConfig, law: FittedLaw | None = None, law_note: str = "
         trust = "" if law.verdict == "decided" else f"; its forecast is {law.verdict}"
         table.rows.insert(0, ("law", f"fitted by ladder artifact {law.artifact_key}",
                               f"{law.form} form{trust}; used instead of the published Chinchilla constants"))
+        if law.verdict != "decided":
+            table.rows.insert(1, ("warning", f"the ladder's law is {law.verdict}: do not plan on this allocation",
+                                  law.reason or "see the ladder's forecast.json"))
     if plan.moe is not None:
         table.rows.insert(1, ("mixture of experts", "not covered", "the allocation is the dense [model]'s; routed "
                               "models follow laws of their own (Clark et al. 2022)"))

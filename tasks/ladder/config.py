@@ -30,8 +30,21 @@ class LadderConfig(Section):
             largest-width × largest-budget point when the grid has ≥ 5 points, else none; ``[]``: none.
         bootstrap: resamples of the ladder points (with replacement) for the percentile intervals, ≥ 10.
         confidence: level of those intervals, in (0, 1).
-        forecast_tolerance: the largest |relative error| on the held-out points at which the forecast is
-            ``decided`` (with the full five-parameter form); else it is recorded but ``undetermined``.
+        forecast_tolerance: the largest |relative error| on the held-out points and on the backtest (the largest
+            fitted rung forecast from the others) at which the forecast is ``decided``; else it is recorded but
+            ``undetermined``.
+        max_extrapolation: the largest main-run compute C = 6·N·D, as a multiple of the largest rung's (fitted or
+            held out), at which the forecast is ``decided`` (> 1). 10: the coverage study (docs/methods.md §5)
+            verifies the interval up to 10×, the demo's main run is 8.9× its largest rung; laws checked farther rest
+            on far more runs (20× in Brandfonbrener et al. 2024, 300× from a 104-model testbed in Gadre et al. 2024).
+        max_interval_ratio: the largest high/low of the bootstrap intervals of A and B at which the forecast is
+            ``decided`` (> 1). 100: two orders of magnitude; the demo's degenerate fit had A in [4e-195, 5.4e17].
+        max_exponent_width: the widest bootstrap interval of α and β (high − low) at which the forecast is
+            ``decided`` (> 0). 0.5: wider than the spread of published exponents (α 0.076 in Kaplan et al. 2020
+            to 0.34 in Hoffmann et al. 2022), so a wider interval says nothing about the exponent.
+        bound_tolerance: an exponent within this distance of its bounds [0, 4] (``fit.EXPONENT_BOUNDS``) counts as
+            on the bound, a fit the data did not determine (≥ 0, below 1). 0.02: an exponent below it makes its
+            term a near-constant (N^0.02 changes by 6% over a 20× span of N), indistinguishable from E.
 
     Raises:
         ConfigError: naming the field and the fix.
@@ -46,6 +59,10 @@ class LadderConfig(Section):
     bootstrap: int = 1000
     confidence: float = 0.95
     forecast_tolerance: float = 0.05
+    max_extrapolation: float = 10.0
+    max_interval_ratio: float = 100.0
+    max_exponent_width: float = 0.5
+    bound_tolerance: float = 0.02
 
     @model_validator(mode="after")
     def _check(self) -> "LadderConfig":
@@ -70,6 +87,18 @@ class LadderConfig(Section):
             raise ConfigError(f"ladder.confidence = {self.confidence}: must lie in (0, 1), e.g. 0.95")
         if not 0.0 < self.forecast_tolerance < 1.0:
             raise ConfigError(f"ladder.forecast_tolerance = {self.forecast_tolerance}: must lie in (0, 1), e.g. 0.05")
+        if not self.max_extrapolation > 1.0:
+            raise ConfigError(f"ladder.max_extrapolation = {self.max_extrapolation}: must be > 1 (a multiple of the "
+                              "largest fitted rung's compute), e.g. 10")
+        if not self.max_interval_ratio > 1.0:
+            raise ConfigError(f"ladder.max_interval_ratio = {self.max_interval_ratio}: must be > 1 (high/low of a "
+                              "bootstrap interval), e.g. 100")
+        if not self.max_exponent_width > 0.0:
+            raise ConfigError(f"ladder.max_exponent_width = {self.max_exponent_width}: must be > 0 (the width of "
+                              "α's and β's bootstrap intervals), e.g. 0.5")
+        if not 0.0 <= self.bound_tolerance < 1.0:
+            raise ConfigError(f"ladder.bound_tolerance = {self.bound_tolerance}: must lie in [0, 1) (a distance "
+                              "to the exponent bounds 0 and 4), e.g. 0.02")
         return self
 
     def grid(self) -> list[tuple[int, int]]:

@@ -35,8 +35,8 @@ def run_ladder(ctx: StageContext, cfg: Any) -> dict[str, Any]:
 
 
 def check_ladder(out: Path, cfg: Any) -> None:
-    """An enabled ladder has one row per rung of the grid, a finite forecast inside its interval, and a decision
-    record of kind ``forecast``.
+    """An enabled ladder has one row per rung of the grid, a finite forecast inside its interval, a decision record
+    of kind ``forecast`` and the rule's assessment (verdict and reasons).
 
     Raises:
         DataError: naming what is missing or wrong.
@@ -52,11 +52,14 @@ def check_ladder(out: Path, cfg: Any) -> None:
         raise DataError(f"ladder: {len(points)} rungs in points.parquet, the grid has {len(cfg.ladder.grid())}")
     forecast = json.loads((out / "forecast.json").read_text())
     p = forecast["prediction"]
-    if not all(math.isfinite(p[k]) for k in ("predicted", "low", "high")) or not p["low"] <= p["predicted"] <= p["high"]:
+    if not all(isinstance(p[k], (int, float)) and math.isfinite(p[k]) for k in ("predicted", "low", "high")) \
+            or not p["low"] <= p["predicted"] <= p["high"]:
         raise DataError(f"ladder: the forecast {p['predicted']} [{p['low']}, {p['high']}] is not a finite value "
                         "inside its interval")
     if forecast.get("decision", {}).get("kind") != "forecast" or not forecast.get("forecast_hash"):
         raise DataError("ladder: forecast.json lacks its decision record or forecast_hash")
+    if forecast.get("assessment", {}).get("verdict") != forecast["decision"].get("verdict"):
+        raise DataError("ladder: forecast.json's assessment and its decision record disagree on the verdict")
 
 
 STAGE = Stage(name="ladder", inputs=("tokenizer", "mixture", "sweep"), code="tasks.ladder", run=run_ladder,

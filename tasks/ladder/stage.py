@@ -8,15 +8,18 @@ budget, and scored by the
 token-weighted held-out loss over the general sources (nats/token), on the main run's ``eval_tokens``. N is the
 non-embedding parameter count (``rungs.N_CONVENTION``), D = steps · batch · seq_len tokens.
 
-The forecast's decision (``evals.decision``, kind ``forecast``) is declared before any rung trains: it is
-``decided`` when the fit has the full five-parameter form and predicts every held-out rung within
-``forecast_tolerance`` (relative); otherwise the forecast is recorded but not trusted (``undetermined``).
+The forecast's decision (``evals.decision``, kind ``forecast``) is declared before any rung trains (``declare``): it
+is ``decided`` only when the fit is determined (the full form, no parameter on a bound, bootstrap intervals within
+the declared spreads), the main run lies within ``max_extrapolation`` of the largest rung in compute, and the
+backtest and the held-out rungs are predicted within ``forecast_tolerance`` (``tasks.ladder.forecast``); otherwise
+the forecast is recorded but not trusted (``undetermined``), with each reason and what would resolve it.
 
 Outputs: ``points.parquet`` (one row per rung: shape, budget, LR, N, D, measured loss, whether held out, the fit's
-prediction with its interval and relative error, why a rung was left out of the fit), ``forecast.json`` (the target
-main run, the law with intervals, the prediction and its interval, ``forecast_hash`` over those three, the decision
-record, goodness of fit and the compute-optimal allocation) and ``ladder.json`` (``enabled``). Disabled:
-``ladder.json`` with ``enabled: false`` only.
+prediction with its interval and relative error, the backtest's forecast of the rung it dropped, why a rung was left
+out of the fit), ``forecast.json`` (the target main run, the law with intervals, the prediction and its interval,
+``forecast_hash`` over those three, the decision record, goodness of fit, the backtest, the rule's checks and
+reasons, and the compute-optimal allocation; standard JSON, null where a number is undefined) and ``ladder.json``
+(``enabled``). Disabled: ``ladder.json`` with ``enabled: false`` only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from evals.decision import DecisionRecord
@@ -34,15 +38,15 @@ from infra.errors import DataError
 from infra.stage import StageContext
 from models.arithmetic import param_count
 from tasks.ladder.config import LadderConfig
-from tasks.ladder.fit import (FORM_TEXT, FORMS, HUBER_DELTA, bootstrap_laws, choose_form, fit_law,
-                              law_intervals, percentile_interval, predict_interval, token_weighted_loss)
+from tasks.ladder.fit import EXPONENT_BOUNDS, FORM_TEXT, FORMS, HUBER_DELTA, percentile_interval, token_weighted_loss
+from tasks.ladder.forecast import (E_FLOOR_SHARE, FALLBACK, INTERVAL_RULE, RATIO_NAMES, forecast_from_points,
+                                   min_rungs, point_intervals)
 from tasks.ladder.rungs import N_CONVENTION, Rung, RungTrainer, non_embedding_params, rung_budget, rung_peak_lr, rung_shape
 from tasks.readers import load_best, load_choice
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.packing import PackingConfig
 from tasks.train.sections import MainConfig, ProxyConfig
 
-FALLBACK = "the forecast is recorded but not trusted"
 HASHED = ("target", "law", "prediction")  # the canonical content behind forecast_hash
 
 
@@ -52,14 +56,27 @@ def forecast_hash(forecast: dict[str, Any]) -> str:
 
 
 def declare(cfg: LadderConfig) -> DecisionRecord:
-    """The forecast's rule, fixed before any rung trains."""
+    """The forecast's rule, fixed before any rung trains: every setting that can change the verdict is in
+    ``rule_config`` (and so in its hash)."""
     held, _ = cfg.held_out()
-    rule = (f"decided when the full five-parameter law L = E + A/N^α + B/D^β predicts every held-out ladder point "
-            f"within ±{cfg.forecast_tolerance:.0%} relative error; else the forecast is recorded but not trusted")
+    rule = (f"decided when the full five-parameter law L = E + A/N^α + B/D^β is fitted on ≥ {min_rungs()} rungs "
+            f"with ≥ 3 distinct N and D; no exponent lies within {cfg.bound_tolerance:g} of its bounds "
+            f"{list(EXPONENT_BOUNDS)} and E is not "
+            f"collapsed onto 0; the bootstrap intervals of A and B span at most ×{cfg.max_interval_ratio:g} and "
+            f"those of α and β at most {cfg.max_exponent_width:g}; the main run's compute is at most "
+            f"{cfg.max_extrapolation:g}× the largest rung's; and the backtest (the largest fitted rung "
+            f"forecast from the others) and every held-out rung are predicted within ±{cfg.forecast_tolerance:.0%} "
+            "relative error; else the forecast is recorded but not trusted")
     return DecisionRecord.declare("forecast", rule=rule, rule_config={
         "tolerance": cfg.forecast_tolerance, "holdout": [list(p) for p in held], "confidence": cfg.confidence,
         "bootstrap": cfg.bootstrap, "huber_delta": HUBER_DELTA, "grid": cfg.grid(),
-        "forms": {form: len(names) + 1 for form, names in FORMS.items()}})
+        "forms": {form: len(names) + 1 for form, names in FORMS.items()},
+        "max_extrapolation": cfg.max_extrapolation, "max_interval_ratio": cfg.max_interval_ratio,
+        "max_exponent_width": cfg.max_exponent_width, "bound_tolerance": cfg.bound_tolerance,
+        "exponent_bounds": list(EXPONENT_BOUNDS), "e_floor_share": E_FLOOR_SHARE, "min_rungs": min_rungs(),
+        "min_levels": 3, "ratio_of": list(RATIO_NAMES),
+        "backtest": "drop the largest fitted rung by compute, refit the same form, forecast it",
+        "interval": INTERVAL_RULE})
 
 
 def run(ctx: StageContext, cfg: LadderConfig, main: MainConfig, proxy: ProxyConfig, *, general: list[str],
@@ -94,12 +111,13 @@ def run(ctx: StageContext, cfg: LadderConfig, main: MainConfig, proxy: ProxyConf
     points = pd.DataFrame(rows)
     target = _target(main, corpus.vocab_size, general, best)
     forecast, points = _forecast(points, cfg, target, holdout_rule, seed=ctx.seed)
+    forecast = json_safe(forecast)  # null, not NaN, where a number is undefined (the notes and reasons say why)
     forecast["forecast_hash"] = forecast_hash(forecast)
     record = settle(record, forecast, cfg, ctx.key)
-    forecast["decision"] = record.as_dict()
+    forecast["decision"] = json_safe(record.as_dict())
     forecast["rungs"] = {"trained": trainer.trained, "reused": trainer.reused}
     points.to_parquet(ctx.out / "points.parquet", index=False)
-    (ctx.out / "forecast.json").write_text(json.dumps(forecast, indent=2, default=str))
+    (ctx.out / "forecast.json").write_text(json.dumps(forecast, indent=2, default=str, allow_nan=False))
     (ctx.out / "ladder.json").write_text(json.dumps({"enabled": True}))
     prediction = forecast["prediction"]
     return {"enabled": True, "form": forecast["law"]["form"], "predicted_loss_nats": prediction["predicted"],
@@ -152,55 +170,83 @@ def _target(main: MainConfig, vocab_size: int, general: list[str], best: dict | 
 
 def _forecast(points: pd.DataFrame, cfg: LadderConfig, target: dict[str, Any], holdout_rule: str,
               seed: int) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Fit, bootstrap, goodness of fit on the held-out rungs, compute-optimal allocation and the forecast."""
-    usable = points["excluded"] == ""
-    fit_rows = points[usable & ~points["held_out"]]
-    form = choose_form(len(fit_rows))
-    n, d, loss = (fit_rows[c].to_numpy(float) for c in ("n_params", "tokens", "loss_nats"))
-    law, objective = fit_law(n, d, loss, form)
-    laws = bootstrap_laws(n, d, loss, law, cfg.bootstrap, seed=seed)
-    c = cfg.confidence
-    points = points.copy()
-    points["predicted"] = law.loss(points["n_params"].to_numpy(float), points["tokens"].to_numpy(float))
-    bounds = [predict_interval(laws, r.n_params, r.tokens, c) for r in points.itertuples()]
-    points["predicted_low"], points["predicted_high"] = [b[0] for b in bounds], [b[1] for b in bounds]
-    points["relative_error"] = (points["predicted"] - points["loss_nats"]) / points["loss_nats"]
-    checked = points[usable & points["held_out"]]
-    goodness = [{"width": int(r.width), "steps": int(r.steps), "n_params": int(r.n_params), "tokens": int(r.tokens),
-                 "measured": float(r.loss_nats), "predicted": float(r.predicted), "low": float(r.predicted_low),
-                 "high": float(r.predicted_high), "relative_error": float(r.relative_error),
-                 "covered": bool(r.predicted_low <= r.loss_nats <= r.predicted_high)} for r in checked.itertuples()]
-    in_fit = points[usable & ~points["held_out"]]
+    """The forecast (``forecast.forecast_from_points`` on the rungs with a finite loss), goodness of fit on the
+    held-out rungs, the backtest, the rule's checks, the compute-optimal allocation, and the points with the fit's
+    predictions. Non-finite values are written as null by ``run`` (``json_safe``).
+
+    Raises:
+        DataError: fewer than 3 rungs to fit, or no finite forecast of the main run.
+    """
+    usable = (points["excluded"] == "").to_numpy()
+    rows = points[usable]
     n_main, d_main = float(target["n_params"]), float(target["tokens"])
-    predicted = float(law.loss(n_main, d_main))
-    low, high = predict_interval(laws, n_main, d_main, c)
-    if not (math.isfinite(predicted) and math.isfinite(low) and math.isfinite(high)):
-        raise DataError(f"the ladder's law gives no finite forecast of the main run ({predicted} [{low}, {high}]): "
-                        "check the rungs' losses in points.parquet")
-    widened = not (low <= predicted <= high)
-    low, high = min(low, predicted), max(high, predicted)  # a percentile interval can miss a skewed point fit
+    result = forecast_from_points(rows["n_params"].to_numpy(float), rows["tokens"].to_numpy(float),
+                                  rows["loss_nats"].to_numpy(float), rows["held_out"].to_numpy(bool), n_main, d_main,
+                                  cfg, seed=seed)
+    law, laws, form, c = result.law, result.laws, result.form, cfg.confidence
+    if not all(map(math.isfinite, (result.predicted, result.low, result.high))):
+        raise DataError(f"the ladder's law gives no finite forecast of the main run ({result.predicted} "
+                        f"[{result.low}, {result.high}]): check the rungs' losses in points.parquet")
+    points = points.copy()
+    n_all, d_all = points["n_params"].to_numpy(float), points["tokens"].to_numpy(float)
+    points["predicted"] = law.loss(n_all, d_all)
+    points["predicted_low"], points["predicted_high"] = point_intervals(laws, n_all, d_all, c)
+    points["relative_error"] = (points["predicted"] - points["loss_nats"]) / points["loss_nats"]
+    index = np.flatnonzero(usable)  # rows of ``points`` in the order forecast_from_points saw them
+    bt = result.backtest
+    points["backtest"] = False
+    for column in ("backtest_predicted", "backtest_low", "backtest_high"):
+        points[column] = math.nan
+    if bt is not None:
+        row = points.index[index[bt["index"]]]
+        points.loc[row, ["backtest", "backtest_predicted", "backtest_low", "backtest_high"]] = \
+            [True, bt["predicted"], bt["low"], bt["high"]]
+        bt = {"width": int(points.loc[row, "width"]), "steps": int(points.loc[row, "steps"]),
+              **{k: v for k, v in bt.items() if k != "index"}}
+    goodness = []
+    for g in result.goodness:
+        row = points.index[index[g["index"]]]
+        goodness.append({"width": int(points.loc[row, "width"]), "steps": int(points.loc[row, "steps"]),
+                         "n_params": int(g["n_params"]), "tokens": int(g["tokens"]),
+                         **{k: g[k] for k in ("measured", "predicted", "low", "high", "relative_error", "covered")}})
+    fitted = usable & ~points["held_out"].to_numpy(bool)
     compute = 6.0 * n_main * d_main
     optima = [b.optimum(compute) for b in laws]
     n_opt, d_opt = law.optimum(compute)
     notes = [f"held-out points: {holdout_rule}"]
     if form != "full":
-        notes.append(f"{len(fit_rows)} fitted points are fewer than the full form's 6: fitted the {FORM_TEXT[form]}")
-    if widened:
+        notes.append(f"{result.fitted} fitted points are fewer than the full form's 6: fitted the {FORM_TEXT[form]}")
+    if result.widened:
         notes.append("the bootstrap percentile interval missed the point fit's prediction; it is widened to include it")
-    excluded = points[~usable]
-    for r in excluded.itertuples():
+    if not math.isfinite(n_opt):
+        notes.append("no compute-optimal allocation: the law has a zero exponent or coefficient")
+    for r in points[~usable].itertuples():
         notes.append(f"rung d{r.width} × {r.steps} steps left out: {r.excluded}")
+    in_fit = points.loc[fitted, "relative_error"].abs()
     forecast = {
         "target": target,
-        "law": {**law.as_dict(), "form_text": FORM_TEXT[form], "confidence": c, "intervals": law_intervals(laws, c)},
-        "prediction": {"predicted": predicted, "low": low, "high": high, "confidence": c, "unit": "nats/token",
-                       "n_params": int(n_main), "tokens": int(d_main)},
-        "fit": {"form": form, "points": int(len(fit_rows)), "held_out": int(len(checked)),
-                "excluded": int(len(excluded)), "objective": objective, "huber_delta": HUBER_DELTA,
+        "law": {**law.as_dict(), "form_text": FORM_TEXT[form], "confidence": c, "intervals": result.intervals},
+        "prediction": {"predicted": result.predicted, "low": result.low, "high": result.high, "confidence": c,
+                       "unit": "nats/token", "n_params": int(n_main), "tokens": int(d_main),
+                       "bootstrap_low": result.bootstrap_low, "bootstrap_high": result.bootstrap_high,
+                       "model_error": result.model_error, "interval_rule": INTERVAL_RULE},
+        "fit": {"form": form, "points": result.fitted, "held_out": len(goodness),
+                "excluded": int((~usable).sum()), "objective": result.objective, "huber_delta": HUBER_DELTA,
                 "bootstrap": cfg.bootstrap, "holdout_rule": holdout_rule,
-                "in_fit_max_abs_relative_error": float(in_fit["relative_error"].abs().max())},
+                "in_fit_max_abs_relative_error": float(in_fit.max()) if len(in_fit) else math.nan},
         "goodness": goodness,
         "max_abs_heldout_relative_error": max((abs(g["relative_error"]) for g in goodness), default=math.nan),
+        "backtest": bt,
+        "backtest_note": result.backtest_note,
+        "checks": {"extrapolation": result.extrapolation, "max_extrapolation": cfg.max_extrapolation,
+                   "levels": {"n_params": result.levels[0], "tokens": result.levels[1]},
+                   "spreads": result.spreads, "max_interval_ratio": cfg.max_interval_ratio,
+                   "max_exponent_width": cfg.max_exponent_width, "bound_tolerance": cfg.bound_tolerance,
+                   "exponent_bounds": list(EXPONENT_BOUNDS), "forecast_tolerance": cfg.forecast_tolerance,
+                   "min_rungs": min_rungs()},
+        "assessment": {"verdict": result.verdict,
+                       "reasons": [{"rule": r.rule, "problem": r.problem, "resolve": r.resolve}
+                                   for r in result.reasons]},
         "optimum": {"compute_flops": compute, "convention": "C = 6·N·D with N non-embedding", "n_opt": n_opt,
                     "d_opt": d_opt, "n_opt_interval": list(percentile_interval([o[0] for o in optima], c)),
                     "d_opt_interval": list(percentile_interval([o[1] for o in optima], c)),
@@ -213,24 +259,31 @@ def _forecast(points: pd.DataFrame, cfg: LadderConfig, target: dict[str, Any], h
     return forecast, points
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) as None and numpy scalars as Python ones, so that
+    ``json.dumps(..., allow_nan=False)`` writes standard JSON (null where a number is undefined)."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def settle(record: DecisionRecord, forecast: dict[str, Any], cfg: LadderConfig, key: str) -> DecisionRecord:
-    """The forecast's verdict under the declared rule (see ``declare``)."""
-    form, goodness = forecast["fit"]["form"], forecast["goodness"]
-    worst = forecast["max_abs_heldout_relative_error"]
-    reasons = []
-    if form != "full":
-        reasons.append(f"add sizes/budgets (ladder.widths, ladder.steps): the full form needs at least 6 fitted "
-                       f"rungs, this ladder fits {forecast['fit']['points']}")
-    if not goodness:
-        reasons.append("hold out at least one rung (ladder.holdout; by default the largest once there are 5 rungs) "
-                       "so that the fit is checked on a rung it did not see")
-    elif not worst <= cfg.forecast_tolerance:
-        reasons.append(f"add sizes/budgets nearer the main run: the held-out relative error {worst:.1%} exceeds "
-                       f"the tolerance {cfg.forecast_tolerance:.0%}")
+    """The forecast's verdict under the declared rule (see ``declare``): ``decided`` when no rule failed
+    (``forecast["assessment"]``); else ``undetermined`` with each failed rule's problem and what would resolve it.
+    The interval rests on the fitted rungs (``n_units``), of which a decided forecast needs ``min_rungs()``."""
+    reasons = forecast["assessment"]["reasons"]
     prediction = forecast["prediction"]
     return record.settle(
         choice=f"{prediction['predicted']:.4f} nats/token", verdict="undetermined" if reasons else "decided",
         estimate=prediction["predicted"], low=prediction["low"], high=prediction["high"], unit="nats/token",
-        confidence=cfg.confidence, fallback=FALLBACK if reasons else "", resolve="; ".join(reasons),
+        confidence=cfg.confidence, fallback=FALLBACK if reasons else "",
+        resolve="; ".join(f"{r['resolve']} ({r['problem']})" for r in reasons),
         evidence={"table": "ladder_points", "artifact_key": key, "forecasts": "forecasts",
-                  "forecast_hash": forecast["forecast_hash"]})
+                  "forecast_hash": forecast["forecast_hash"]},
+        n_units=int(forecast["fit"]["points"]), units="rungs", min_units=min_rungs())

@@ -1,6 +1,7 @@
 """What the console summary and ``pretrain report`` show of the scaling ladder: the fitted law with its intervals,
-the goodness of fit on the held-out rungs, the compute-optimal allocation at the main run's compute, the forecast
-with its decision, and — once the main run exists — the forecast against its measured held-out loss."""
+whether the fit is degenerate and why, the goodness of fit on the held-out rungs, the backtest, the compute-optimal
+allocation at the main run's compute, the forecast with its decision, and — once the main run exists — the forecast
+against its measured held-out loss."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from typing import Any, Mapping
 import pandas as pd
 from rich.markup import escape
 
-from evals.decision import DecisionRecord
 from infra.report_blocks import Block, Heading, TableBlock, Text
 from infra.stage import ReportContext, SummaryContext
 from tasks.ladder.fit import forecast_check, token_weighted_loss
+from tasks.ladder.forecast import decision_of
+
+DEGENERATE = ("form", "bound", "interval_ratio", "exponent_width")  # rules that say the fit itself is undetermined
 
 CONSTANTS = (("E", "E"), ("A", "A"), ("alpha", "α"), ("B", "B"), ("beta", "β"))
 
@@ -26,7 +29,7 @@ def _forecast(path: Path) -> dict[str, Any] | None:
     return json.loads((Path(path) / "forecast.json").read_text())
 
 
-def _num(x: float) -> str:
+def _num(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
@@ -57,17 +60,39 @@ def _lines(forecast: dict[str, Any], paths: Mapping[str, Path]) -> list[str]:
     if forecast["goodness"]:
         for g in forecast["goodness"]:
             out.append(f"  held-out rung d{g['width']} × {g['steps']:,} steps: predicted {g['predicted']:.4f} "
-                       f"[{g['low']:.4f}, {g['high']:.4f}], measured {g['measured']:.4f} nats/token "
+                       f"[{_num(g['low'])}, {_num(g['high'])}], measured {g['measured']:.4f} nats/token "
                        f"(relative error {g['relative_error']:+.2%})")
     else:
         out.append(f"  goodness of fit: no held-out rung ({fit['holdout_rule']})")
+    backtest = forecast.get("backtest")
+    if backtest:
+        out.append(f"  backtest: rung d{backtest['width']} × {backtest['steps']:,} steps (the largest fitted by "
+                   f"compute, {_num(backtest['extrapolation'])}× the others' largest) forecast from the other "
+                   f"{backtest['fitted']} fitted rungs: predicted {_num(backtest['predicted'])} "
+                   f"[{_num(backtest['low'])}, {_num(backtest['high'])}], measured {_num(backtest['measured'])} "
+                   f"nats/token (relative error {backtest['relative_error']:+.2%}, "
+                   f"{'inside' if backtest['covered'] else 'outside'} the interval)")
+    elif "backtest" in forecast:
+        out.append(f"  backtest: not run ({forecast.get('backtest_note', '')})")
+    reasons = forecast.get("assessment", {}).get("reasons", [])
+    degenerate = [r for r in reasons if r["rule"] in DEGENERATE]
+    for r in degenerate:
+        out.append(f"  degenerate fit: {r['problem']}")
     out.append(f"  compute-optimal at the main run's C = 6·N·D = {opt['compute_flops']:.3g} FLOPs (N non-embedding): "
                f"N_opt {_num(opt['n_opt'])} [{_num(opt['n_opt_interval'][0])}, {_num(opt['n_opt_interval'][1])}], "
                f"D_opt {_num(opt['d_opt'])} [{_num(opt['d_opt_interval'][0])}, {_num(opt['d_opt_interval'][1])}] "
-               f"tokens; the main run has N {target['n_params']:,}, D {target['tokens']:,}")
+               f"tokens; the main run has N {target['n_params']:,}, D {target['tokens']:,}"
+               + ("; not to plan with: the fit is degenerate" if degenerate else ""))
+    parts = ""
+    if p.get("bootstrap_low") is not None:
+        checks = forecast.get("checks", {})
+        error = (f"lengthened on each side by the backtest/held-out model error {_num(p['model_error'])}"
+                 if backtest or forecast["goodness"] else "no backtest or held-out rung to measure a model error by")
+        parts = (f"; bootstrap [{_num(p['bootstrap_low'])}, {_num(p['bootstrap_high'])}] {error}; the main run is "
+                 f"{_num(checks.get('extrapolation'))}× the largest rung's compute")
     out.append(f"  forecast of the main run's held-out loss: {p['predicted']:.4f} [{p['low']:.4f}, {p['high']:.4f}] "
-               f"nats/token (forecast {forecast['forecast_hash'][:12]})")
-    out.append("  " + DecisionRecord.from_dict(forecast["decision"]).line())
+               f"nats/token{parts} (forecast {forecast['forecast_hash'][:12]})")
+    out.append("  " + decision_of(forecast).line())
     check = main_check(forecast, paths)
     if check is not None:
         out.append(f"  main run measured {check['actual']:.4f} nats/token: error {check['error']:+.4f} "
@@ -91,8 +116,10 @@ def report(ctx: ReportContext) -> list[Block]:
     if forecast is None:
         return []
     points = pd.read_parquet(ctx.path / "points.parquet")
-    shown = points[["width", "n_layers", "steps", "n_params", "tokens", "peak_lr", "loss_nats", "predicted",
-                    "predicted_low", "predicted_high", "relative_error", "held_out", "excluded"]]
+    columns = ["width", "n_layers", "steps", "n_params", "tokens", "peak_lr", "loss_nats", "predicted",
+               "predicted_low", "predicted_high", "relative_error", "held_out", "backtest", "backtest_predicted",
+               "backtest_low", "backtest_high", "excluded"]
+    shown = points[[c for c in columns if c in points.columns]]
     law = forecast["law"]
     constants = pd.DataFrame([{"constant": sym, "value": law[name], "low": law["intervals"][name][0],
                                "high": law["intervals"][name][1]} for name, sym in CONSTANTS])

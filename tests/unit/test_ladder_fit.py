@@ -104,7 +104,9 @@ def test_a_two_by_two_ladder_is_reduced_and_its_forecast_undetermined():
     assert forecast["law"]["alpha"] == forecast["law"]["beta"]
     assert forecast["goodness"] == [] and math.isnan(forecast["max_abs_heldout_relative_error"])
     assert settled.verdict == "undetermined" and settled.fallback == FALLBACK
-    assert "add sizes/budgets" in settled.resolve and "hold out at least one rung" in settled.resolve
+    assert "add sizes/budgets" in settled.resolve and "no backtest" in settled.resolve
+    assert (settled.n_units, settled.units, settled.min_units) == (4, "rungs", 7)
+    assert {r["rule"] for r in forecast["assessment"]["reasons"]} == {"form", "backtest", "extrapolation"}
     assert settled.low <= settled.estimate <= settled.high and settled.unit == "nats/token"
     assert settled.declared_at <= settled.decided_at and settled.kind == "forecast"
     assert any("reduced form" in note for note in forecast["notes"])
@@ -122,6 +124,11 @@ def test_a_full_ladder_with_a_good_holdout_is_decided_and_a_bad_one_is_not():
     (check,) = forecast["goodness"]
     assert (check["width"], check["steps"]) == (64, 80) and abs(check["relative_error"]) < 0.01
     assert forecast["fit"]["form"] == "full" and settled.verdict == "decided" and settled.fallback == ""
+    assert settled.n_units == 15 and settled.min_units == 7 and forecast["assessment"]["reasons"] == []
+    backtest = forecast["backtest"]  # the largest fitted rung, forecast from the 14 others
+    assert (backtest["width"], backtest["steps"], backtest["fitted"]) == (48, 80, 14)
+    assert abs(backtest["relative_error"]) < 0.01
+    assert table["backtest"].sum() == 1 and table.loc[table["backtest"], "backtest_predicted"].notna().all()
     assert forecast["prediction"]["predicted"] == pytest.approx(float(PLANTED.loss(1e9, 2e10)), rel=0.01)
     optimum = forecast["optimum"]
     assert optimum["n_opt_interval"][0] <= optimum["n_opt"] <= optimum["n_opt_interval"][1]
@@ -161,6 +168,10 @@ def test_pooled_loss_and_check():
     ({"enabled": True, "widths": [16, 32], "steps": [10, 20], "holdout": [[16, 10], [32, 20]]}, "fewer than 3"),
     ({"bootstrap": 5}, "at least 10"),
     ({"forecast_tolerance": 0.0}, "forecast_tolerance"),
+    ({"max_extrapolation": 1.0}, "ladder.max_extrapolation = 1.0: must be > 1"),
+    ({"max_interval_ratio": 0.5}, "ladder.max_interval_ratio = 0.5: must be > 1"),
+    ({"max_exponent_width": 0.0}, "ladder.max_exponent_width = 0.0: must be > 0"),
+    ({"bound_tolerance": -0.1}, "ladder.bound_tolerance = -0.1: must lie in \\[0, 1\\)"),
 ])
 def test_bad_ladder_sections_are_refused(fields, message):
     from infra.errors import ConfigError

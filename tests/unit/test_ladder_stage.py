@@ -65,6 +65,15 @@ def test_rungs_follow_the_main_run_and_a_two_by_two_ladder_is_undetermined(tmp_p
     assert forecast["decision"]["fallback"] == "the forecast is recorded but not trusted"
     assert forecast["target"]["tokens"] == 6 * 2 * 8 and forecast["target"]["general_sources"] == ["a", "b"]
     assert len(forecast["forecast_hash"]) == 64
+    # Standard JSON: undefined numbers (no held-out rung's error, no backtest) are null, with the reason beside.
+    text = (out / "forecast.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    json.loads(text, parse_constant=lambda token: pytest.fail(f"non-standard JSON token {token}"))
+    assert forecast["max_abs_heldout_relative_error"] is None and forecast["backtest"] is None
+    assert "needs 4 of them; there are 3" in forecast["backtest_note"]
+    assert {r["rule"] for r in forecast["assessment"]["reasons"]} >= {"form", "backtest"}
+    assert forecast["decision"]["n_units"] == 4 and forecast["decision"]["min_units"] == 7
+    assert {"backtest", "backtest_predicted"} <= set(points.columns) and not points["backtest"].any()
     assert len(children) == 4 and {p["d_model"] for _, p, _ in children} == {8, 12}
     assert all(rows[0]["step"] == p["steps"] for _, p, rows in children)
     check_ladder(out, type("Cfg", (), {"ladder": LADDER})())
@@ -90,6 +99,7 @@ def test_rungs_follow_the_main_run_and_a_two_by_two_ladder_is_undetermined(tmp_p
     lines = "\n".join(summary(SummaryContext(path=out, paths={"ladder": out, "main": main},
                                              layout=RunsLayout(tmp_path / "runs"))))
     assert "forecast: " in lines and "undetermined" in lines and "compute-optimal" in lines
+    assert "backtest: not run" in lines and "no backtest" in lines
     assert "main run measured 4.1000 nats/token" in lines
 
 
@@ -206,4 +216,19 @@ def test_plan_uses_the_fitted_law_when_the_configs_ladder_artifact_exists(tmp_pa
 
     n, d = param_count(cfg).blocks, 16 * 8 * 64  # N non-embedding, D = steps · batch · seq_len of [main]
     expected = 1.5 + 30.0 / n ** 0.3 + 40.0 / d ** 0.25
-    assert rows["this run"]["note"] == f"loss {expected:.6f}"
+    assert rows["this run"]["note"] == f"loss {expected:.6f}" and "warning" not in rows
+
+
+def test_plan_warns_when_the_ladders_law_is_undetermined(monkeypatch):
+    from pathlib import Path
+
+    from flows.plan import FittedLaw, as_rows, build_plan, load_plan
+    from models.planning import Chinchilla
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    law = FittedLaw(Chinchilla(E=1.5, A=1.7e17, B=40.0, alpha=4.0, beta=0.25), "k1", "full", "undetermined",
+                    "α = 4 sits on its bound 4 (within ladder.bound_tolerance = 0.02)")
+    rows = {row["label"]: row for row in as_rows(build_plan(load_plan("configs/smoke.toml"), law, ""))}
+    warning = rows["warning"]
+    assert warning["value"] == "the ladder's law is undetermined: do not plan on this allocation"
+    assert warning["note"] == "α = 4 sits on its bound 4 (within ladder.bound_tolerance = 0.02)"
