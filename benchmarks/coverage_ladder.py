@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/coverage_ladder.py --quick     # 100 replicates per cell, 100 resamples: ~1 min
     .venv/bin/python benchmarks/coverage_ladder.py             # 2,000 replicates per cell, 1000 resamples
     .venv/bin/python benchmarks/coverage_ladder.py --before    # also the rule and interval the stage used before
+    .venv/bin/python benchmarks/coverage_ladder.py --variants  # also the interval rules not chosen
 
 Each replicate draws a ladder as ``LadderConfig`` makes one: a grid of widths × budgets (4 = 2 × 2, 6 = 3 × 2,
 8 = 2 × 4, 9 = 3 × 3 rungs; N geometric over 1e4–2e5 non-embedding parameters, D over 3e4–5e5 tokens, like the
@@ -18,7 +19,8 @@ undetermined (refused).
 The cost is in the bootstrap (the fit's and the backtest's, one batch per replicate): ``--bootstrap`` resamples,
 1000 by default as ``[ladder] bootstrap``; ``--quick`` lowers it to 100 (cruder percentile ends) to stay near a
 minute on one core. ``--before``: the rule the stage used before (the full form and every held-out rung within
-``forecast_tolerance``; the bootstrap percentile interval alone), judged on the same fits.
+``forecast_tolerance``; the bootstrap percentile interval alone), judged on the same fits. ``--variants``: the
+decided replicates' coverage had the model error been combined in quadrature, or left out.
 """
 
 from __future__ import annotations
@@ -81,22 +83,34 @@ def _before(result, rules: ForecastRules) -> tuple[bool, float, float]:
     return decided, low, high
 
 
-def ladder_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool = False) -> list[dict]:
+def ladder_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool = False,
+                 variants: bool = False) -> list[dict]:
     """One dict per (scenario, rungs) cell: {"method", "scenario", "n" (rungs), "covered", "total" (decided
     replicates with an interval), "refused" (replicates judged undetermined)}, ``replicates`` ladders each, seeded
     by ``seed``. ``before``: method ``ladder_forecast(before)``, the former rule and interval on the same fits, as
-    extra cells."""
-    return [cell for cells in iter_cells(replicates, seed, bootstrap, before) for cell in cells]
+    extra cells; ``variants``: ``ladder_forecast(quadrature)`` and ``ladder_forecast(bootstrap only)``, the same
+    decided replicates with the model error combined in quadrature, or left out."""
+    return [cell for cells in iter_cells(replicates, seed, bootstrap, before, variants) for cell in cells]
 
 
-def iter_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool = False):
-    """``ladder_cells`` one cell at a time (with its ``before`` twin), as each is done."""
+def _variant(result, name: str) -> tuple[float, float]:
+    low, high = min(result.bootstrap_low, result.predicted), max(result.bootstrap_high, result.predicted)
+    if name == "bootstrap only":
+        return low, high
+    m, p = result.model_error, result.predicted
+    return p - math.hypot(p - low, m), p + math.hypot(high - p, m)
+
+
+def iter_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool = False, variants: bool = False):
+    """``ladder_cells`` one cell at a time (with its ``before`` and ``variants`` twins), as each is done."""
     rules = ForecastRules(bootstrap=bootstrap)
+    names = ("quadrature", "bootstrap only") if variants else ()
     for index, (scenario, rungs) in enumerate(CELLS):
         rng = np.random.default_rng([seed, index, rungs])
         now = {"method": "ladder_forecast", "scenario": scenario, "n": rungs, "covered": 0, "total": 0,
                "refused": 0}
         old = {**now, "method": "ladder_forecast(before)"}
+        other = {name: {**now, "method": f"ladder_forecast({name})"} for name in names}
         for replicate in range(replicates):
             sim = simulate(rng, rungs, scenario)
             truth = float(LAW.loss(sim["target_n"], sim["target_d"]))
@@ -107,11 +121,15 @@ def iter_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool =
                 now["covered"] += int(result.low <= truth <= result.high)
             else:
                 now["refused"] += 1
+            for name, cell in other.items():
+                low, high = _variant(result, name)
+                cell["total" if result.verdict == "decided" else "refused"] += 1
+                cell["covered"] += int(result.verdict == "decided" and low <= truth <= high)
             if before:
                 decided, low, high = _before(result, rules)
                 old["total" if decided else "refused"] += 1
                 old["covered"] += int(decided and low <= truth <= high)
-        yield [now] + ([old] if before else [])
+        yield [now] + ([old] if before else []) + list(other.values())
 
 
 def line(cell: dict) -> str:
@@ -125,14 +143,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100 replicates per cell (a check, not the table)")
     parser.add_argument("--replicates", type=int, default=0, help="replicates per cell (default 2,000; quick 100)")
-    parser.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples per fit (default 1000; quick 100)")
+    parser.add_argument("--bootstrap", type=int, default=0, help="resamples per bootstrap (default 1000; quick 100)")
     parser.add_argument("--before", action="store_true", help="also the former rule and interval")
+    parser.add_argument("--variants", action="store_true", help="also the interval in quadrature and without m")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     replicates = args.replicates or (100 if args.quick else 2000)
     bootstrap = args.bootstrap or (100 if args.quick else 1000)
     started = time.process_time()
-    for cells in iter_cells(replicates, args.seed, bootstrap, args.before):
+    for cells in iter_cells(replicates, args.seed, bootstrap, args.before, args.variants):
         for cell in cells:
             print(line(cell), flush=True)
     print(f"coverage_ladder: {replicates:,} replicates per cell, {bootstrap} bootstrap resamples, "
