@@ -107,7 +107,7 @@ class DecisionRecord:
         Raises:
             DataError: ``verdict`` not in ``VERDICTS``; an undetermined verdict without ``fallback`` and ``resolve``;
                 an interval whose bounds are not ordered around the estimate; a ``decided`` verdict on fewer units
-                than ``min_units``, or on an interval of zero width.
+                than ``min_units``.
         """
         if verdict not in VERDICTS:
             raise DataError(f"decision verdict {verdict!r}: must be one of {VERDICTS}")
@@ -118,8 +118,6 @@ class DecisionRecord:
             raise DataError(f"{self.kind} interval [{low}, {high}] does not contain its estimate {estimate}")
         if verdict == "decided" and n_units < min_units:
             raise DataError(f"a {self.kind} decision on {n_units} {units} cannot be decided: it needs >= {min_units}")
-        if verdict == "decided" and math.isfinite(low) and low == high:
-            raise DataError(f"a {self.kind} decision with a zero-width interval [{low}, {high}] cannot be decided")
         return replace(self, decided_at=utc_now(), choice=str(choice), verdict=verdict, estimate=float(estimate),
                        low=float(low), high=float(high), unit=unit, confidence=float(confidence),
                        fallback=fallback if verdict == "undetermined" else "",

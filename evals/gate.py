@@ -61,7 +61,7 @@ from scipy import stats
 
 from evals.cloze import NORMALISED_SCORINGS, Scoring, check_scoring
 from evals.stats import (MIN_UNITS, BootstrapCI, binomial_se, cluster_mean_ci, items_needed, mcnemar_exact,
-                         paired_bootstrap_ci, paired_proportion_diff_ci, proportion_ci)
+                         has_width, paired_bootstrap_ci, paired_proportion_diff_ci, proportion_ci)
 from infra.errors import DataError
 from infra.section import Section
 
@@ -419,6 +419,10 @@ def _paired_loss(base: HeldoutArrays, cand: HeldoutArrays, *, rise: bool, confid
     docs = _window_docs(base, cand, what)
     a, b = (base.window_nats, cand.window_nats) if rise else (cand.window_nats, base.window_nats)
     weights = np.asarray(base.window_tokens, dtype=float)
+    if int((weights > 0).sum()) < 2:  # one window: neither interval exists
+        delta = float(np.sum(weights * (b - a)) / max(float(np.sum(weights)), 1e-300))
+        return _Interval(delta, -math.inf, math.inf, int((weights > 0).sum()), int(len(a)), math.nan, math.nan,
+                         docs is not None)
     by_window: BootstrapCI = paired_bootstrap_ci(a, b, weights=weights, confidence=confidence, seed=seed)
     clusters = np.arange(len(a)) if docs is None else docs
     _, cluster = np.unique(clusters, return_inverse=True)
@@ -513,7 +517,7 @@ def _status(c: GateCriterion, iv: _Interval) -> str:
     """pass / fail when the whole CI is on one side of the threshold; undetermined when it straddles it, when it
     rests on fewer units than its minimum (``_shortfall``), or when it has no width (no evidence of spread is no
     evidence of none)."""
-    if _shortfall(c, iv) or not iv.low < iv.high:
+    if _shortfall(c, iv) or not has_width(iv.low, iv.high, iv.point):
         return "undetermined"
     good_low, good_high = (iv.low, iv.high) if c.op == ">=" else (-iv.high, -iv.low)
     t = c.threshold if c.op == ">=" else -c.threshold

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from evals.heldout import heldout_loss, window_documents
-from evals.stats import MIN_UNITS, SeedClusterCI, seed_cluster_mean_ci, units_shortfall
+from evals.stats import MIN_UNITS, SeedClusterCI, has_width, seed_cluster_mean_ci, units_shortfall
 from infra.atomic import atomic_file
 from infra.errors import DataError
 from infra.stage import StageContext
@@ -218,7 +218,7 @@ def verdict(low: float, high: float, *, seeds: int = MIN_UNITS["seeds"], docs: i
     than ``MIN_UNITS``: :func:`shortfall`), or ``unchanged`` (the arms trained on identical data)."""
     if identical:
         return "unchanged"
-    if shortfall(seeds, docs) or not low < high:
+    if shortfall(seeds, docs) or not has_width(low, high):
         return "undetermined"
     if low > 0:
         return "helped"

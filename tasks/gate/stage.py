@@ -204,9 +204,13 @@ def decision_record(cfg: GateConfig, decision: GateDecision, declared: DecisionR
     values = (math.nan,) * 3 if shown is None else (shown[metric], shown[f"{metric}_ci_low"],
                                                       shown[f"{metric}_ci_high"])
     estimate, low, high = (float(v) for v in values)
+    # The units behind the shown candidate's verdict: its criterion resting on the fewest (documents or items).
+    counts = [(int(shown[f"units_{c.name}"]), "documents" if c.metric in LOSS_METRICS else "items")
+              for c in decision.criteria if shown is not None and f"units_{c.name}" in shown]
+    n_units, units = min(counts) if counts else (0, "")
     return declared.settle(choice=decision.kept, verdict=verdict, estimate=estimate, low=low, high=high,
                            unit="nats/token", confidence=confidence, fallback=fallback, resolve=resolve,
-                           evidence=evidence)
+                           evidence=evidence, n_units=n_units, units=units)
 
 
 def gate_declaration(ctx: StageContext, gate: str) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ import pandas as pd
 from scipy import stats
 
 from evals.decision import DecisionRecord
-from evals.stats import MIN_UNITS, seed_cluster_mean_ci, units_shortfall
+from evals.stats import MIN_UNITS, has_width, seed_cluster_mean_ci, units_shortfall
 from infra.errors import DataError
 from tasks.mixture.config import MixtureConfig
 from tasks.mixture.select import MixtureChoice, select_mixture
@@ -296,7 +296,8 @@ def decide(trials: pd.DataFrame, windows: pd.DataFrame, cfg: MixtureConfig, *, n
         rows.append({"candidate": name, "score": mean, "score_low": low, "score_high": high, "seeds": len(seeds),
                      "vs_leader": ci.delta if ci else math.nan, "vs_leader_low": ci.low if ci else math.nan,
                      "vs_leader_high": ci.high if ci else math.nan,
-                     "separable": bool(ci is not None and not ci.shortfall() and ci.low > 0)})
+                     "separable": bool(ci is not None and not ci.shortfall() and ci.low > 0
+                                       and has_width(ci.low, ci.high, ci.delta))})
     candidates = pd.DataFrame(rows)
     if len(ranked) == 1:
         reason = (f"{leader!r} is the only eligible candidate: every other one is worse than {natural!r} by more "
@@ -327,7 +328,7 @@ def decide(trials: pd.DataFrame, windows: pd.DataFrame, cfg: MixtureConfig, *, n
         resolve = (f"train {leader!r} and {runner_up!r} at ≥ {MIN_UNITS['seeds']} seeds (mixture.seeds) and score "
                    f"≥ {MIN_UNITS['documents']} held-out documents: below that the interval's coverage is not "
                    "assured (docs/methods.md §16)")
-    elif margin.low > 0:
+    elif margin.low > 0 and has_width(margin.low, margin.high, margin.delta):
         return MixtureDecision(leader, leader, runner_up, "decided",
                                f"the margin's {cfg.confidence:.0%} interval lies above 0", margin, common,
                                candidates, have, selection)

@@ -15,7 +15,7 @@ N_WINDOWS = 16
 TOKENS = np.random.default_rng(0).integers(200, 256, N_WINDOWS)
 N_ITEMS = 40
 NOISE = 0.03  # nats: the spread of one model's per-window losses around its held-out loss
-MORE_DOCUMENTS = "score more held-out documents (raise the budget's eval_tokens, or the held-out split)"
+MORE_DOCUMENTS = "score more held-out documents (the budget's eval_tokens while documents lack a window, else a larger held-out split: [tokenizer] heldout_fraction or min_heldout_docs)"
 MORE_ITEMS = "score more items (gate.cloze_items, passkey prompts or the harness task's limit)"
 
 LAB5_GATE = GateConfig(criteria=[
@@ -308,3 +308,47 @@ def test_a_null_batch_never_passes_a_gain_and_leaves_a_zero_threshold_open():
     assert gain.count("pass") == 0
     assert no_rise.count("undetermined") >= 36  # >= 90% of 40; observed 39
     assert window_open <= 32  # observed 26: the window-level interval is too narrow
+
+
+def test_a_constant_shift_has_no_width_and_never_passes():
+    # Every window 0.1 nats better: the t interval's width is ~1e-16 of floating-point rounding, not evidence.
+    rng = np.random.default_rng(3)
+    docs, tokens = np.repeat(np.arange(10), 3), np.full(30, 256.0)
+    general, domain = 3.0 + rng.normal(0, 0.05, 30), 5.0 + rng.normal(0, 0.05, 30)
+    base = CandidateEval("base", HeldoutArrays(general, tokens, docs), HeldoutArrays(domain, tokens, docs))
+    cand = CandidateEval("c", HeldoutArrays(general, tokens, docs), HeldoutArrays(domain - 0.1, tokens, docs))
+    gate = GateConfig(criteria=[GateCriterion(name="domain", metric="domain_loss_reduction_nats", op=">=",
+                                              threshold=0.05)])
+    row = decide(gate, base, [cand]).table.iloc[0]
+    assert row["domain_loss_reduction_nats_ci_high"] - row["domain_loss_reduction_nats_ci_low"] < 1e-12
+    assert row["status_domain"] == "undetermined" and row["decision"] == "undetermined"
+
+
+def test_one_held_out_window_gives_no_interval_instead_of_an_error():
+    one = HeldoutArrays(np.array([3.5]), np.array([256.0]), np.array([0]))
+    better = HeldoutArrays(np.array([3.0]), np.array([256.0]), np.array([0]))
+    general = HeldoutArrays(np.full(8, 3.0), np.full(8, 256.0), np.arange(8))
+    gate = GateConfig(criteria=[GateCriterion(name="domain", metric="domain_loss_reduction_nats", op=">=",
+                                              threshold=0.1)])
+    row = decide(gate, CandidateEval("base", general, one), [CandidateEval("c", general, better)]).table.iloc[0]
+    assert row["domain_loss_reduction_nats"] == pytest.approx(0.5)
+    assert (row["domain_loss_reduction_nats_ci_low"], row["domain_loss_reduction_nats_ci_high"]) == (-np.inf, np.inf)
+    assert row["status_domain"] == "undetermined" and row["reason_domain"].startswith("needs >= 5 documents, has 1")
+
+
+def test_a_kept_candidate_identical_on_the_domain_settles_its_record_with_its_units():
+    from evals.decision import DecisionRecord
+    from tasks.gate.stage import decision_record
+
+    rng = np.random.default_rng(4)
+    correct = rng.random(40) < 0.6
+    general = HeldoutArrays(3.0 + rng.normal(0, 0.05, 12), np.full(12, 256.0), np.arange(12))
+    gate = GateConfig(criteria=[GateCriterion(name="cloze", metric="cloze_accuracy_delta", op=">=",
+                                              threshold=-0.10)])
+    base = CandidateEval("base", general, general, correct)
+    same = CandidateEval("same", general, general, correct.copy())
+    decision = decide(gate, base, [same])
+    assert decision.kept == "same"  # agreement on 40 items bounds a 10-point regression
+    record = decision_record(gate, decision, DecisionRecord.declare("gate", rule="r", rule_config={}), evidence={})
+    assert record.verdict == "decided" and (record.n_units, record.units) == (40, "items")
+    assert record.low == record.high == 0.0  # the shown domain reduction: identical windows

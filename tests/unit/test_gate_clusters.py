@@ -116,8 +116,9 @@ def test_fewer_than_two_documents_give_no_interval_and_an_undetermined_criterion
     assert row["status_domain_gain"] == "undetermined" and row["window_status_domain_gain"] == "pass"
     # what would resolve it is the minimum a loss verdict needs, not the 2 any interval needs
     assert (row["units_domain_gain"], row["needed_domain_gain"]) == (1, MIN_UNITS["documents"]) == (1, 5)
-    assert row["reason_domain_gain"] == ("needs >= 5 documents, has 1: score more held-out documents (raise the "
-                                         "budget's eval_tokens, or the held-out split)")
+    assert row["reason_domain_gain"] == ("needs >= 5 documents, has 1: score more held-out documents (the budget's "
+                                         "eval_tokens while documents lack a window, else a larger held-out split: "
+                                         "[tokenizer] heldout_fraction or min_heldout_docs)")
 
 
 @pytest.mark.parametrize("n_docs", [2, 4])
@@ -151,7 +152,7 @@ def test_a_gate_on_one_domain_document_is_undetermined_and_says_five_are_needed(
         assert table.loc[0, f"status_{name}"] == "undetermined"
         assert (table.loc[0, f"units_{name}"], table.loc[0, f"needed_{name}"]) == (1, 5)
         assert table.loc[0, f"reason_{name}"] == ("needs >= 5 documents, has 1: score more held-out documents "
-                                                  "(raise the budget's eval_tokens, or the held-out split)")
+                                                  "(the budget's eval_tokens while documents lack a window, else a larger held-out split: [tokenizer] heldout_fraction or min_heldout_docs)")
     assert undetermined_lines(table) == [f"cand: {name} is undetermined; about 5 held-out documents would resolve it"
                                          for name in ("domain_gain", "general_forgetting")]
 
