@@ -65,6 +65,11 @@ class Cell:
         return bool(self.units) and (self.n < MIN_UNITS[self.units]
                                      or (self.seeds > 0 and self.seeds < MIN_UNITS["seeds"]))
 
+    @property
+    def refused_all(self) -> bool:
+        """Every replicate undetermined (a ladder too small or an extrapolation too long): nothing decided."""
+        return self.total == 0 and self.refused > 0
+
     def minimum(self) -> str:
         seeds = f" and {MIN_UNITS['seeds']} seeds" if self.seeds else ""
         return f"{MIN_UNITS[self.units]} {self.units}{seeds}"
@@ -90,7 +95,9 @@ class Cell:
         text = f"coverage {self.method} {self.scenario} n={self.n}: {rate:.3f} [{low:.3f}, {high:.3f}]"
         if self.refused:
             text += f" ({self.refused} of {self.total + self.refused} replicates refused)"
-        if self.below_minimum:
+        if self.refused_all:
+            text = f"coverage {self.method} {self.scenario} n={self.n}: refused: all {self.refused} replicates undetermined"
+        elif self.below_minimum:
             text += f" refused: below the minimum of {self.minimum()}"
         elif self.conservative:
             text += "  (conservative: above 0.99)"
@@ -366,8 +373,8 @@ def main() -> int:
         print(cell.line(), flush=True)
     if not args.stress and (not args.only or "ladder" in args.only):
         results += ladder(replicates, args.seed, args.quick)
-    below = [c for c in results if c.below_minimum]
-    decided = [c for c in results if not c.below_minimum]
+    below = [c for c in results if c.below_minimum or c.refused_all]
+    decided = [c for c in results if not (c.below_minimum or c.refused_all)]
     inside = sum(c.within for c in decided)
     conservative = sum(c.conservative for c in decided)
     print(f"coverage: {inside} of {len(decided)} cells within [{BAND[0]}, {BAND[1]}], {conservative} conservative "
