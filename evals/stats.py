@@ -226,7 +226,7 @@ def items_needed(p: float, half_width: float, confidence: float = 0.95) -> int:
 
 # --------------------------------------------------------------------------------------------- verdict intervals
 # The intervals every verdict rests on (docs/methods.md §16). Each one's coverage at the sizes the platform sees
-# (2–5 seeds, a handful of documents, tens of items) is measured by ``benchmarks/coverage.py``, which calls these
+# (2–5 seeds, a handful of documents, tens of items) is measured by ``benchmarks/interval_coverage.py``, which calls these
 # functions; ``MIN_UNITS`` is the least number of independent units from which no simulated scenario covered
 # under 0.93 (some cover above 0.99: conservative). Below it a verdict is ``undetermined`` (``units_shortfall``).
 

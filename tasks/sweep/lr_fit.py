@@ -10,7 +10,7 @@ trials (y in nats/token). The optimum x* is the cubic's minimum over the tried r
 generalised Fieller confidence set of the cubic's zero-slope point (Fieller 1954; ``evals.stats.loss_minimum_ci``):
 the x where a zero slope is not rejected at the rule's confidence. The set is unbounded (``bounded`` False) when the
 minimum sits on the tried range's edge or the set reaches an edge: the minimum is then not resolved. The coverage
-of that set was measured by simulation (``benchmarks/coverage.py``, docs/methods.md §16): it stays within
+of that set was measured by simulation (``benchmarks/interval_coverage.py``, docs/methods.md §16): it stays within
 [0.93, 0.99] from ``MIN_UNITS["trials"]`` = 10 COMPLETE trials, so the rule decides only from there. Pruned trials
 are left out: their final loss was never measured, and their last intermediate loss belongs to a shorter run.
 
@@ -20,7 +20,7 @@ are left out: their final loss was never measured, and their last intermediate l
 The width exponent keeps a nonparametric bootstrap over trials (Efron & Tibshirani 1993): each replicate refits the
 cubic and takes its minimum (``bootstrap_minima``), and the exponent's interval regresses replicate r of every
 width. ``quadratic_fit``, ``optimum_log_lr``, ``bootstrap_optima`` and ``percentile_interval`` are the parabola and
-percentile bootstrap the peak-LR verdict used before; ``benchmarks/coverage.py --before`` still measures them.
+percentile bootstrap the peak-LR verdict used before; ``benchmarks/interval_coverage.py --before`` still measures them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Coverage of every interval a verdict rests on, by simulation with a known truth (docs/methods.md §16).
 
-    .venv/bin/python benchmarks/coverage.py --quick          # ~300 replicates per cell, a few minutes
-    .venv/bin/python benchmarks/coverage.py                  # 2,000 replicates per cell (the table in docs)
-    .venv/bin/python benchmarks/coverage.py --before         # also the intervals the verdicts used before
+    .venv/bin/python benchmarks/interval_coverage.py --quick          # ~300 replicates per cell, a few minutes
+    .venv/bin/python benchmarks/interval_coverage.py                  # 2,000 replicates per cell (the table in docs)
+    .venv/bin/python benchmarks/interval_coverage.py --before         # also the intervals the verdicts used before
 
 Each cell draws data in a shape the platform really sees (2–5 training seeds, 2–500 held-out documents of
 unequal length with windows correlated within a document, paired items with few discordant pairs, 4–12 sweep
