@@ -84,13 +84,14 @@ def _before(result, rules: ForecastRules) -> tuple[bool, float, float]:
 
 
 def ladder_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool = False,
-                 variants: bool = False) -> list[dict]:
+                 variants: bool = False, only: tuple[str, ...] = ()) -> list[dict]:
     """One dict per (scenario, rungs) cell: {"method", "scenario", "n" (rungs), "covered", "total" (decided
     replicates with an interval), "refused" (replicates judged undetermined)}, ``replicates`` ladders each, seeded
     by ``seed``. ``before``: method ``ladder_forecast(before)``, the former rule and interval on the same fits, as
     extra cells; ``variants``: ``ladder_forecast(quadrature)`` and ``ladder_forecast(bootstrap only)``, the same
-    decided replicates with the model error combined in quadrature, or left out."""
-    return [cell for cells in iter_cells(replicates, seed, bootstrap, before, variants) for cell in cells]
+    decided replicates with the model error combined in quadrature, or left out. ``only``: these scenarios (each
+    cell draws from its own seed, so a subset gives the same numbers as the whole)."""
+    return [cell for cells in iter_cells(replicates, seed, bootstrap, before, variants, only) for cell in cells]
 
 
 def _variant(result, name: str) -> tuple[float, float]:
@@ -101,11 +102,14 @@ def _variant(result, name: str) -> tuple[float, float]:
     return p - math.hypot(p - low, m), p + math.hypot(high - p, m)
 
 
-def iter_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool = False, variants: bool = False):
+def iter_cells(replicates: int, seed: int, bootstrap: int = 1000, before: bool = False, variants: bool = False,
+               only: tuple[str, ...] = ()):
     """``ladder_cells`` one cell at a time (with its ``before`` and ``variants`` twins), as each is done."""
     rules = ForecastRules(bootstrap=bootstrap)
     names = ("quadrature", "bootstrap only") if variants else ()
     for index, (scenario, rungs) in enumerate(CELLS):
+        if only and scenario not in only:
+            continue
         rng = np.random.default_rng([seed, index, rungs])
         now = {"method": "ladder_forecast", "scenario": scenario, "n": rungs, "covered": 0, "total": 0,
                "refused": 0}
@@ -146,12 +150,14 @@ def main() -> int:
     parser.add_argument("--bootstrap", type=int, default=0, help="resamples per bootstrap (default 1000; quick 100)")
     parser.add_argument("--before", action="store_true", help="also the former rule and interval")
     parser.add_argument("--variants", action="store_true", help="also the interval in quadrature and without m")
+    parser.add_argument("--only", default="", help="comma-separated scenarios (near, far, demo); default all")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     replicates = args.replicates or (100 if args.quick else 2000)
     bootstrap = args.bootstrap or (100 if args.quick else 1000)
     started = time.process_time()
-    for cells in iter_cells(replicates, args.seed, bootstrap, args.before, args.variants):
+    only = tuple(s for s in args.only.split(",") if s)
+    for cells in iter_cells(replicates, args.seed, bootstrap, args.before, args.variants, only):
         for cell in cells:
             print(line(cell), flush=True)
     print(f"coverage_ladder: {replicates:,} replicates per cell, {bootstrap} bootstrap resamples, "
