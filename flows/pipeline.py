@@ -91,6 +91,7 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
         out=tmp, inputs=input_paths, layout=env.layout, key=key, key_config=meta["config"], experiment=env.cfg.name,
         seed=env.cfg.seed,
         torch_threads=env.threads.torch_threads, threads=env.threads, progress=env.progress,
+        refresh=name in env.refresh,
         log_metrics=lambda metrics, step: env.tracker.log_metrics(meta["mlflow_run_id"], metrics, step),
         log_child=lambda child, params, rows: _log_child(env, meta["mlflow_run_id"], child, params, rows),
         shard_map_for=partial(shard_map_for, record=tmp / RAY_CALLS_FILE),  # Ray records where calls ran

@@ -54,6 +54,8 @@ class StageContext:
         log_metrics: metrics at an explicit step to this stage's MLflow run (step unit stated by the caller).
         log_child: one nested MLflow run under this stage (name, params, metric rows each with a "step").
         progress: progress bars.
+        refresh: the user asked to recompute this stage (``--refresh``): state shared across keys, such as a WSD
+            run's cached stable phase, is not reused; its own resumable scratch still is, after a kill.
         shard_map_for: ``(execution, on_done=None) → shard map`` for an ``infra.execution.ExecutionConfig``,
             running shard functions where its engine says (Prefect tasks or Ray tasks in the pipeline; a loop in
             this process by default); ``on_done()`` is called after each finished call (progress bars).
@@ -71,6 +73,7 @@ class StageContext:
     log_metrics: MetricsFn = field(default=lambda metrics, step: None)
     log_child: ChildFn = field(default=lambda name, params, rows: None)
     progress: ProgressReporter = field(default_factory=ProgressReporter)
+    refresh: bool = False
     shard_map_for: Callable[..., ShardMap] = field(default=sequential_map_for)
 
     @property

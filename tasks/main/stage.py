@@ -72,6 +72,7 @@ class MainJob:
     samples: dict = field(default_factory=dict)  # [samples]: prompts continued at each evaluation point
     trunk: str = ""  # WSD: the stable-checkpoint folder (tasks.train.trunk); "" under cosine
     trunk_steps: list[int] = field(default_factory=list)  # steps whose state is kept there
+    resume_trunk: bool = True  # False under --refresh main: recompute the stable phase too
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -102,6 +103,7 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
     if cfg.budget.schedule == "wsd":
         job.trunk = str(trunk_folder(ctx.layout.root, main_trunk_key(cfg, ctx.inputs, packing=packing, seed=ctx.seed)))
         job.trunk_steps = stable_steps(cfg)
+        job.resume_trunk = not ctx.refresh
     if cfg.distributed.launch == "accelerate":
         from tasks.main.launch import launch
 
@@ -153,7 +155,8 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
                                 asynchronous=cfg.async_checkpoints, companions=companions)
     state = _resume(checkpointer, model, optimizer, sampler)
     resumed_from = "scratch" if state else ""
-    if state is None and job.trunk:  # WSD: the stable phase of a run with another budget is this run's too
+    # WSD: the stable phase of a run with another budget is this run's too
+    if state is None and job.trunk and job.resume_trunk:
         saved = resume_trunk(Path(job.trunk), checkpointer, model, optimizer, sampler,
                              max_step=min([cfg.budget.decay_start, *[s - 1 for s in cfg.milestone_steps]]))
         if saved is not None:

@@ -257,11 +257,12 @@ def inputs(tmp_path) -> dict[str, Path]:
     return write_toy_inputs(tmp_path, {"a": 400, "b": 120})
 
 
-def _context(root: Path, inputs, attempt: str, log_metrics=lambda metrics, step: None, stage: str = "main"):
+def _context(root: Path, inputs, attempt: str, log_metrics=lambda metrics, step: None, stage: str = "main",
+             refresh: bool = False):
     out = root / "runs" / "artifacts" / stage / f".tmp-{attempt}"
     out.mkdir(parents=True)
     return StageContext(out=out, inputs=inputs, layout=RunsLayout(root / "runs"), key="k1", experiment="t",
-                        torch_threads=1, log_metrics=log_metrics)
+                        torch_threads=1, log_metrics=log_metrics, refresh=refresh)
 
 
 def _main(root: Path, inputs, attempt: str, cfg: MainConfig = WSD_MAIN, **kwargs) -> dict:
@@ -295,6 +296,18 @@ def test_a_wsd_main_run_stopped_and_resumed_ends_bit_exact(tmp_path, inputs, sto
     resumed = _main(tmp_path / "stopped", inputs, "second")
     assert resumed["resumed_from_step"] == resumed_from and resumed["resumed_from"] == "scratch"
     _assert_same_weights(_weights(tmp_path / "stopped", "second"), _weights(tmp_path / "uninterrupted", "only"))
+
+
+def test_a_refreshed_main_run_trains_its_stable_phase_again(tmp_path, inputs):
+    """--refresh main recomputes the run: the cached stable-phase checkpoint of the same trunk is not resumed, and
+    the weights equal the first computation's."""
+    _main(tmp_path / "shared", inputs, "first")
+    steps = []
+    again = _main(tmp_path / "shared", inputs, "refreshed", refresh=True,
+                  log_metrics=lambda metrics, step: steps.append(step) if "lr" in metrics else None)
+    assert again["resumed_from_step"] == 0 and "resumed_from" not in again
+    assert min(steps) == 1
+    _assert_same_weights(_weights(tmp_path / "shared", "refreshed"), _weights(tmp_path / "shared", "first"))
 
 
 def test_a_grown_wsd_budget_resumes_from_the_stable_checkpoint_bit_exact(tmp_path, inputs, capsys):
