@@ -37,6 +37,7 @@ from rich.markup import escape
 
 from flows.config import load_config
 from flows.preflight import preflight
+from flows.runlog import run_log_path, write_traceback
 from infra.errors import PretrainError
 from infra.runs import RUNS_ENV, TRACKING_ENV, RunsLayout
 
@@ -68,6 +69,8 @@ def _quiet_libraries() -> None:
     """Keep the terminal for progress bars and the summary; library INFO chatter goes nowhere useful."""
     for name in ("great_expectations", "mlflow", "alembic", "optuna", "httpx"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # MLflow logs each failed SQL statement (six lines) before raising it; the exception itself is reported.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 class _ExpectedFailures(logging.Filter):
@@ -103,6 +106,41 @@ def _fail(err: PretrainError) -> None:
     raise typer.Exit(code=2)
 
 
+def first_error(err: BaseException) -> BaseException:
+    """The error a failure is reported by: ``err`` itself, or, for a third-party exception raised while handling a
+    ``PretrainError`` (a full disk that then made recording the failure fail too), that ``PretrainError``: the first
+    one down the chain of causes and contexts. ``err`` when the chain holds none."""
+    seen, depth = err, 0
+    while seen is not None and depth < 50:
+        if isinstance(seen, PretrainError):
+            return seen
+        seen, depth = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__), depth + 1
+    return err
+
+
+def _fail_run(err: Exception, log_path: Path) -> None:
+    """One ``error:`` line for a failed run, its traceback in the run's log file. Exit 2 for a ``PretrainError``
+    (also when a later failure was raised while handling it, which is logged as a warning), else 1."""
+    cause = first_error(err)
+    if isinstance(cause, PretrainError):
+        if log_path.parent.is_dir():  # a run that got as far as its runs folder; a bad config creates nothing
+            write_traceback(log_path, err)
+        if cause is not err:
+            logging.getLogger("pretrain").warning("while handling %s, a second error: %s: %s", type(cause).__name__,
+                                                  type(err).__name__, _one_line(err, 500))
+        _fail(cause)
+    where = f" (traceback in {log_path})" if write_traceback(log_path, err) else \
+        f" (its traceback could not be written to {log_path})"
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(_one_line(err))}{escape(where)}",
+                  soft_wrap=True)
+    raise typer.Exit(code=1)
+
+
+def _one_line(err: BaseException, limit: int = 2000) -> str:
+    text = " ".join(str(err).split()) or "(no message)"
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 @app.command()
 def run(
     config: Path = typer.Argument(..., help="experiment TOML"),
@@ -116,6 +154,7 @@ def run(
     cpt → gate → export."""
     _set_tracking(tracking_uri)
     layout = RunsLayout.resolve(runs_dir)
+    log_path = run_log_path(layout)
     try:
         cfg = load_config(config)
         from infra.warehouse import Warehouse
@@ -124,25 +163,37 @@ def run(
         if dry_run:
             _dry_run(cfg, layout)
             return
+        from infra.lifetime import tie_to_this_process
         from infra.threads import thread_policy
 
+        tie_to_this_process()  # the Prefect API server and every worker end with this process, even on SIGKILL
         threads = thread_policy(cfg.torch_threads)
         console.print(f"CPU threads: {threads.torch_threads} ({threads.threads_source}), OMP_WAIT_POLICY "
                       f"{threads.omp_wait_policy} ({threads.wait_policy_source})")
         layout.prepare_environment()
         _quiet_libraries()
         from flows.pipeline import pipeline
+        from flows.runlog import capture
         from flows.summary import print_summary
+        from infra.stores import open_stores
 
         _quiet_expected_failures()
+        capture(log_path)
+        abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda: console.print(
+            "another run is creating this runs folder's stores (MLflow, DuckDB, Prefect); waiting for it"))
+        if abandoned:
+            console.print(f"[yellow]note:[/] marked FAILED {len(abandoned)} MLflow run(s) left RUNNING by a process "
+                          "that has ended")
         result = pipeline(str(config.resolve()), str(layout.root), list(refresh), until)
-    except PretrainError as err:
-        _fail(err)
+        print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs, cfg=cfg)
     except KeyboardInterrupt:
         console.print("[bold yellow]interrupted:[/] completed stages are kept and an unfinished one resumes from its "
                       "last checkpoint; run the same command again to continue")
         raise typer.Exit(code=130) from None
-    print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs, cfg=cfg)
+    except typer.Exit:
+        raise
+    except Exception as err:
+        _fail_run(err, log_path)
 
 
 @app.command()
@@ -169,6 +220,9 @@ def serve(
     try:
         cfg = load_config(config)
         preflight(cfg, until=until)
+        from infra.lifetime import tie_to_this_process
+
+        tie_to_this_process()  # the local Prefect server and the flow runs end with this process, even on SIGKILL
         layout.prepare_environment()
         _quiet_libraries()
         from flows.serve import serve as serve_pipeline

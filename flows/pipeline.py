@@ -10,6 +10,7 @@ This module must be imported after ``RunsLayout.prepare_environment()`` (Prefect
 """
 
 
+import logging
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -138,16 +139,28 @@ def run_stage(stage: Stage, stage_key: StageKey, env: Env, upstream: dict[str, A
         state = prefect_task(stage.name, key, env, {n: upstream[n].path for n in stage.inputs}, meta,
                              return_state=True)
         outcome = state.result()
-    except BaseException:
-        env.tracker.end_run(run_id, "FAILED")
+        artifact = env.store.get(stage.name, key)
+        if artifact is None:
+            raise DataError(f"stage {stage.name}: artifact {key} missing after the task finished")
+        cached = state.name == "Cached" or not outcome["computed"]
+        publish(stage, artifact, {n: upstream[n] for n in stage.inputs}, env.cfg, env.target, run_id, cached=cached)
+    except BaseException as err:
+        record_failure(env.tracker, run_id, err, f"stage {stage.name}")
         raise
-    artifact = env.store.get(stage.name, key)
-    if artifact is None:
-        raise DataError(f"stage {stage.name}: artifact {key} missing after the task finished")
-    cached = state.name == "Cached" or not outcome["computed"]
-    publish(stage, artifact, {n: upstream[n] for n in stage.inputs}, env.cfg, env.target, run_id, cached=cached)
     env.tracker.end_run(run_id)
     return artifact, cached
+
+
+def record_failure(tracker: Tracker, run_id: str, err: BaseException, what: str) -> None:
+    """Mark the MLflow run FAILED after ``err``; when that fails too (the store's disk is full, the store is gone),
+    log a warning and return, so that ``err`` stays the reported cause. A run left RUNNING this way is marked
+    FAILED by the next command on the runs folder (``Tracker.fail_abandoned_runs``)."""
+    try:
+        tracker.end_run(run_id, "FAILED")
+    except Exception as secondary:
+        logging.getLogger(__name__).warning(
+            "%s failed (%s); recording that in MLflow failed too: %s: %s", what, type(err).__name__,
+            type(secondary).__name__, " ".join(str(secondary).split())[:300])
 
 
 @flow(name="pretrain-pipeline", log_prints=True)
@@ -177,7 +190,6 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
     env = _environment(cfg, layout, downstream(set(refresh or [])))
     upstream: dict[str, Artifact] = {}
     cached: dict[str, bool] = {}
-    status = "FAILED"
     try:
         # Before the first stage: a gate this run is the first to see is hashed and timestamped before any CPT
         # candidate trains (marked when CPT evidence of the experiment exists already).
@@ -189,9 +201,10 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
                 # The ladder's forecast goes on record before main starts, and is checked once main exists.
                 after_stage(stage.name, upstream, keys["main"].key if "main" in keys else None, env.target,
                             env.store)
-        status = "FINISHED"
-    finally:
-        env.tracker.end_run(env.parent_run_id, status)
+    except BaseException as err:
+        record_failure(env.tracker, env.parent_run_id, err, "the pipeline")
+        raise
+    env.tracker.end_run(env.parent_run_id)
     return {"experiment": cfg.name, "parent_run_id": env.parent_run_id, "cached": cached,
             "keys": {name: a.key for name, a in upstream.items()}, "paths": {n: str(a.path) for n, a in upstream.items()}}
 

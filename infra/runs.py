@@ -90,12 +90,23 @@ class RunsLayout:
         return self.root / "cache" / "sources"
 
     @property
+    def logs(self) -> Path:
+        """One log file per ``pretrain run``: full tracebacks and library output kept off the terminal."""
+        return self.root / "logs"
+
+    @property
+    def stores_lock(self) -> Path:
+        """Held while a command creates or migrates the folder's stores (MLflow's SQLite file, DuckDB, Prefect's
+        database), so that two first runs do not migrate one schema at once."""
+        return self.root / "locks" / "stores.lock"
+
+    @property
     def folders(self) -> tuple[Path, ...]:
         """Every folder the platform writes directly under the runs folder (README "Where things go"; the mixture
         stage's proxy results go to ``cache/proxies``)."""
         return (self.root, self.mlflow_artifacts, self.artifacts, self.prefect_home, self.optuna,
                 self.root / "cache", self.source_cache, self.root / "cache" / "proxies", self.root / "scratch",
-                self.root / "audit", self.root / "locks", self.root / "reports")
+                self.root / "audit", self.root / "locks", self.root / "reports", self.logs)
 
     def prepare_environment(self) -> None:
         """Point Prefect and MLflow at this folder. Must run before ``prefect`` is imported.

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlflow import MlflowClient
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
+from infra.lifetime import OWNER_PID, owner_gone, owner_tags
 from infra.runs import ensure_folder
 
 _MAX_PARAM_LEN = 6000
@@ -62,19 +65,48 @@ class Tracker:
             self.experiment_id = self.client.create_experiment(experiment)
         elif found is None:
             ensure_folder(artifact_root)
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_root.as_uri())
+            try:
+                self.experiment_id = self.client.create_experiment(experiment,
+                                                                   artifact_location=artifact_root.as_uri())
+            except MlflowException as err:  # another process created it since the lookup
+                if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                    raise
+                self.experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
         else:
             self.experiment_id = found.experiment_id
 
     def start_run(self, name: str, *, parent_id: str | None = None, tags: Mapping[str, str] | None = None) -> str:
-        """Create a run (nested under ``parent_id`` if given) and return its id."""
-        all_tags = {"mlflow.runName": name, **(tags or {})}
+        """Create a run (nested under ``parent_id`` if given) and return its id. The run is tagged with this
+        process's host, PID and start time (``infra.lifetime.owner_tags``), so that a later command can tell when
+        it was left RUNNING by a process that has ended (``fail_abandoned_runs``)."""
+        all_tags = {"mlflow.runName": name, **owner_tags(), **(tags or {})}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
         return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
+
+    def fail_abandoned_runs(self) -> list[str]:
+        """Mark FAILED, in every experiment of the store, the runs left RUNNING by a process of this host that has
+        ended (killed, or it could not record its end); returns their ids. Runs of other hosts and untagged runs
+        are left alone: whether their process lives cannot be told from here."""
+        failed, token = [], None
+        while True:
+            page = self.client.search_runs(
+                [e.experiment_id for e in self.client.search_experiments(view_type=ViewType.ALL)],
+                filter_string=f"attributes.status = 'RUNNING' and tags.`{OWNER_PID}` != ''",
+                run_view_type=ViewType.ALL, max_results=1000, page_token=token)
+            for found in page:
+                if owner_gone(found.data.tags):
+                    self.client.set_tag(found.info.run_id, "pretrain.failed_reason",
+                                        "left RUNNING by a process that has ended (killed?); marked FAILED by a "
+                                        "later command")
+                    self.end_run(found.info.run_id, "FAILED")
+                    failed.append(found.info.run_id)
+            token = page.token
+            if not token:
+                return failed
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]

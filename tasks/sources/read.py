@@ -57,6 +57,7 @@ import lzma
 import os
 import re
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -440,7 +441,10 @@ def _local_snapshot(files: list[tuple[str, Path]]) -> str:
 
 
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-_STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError)  # gzip's BadGzipFile is an OSError
+# How each codec reports damage: gzip a BadGzipFile (an OSError, e.g. a CRC mismatch) or, inside a deflate block, a
+# zlib.error (not an OSError: "invalid distance too far back", "invalid block type"); bz2 an OSError; xz an
+# LZMAError; a stream cut short an EOFError.
+_STREAM_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 
 
 def _opener(path: Path):

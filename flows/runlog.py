@@ -1,0 +1,121 @@
+"""The log file of one ``pretrain run``: ``<runs>/logs/run-<UTC time>-<pid>.log``.
+
+The terminal keeps progress, the summary and one ``error:`` line per failure; tracebacks and the output of the
+local Prefect API server go to this file. ``capture`` attaches it to Python logging after Prefect has configured
+logging (Prefect replaces the root logger's handlers when it is imported): every record reaches the file with its
+traceback, the terminal's handlers show a record's message without it, and the records Prefect writes about the
+failed run itself are left to the ``error:`` line the command prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from infra.runs import RunsLayout, ensure_folder
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def run_log_path(layout: RunsLayout) -> Path:
+    """The log file of this process's run (not created)."""
+    return layout.logs / f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}.log"
+
+
+class _WithoutTraceback(logging.Formatter):
+    """Formats with ``inner``, leaving out the traceback and stack (the log file has them)."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+class _RunFailureRecords(logging.Filter):
+    """Drops, on the terminal, Prefect's records of a flow or task run that failed: the traceback record and the run's
+    later ``Finished in state Failed(...)`` record, which repeats the message (matched by the run's id). The command
+    prints the failure once, as its ``error:`` line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._failed_runs: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(("prefect.task_runs", "prefect.flow_runs")):
+            return True
+        run = getattr(record, "task_run_id", None) or getattr(record, "flow_run_id", None)
+        if record.exc_info:
+            if run is not None:
+                self._failed_runs.add(str(run))
+            return False
+        if run is not None and str(run) in self._failed_runs and record.getMessage().startswith(
+                "Finished in state Failed"):
+            self._failed_runs.discard(str(run))
+            return False
+        return True
+
+
+class _RunLogHandler(logging.FileHandler):
+    def handleError(self, record: logging.LogRecord) -> None:
+        """Drop a record that cannot be written: on a full disk, logging's default would print a traceback per
+        record on the terminal."""
+
+
+def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
+    # Stream handlers other than files: Prefect's console handler, MLflow's (it wraps stderr in a stream of its own).
+    return [h for h in logger.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+
+
+def capture(path: Path) -> Path:
+    """Send logging to the file ``path`` (created with its folder) and keep tracebacks off the terminal: see the
+    module's docstring. Uncaught exceptions of threads are logged too. Returns ``path``.
+
+    Raises:
+        RunsFolderError: a file is in the way of the log's folder.
+        OSError: the file cannot be opened.
+    """
+    ensure_folder(path.parent)
+    to_file = _RunLogHandler(path, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter(_FORMAT))
+    failures = _RunFailureRecords()
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger) and not logger.propagate and logger.handlers]
+    for logger in loggers:
+        for handler in _terminal_handlers(logger):
+            if not isinstance(handler.formatter, _WithoutTraceback):
+                handler.setFormatter(_WithoutTraceback(handler.formatter))
+                handler.addFilter(failures)
+        logger.addHandler(to_file)
+
+    def log_thread_exception(args: threading.ExceptHookArgs) -> None:
+        logging.getLogger("pretrain").error("uncaught exception in thread %s",
+                                            args.thread.name if args.thread else "?",
+                                            exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+    threading.excepthook = log_thread_exception
+    return path
+
+
+def write_traceback(path: Path, err: BaseException) -> bool:
+    """Append ``err``'s traceback (its causes and contexts too) to the log file ``path``; False when it cannot be
+    written (the caller then has nowhere else but the terminal)."""
+    try:
+        ensure_folder(path.parent)
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} the command failed:\n")
+            traceback.print_exception(err, file=out)
+    except Exception:
+        return False
+    return True

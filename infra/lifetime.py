@@ -1,0 +1,183 @@
+"""The processes of a run die with it, even when its own process is killed with SIGKILL.
+
+``tie_to_this_process()`` (called once by ``pretrain run`` and ``pretrain serve``, from the main thread, before any
+child starts) marks the run's environment with ``PRETRAIN_RUN_TOKEN`` and starts a small supervisor process (this
+file run as a script). Every program the run starts inherits the token: the Prefect API server (Prefect spawns it
+with ``subprocess.Popen``, out of our reach), ``accelerate launch`` and its workers, forkserver pools, Ray. When the
+run's process ends, however it ends, the supervisor wakes (``pidfd``, else ``PR_SET_PDEATHSIG``) and stops every
+process whose environment carries the token: SIGTERM, then SIGKILL after ``GRACE_S``. Children forked without exec
+(a ``fork`` process pool) keep the parent's startup environment, which has no token; they are bound to their parent
+with ``PR_SET_PDEATHSIG`` when forked.
+
+Also the identity of a process that outlives reuse of its PID: ``owner_tags`` / ``owner_gone`` (host, PID and start
+time), which MLflow runs carry so that a run left RUNNING by a dead process can be recognised.
+
+This file runs as the supervisor with ``python -I -S``: it imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+TOKEN_ENV = "PRETRAIN_RUN_TOKEN"
+GRACE_S = 3.0  # between SIGTERM and SIGKILL: the Prefect server and training workers stop in well under a second
+_PR_SET_PDEATHSIG = 1
+
+OWNER_HOST, OWNER_PID, OWNER_STARTED = "pretrain.owner.host", "pretrain.owner.pid", "pretrain.owner.started"
+
+
+_prctl = None
+
+
+def _libc_prctl():
+    global _prctl
+    if _prctl is None:
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return _prctl
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG, sig)``: the kernel sends ``sig`` to this process when the thread that created it
+    ends. Raises OSError when the call fails."""
+    if _libc_prctl()(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+_forking_pid: int | None = None
+_tied = False
+_supervisors: list[subprocess.Popen] = []  # held: a dropped Popen of a live process warns
+
+
+def _before_fork() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    _set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != _forking_pid:  # the parent died before the signal was set
+        os._exit(1)
+
+
+def tie_to_this_process() -> str:
+    """Make every process this one starts from now on end when it ends; returns the run's token.
+
+    Call from the main thread (a forked child's death signal follows the thread that forked it; pools are used
+    within the thread that makes them). Does nothing but return the token on a system without ``/proc`` (not Linux).
+
+    Raises:
+        OSError: the supervisor process cannot be started.
+    """
+    token = os.environ[TOKEN_ENV] = f"{os.getpid()}-{uuid.uuid4().hex}"  # a nested run gets its own
+    global _tied
+    if not Path("/proc/self/environ").exists():
+        return token
+    if not _tied:
+        _libc_prctl()  # resolved now, not in a forked child
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _tied = True
+    # Its own session: a Ctrl-C meant for the run does not reach it; no pipe of ours stays open in it.
+    _supervisors.append(subprocess.Popen([sys.executable, "-I", "-S", str(Path(__file__).resolve()), str(os.getpid()), token],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True))
+    return token
+
+
+def run_processes(token: str, *, exclude: int | None = None) -> list[int]:
+    """PIDs of the live processes whose environment carries ``TOKEN_ENV=token`` (zombies have none)."""
+    needle = f"\0{TOKEN_ENV}={token}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == exclude:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in b"\0" + environ + b"\0":
+            found.append(int(entry.name))
+    return found
+
+
+def stop_run_processes(token: str, grace_s: float = GRACE_S) -> list[int]:
+    """SIGTERM every process of the run ``token`` except this one, SIGKILL those left after ``grace_s``; returns
+    the PIDs that were signalled."""
+    me = os.getpid()
+    signalled = run_processes(token, exclude=me)
+    for pid in signalled:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while (left := run_processes(token, exclude=me)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        _signal(pid, signal.SIGKILL)
+    return signalled
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Return once ``pid``, this process's parent, has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): the kernel signals the parent's end instead
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        _set_parent_death_signal(signal.SIGUSR1)
+        while os.getppid() == pid:
+            signal.sigtimedwait({signal.SIGUSR1}, 1.0)
+        return
+    if os.getppid() != pid:  # it ended before the pidfd was opened, and the PID may be another's by now
+        return
+    select.select([fd], [], [])
+
+
+def _supervise(parent: int, token: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _wait_for_exit(parent)
+    stop_run_processes(token)
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def owner_tags() -> dict[str, str]:
+    """This process's identity as run tags: host, PID and start time (a PID alone is reused)."""
+    started = process_start_ticks(os.getpid())
+    return {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid()),
+            OWNER_STARTED: "" if started is None else str(started)}
+
+
+def owner_gone(tags: dict[str, str]) -> bool:
+    """Whether the process named by ``owner_tags`` has ended. False when the tags are missing or name another host
+    (its processes cannot be checked from here) or when start times are unknown and the PID exists."""
+    if tags.get(OWNER_HOST) != socket.gethostname() or not tags.get(OWNER_PID, "").isdigit():
+        return False
+    started = process_start_ticks(int(tags[OWNER_PID]))
+    if started is None:
+        return Path("/proc/self").exists()  # on Linux a process without /proc/<pid>/stat has ended
+    return bool(tags.get(OWNER_STARTED)) and str(started) != tags[OWNER_STARTED]
+
+
+if __name__ == "__main__":
+    _supervise(int(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,108 @@
+"""Processes a run starts end with it, even when its own process is killed with SIGKILL (``infra.lifetime``); a
+process's identity survives the reuse of its PID."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.lifetime import OWNER_HOST, OWNER_PID, OWNER_STARTED, owner_gone, owner_tags, process_start_ticks
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+
+# A stand-in for `pretrain run`: ties itself, then starts what a run starts (an exec'd helper in its process group,
+# one in a session of its own as `accelerate launch` is, a forked pool worker) and prints their PIDs.
+PARENT = textwrap.dedent("""
+    import multiprocessing, subprocess, sys, time
+    from infra.lifetime import tie_to_this_process
+
+    tie_to_this_process()
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    session = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    forked = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,))
+    forked.start()
+    print(helper.pid, session.pid, forked.pid, flush=True)
+    time.sleep(300)
+""")
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie waiting for whoever inherited it to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_gone(pids, timeout_s: float) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := {p for p in pids if _alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def _start_parent():
+    proc = subprocess.Popen([sys.executable, "-c", PARENT], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    children = [int(p) for p in proc.stdout.readline().split()]
+    assert len(children) == 3 and all(_alive(p) for p in children)
+    return proc, children
+
+
+def test_sigkill_of_the_run_process_ends_every_process_it_started():
+    proc, children = _start_parent()
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert not _wait_gone(children, timeout_s=15)
+    finally:
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_supervisor_ends_when_the_run_ends_and_leaves_other_processes_alone():
+    bystander = subprocess.Popen(["sleep", "300"])  # this test's own child: it carries no run's token
+    proc, children = _start_parent()
+    supervisors = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_supervisor_of(p, proc.pid)]
+    try:
+        assert len(supervisors) == 1
+        proc.terminate()
+        proc.wait()
+        assert not _wait_gone(children + supervisors, timeout_s=15)
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _is_supervisor_of(proc_dir: Path, pid: int) -> bool:
+    try:
+        argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"infra/lifetime.py") for a in argv) and str(pid).encode() in argv
+
+
+def test_an_owner_is_gone_once_its_process_has_ended_even_if_its_pid_is_reused():
+    assert not owner_gone(owner_tags())
+    child = subprocess.Popen(["sleep", "30"])
+    tags = {OWNER_HOST: socket.gethostname(), OWNER_PID: str(child.pid),
+            OWNER_STARTED: str(process_start_ticks(child.pid))}
+    assert not owner_gone(tags)
+    assert owner_gone({**tags, OWNER_STARTED: str(int(tags[OWNER_STARTED]) - 1)})  # the PID of another process
+    child.kill()
+    child.wait()
+    assert owner_gone(tags)
+    assert not owner_gone({**tags, OWNER_HOST: "another-host"})  # its processes cannot be checked from here
+    assert not owner_gone({})
