@@ -2,9 +2,13 @@
 
 Formats (``SourceConfig.format``; ``auto`` picks by extension: .html/.htm → html, .warc/.warc.gz → warc,
 .jsonl → jsonl, .parquet → parquet, anything else → text). A single file compressed with gzip, bzip2 or xz
-(``.gz``, ``.bz2``, ``.xz`` after its own extension, e.g. ``data.jsonl.gz``) is decompressed while it is read
-(the standard library's ``gzip``, ``bz2`` and ``lzma``), its format chosen by the extension before; a damaged
-stream ends the file with one ``read.bad_compression`` reject row naming where it broke.
+(``.gz``, ``.bz2``, ``.xz`` after its own extension, e.g. ``data.jsonl.gz``) is decompressed by the standard
+library's ``gzip``, ``bz2`` and ``lzma``, its format chosen by the extension before. Its stream is decompressed to
+its end, so that the codec checks every checksum, before any of it is read (a JSONL file into an unnamed temporary
+file under the source cache, ``_decompress``): damaged bytes decode to garbage before the checksum after them
+fails, and a damaged stream does not say which of its lines are intact. A stream cut short (it ends before its
+end-of-stream marker) keeps the JSONL lines before the cut, then one ``read.bad_compression`` reject row; any other
+damage (a checksum mismatch, invalid data) makes the whole file that one row, and no document.
 
 - html: one document per file, raw markup kept (``content_type="html"``) for the corpus extractor; decoded by
   BOM, UTF-8, declared charset, detection (``tasks.sources.encoding.decode_html``).
@@ -50,6 +54,7 @@ import bz2
 import glob
 import gzip
 import hashlib
+import io
 import ipaddress
 import json
 import logging
@@ -61,7 +66,7 @@ import zlib
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 import pandas as pd
@@ -71,6 +76,7 @@ import pyarrow.parquet as pq
 from infra.archives import is_archive, unpack_cached
 from infra.errors import SourceError
 from infra.jsonl import jsonl_file_lines
+from infra.runs import ensure_folder
 from tasks.sources.config import SourceConfig
 from tasks.sources.deb import DebRelease, fetch_deb
 from tasks.sources.encoding import Decoded, Rejected, decode_html, scrub
@@ -218,6 +224,7 @@ class _Acc:
     rejects: RowWriter
     licence: str
     snapshot: str
+    cache_dir: Path  # compressed JSONL files are decompressed into a temporary file here
     num_docs: int = 0
     num_rejects: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
@@ -292,8 +299,10 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
     ``REJECT_SCHEMA``, which may be shared by several sources).
 
     Memory does not grow with the input: files are streamed (module docstring) and rows leave for the files one
-    row group at a time. Only the WARC file being read keeps a set of 8-byte digests of its record ids (to rename
-    repeated ids), some 60 bytes per record.
+    row group at a time. A compressed JSONL file is first decompressed into an unnamed temporary file under
+    ``cache_dir`` (disk: its decompressed size, freed once it is read) and its lines read after the codec has
+    checked the whole stream. Only the WARC file being read keeps a set of 8-byte digests of its record ids (to
+    rename repeated ids), some 60 bytes per record.
     ``snapshot`` is the package version (deb) or, for local files, "local-" + the first 12 hex digits of
     ``local_files_digest`` (the matched files' paths, sizes and bytes). Files are read in sorted relative-path
     order, so ``max_docs`` keeps a deterministic prefix: reading stops at the ``max_docs``-th document, and the
@@ -309,7 +318,7 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
             safe extractor or cannot be read (the message names the source, the archive and any refused member).
             Damaged content (bad bytes, bad JSON, broken Parquet or WARC files) and inputs over
             ``max_file_bytes`` never raise: they become reject rows.
-        RunsFolderError: a file is in the way of the archive cache under ``cache_dir``.
+        RunsFolderError: a file is in the way of ``cache_dir`` or of the archive cache under it.
     """
     if cfg.kind == "deb":
         pkg = fetch_deb(cfg.package, cache_dir, cfg.version, release=release)
@@ -321,7 +330,7 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
     schema = doc_schema(with_urls=bool(cfg.url_field) or _may_hold_warc(cfg, files),
                         with_language=cfg.language is not None)
     with RowWriter(docs_path, schema) as docs:
-        acc = _Acc(cfg, docs, rejects, licence, snapshot)
+        acc = _Acc(cfg, docs, rejects, licence, snapshot, Path(cache_dir))
         for rel, path in files:
             if acc.full():
                 break
@@ -440,18 +449,68 @@ def _local_snapshot(files: list[tuple[str, Path]]) -> str:
     return "local-" + local_files_digest(files)[:12]
 
 
-_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+# Readers over an open compressed file; each reads to the end of the last stream (gzip members, bzip2 and xz
+# streams may be concatenated) and checks every checksum on the way.
+_CODECS = {".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"), ".bz2": bz2.BZ2File, ".xz": lzma.LZMAFile}
 # How each codec reports damage: gzip a BadGzipFile (an OSError, e.g. a CRC mismatch) or, inside a deflate block, a
-# zlib.error (not an OSError: "invalid distance too far back", "invalid block type"); bz2 an OSError; xz an
-# LZMAError; a stream cut short an EOFError.
+# zlib.error (not an OSError: "invalid distance too far back", "invalid block type"); bz2 an OSError ("Invalid data
+# stream"); xz an LZMAError; a stream cut short an EOFError.
 _STREAM_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
+_DECOMPRESS_CHUNK = 1 << 16  # small enough that a codec error loses little of what was decoded before it
 
 
-def _opener(path: Path):
-    """How to open ``path`` for reading bytes: decompressing for .gz/.bz2/.xz (WARC files are warcio's)."""
-    if is_warc(path):
-        return open
-    return _OPENERS.get(path.suffix.lower(), open)
+def _codec(path: Path):
+    """The reader for a .gz/.bz2/.xz file (``_CODECS``), None for any other (WARC files are warcio's)."""
+    return None if is_warc(path) else _CODECS.get(path.suffix.lower())
+
+
+@dataclass(frozen=True)
+class _Damage:
+    """How a compressed stream failed: ``error`` (what the codec raised), ``cut`` (the stream ends before its
+    end-of-stream marker, an EOFError: what was decoded before is intact), ``offset`` (compressed bytes read when
+    the codec raised), ``size`` (the compressed file's bytes) and ``lines`` (complete lines decoded before)."""
+
+    error: BaseException
+    cut: bool
+    offset: int
+    size: int
+    lines: int
+
+    def corrupt_detail(self, rel: str) -> str:
+        return (f"{rel}: cannot decompress: {type(self.error).__name__}: {self.error} (detected at compressed byte "
+                f"{self.offset:,} of {self.size:,}, after {self.lines:,} lines decoded); none of the file is kept, "
+                "as the codec cannot tell which of the lines decoded before are intact")
+
+
+def _decompress(path: Path, out: BinaryIO, limit: int | None = None) -> _Damage | None:
+    """Decompress the .gz/.bz2/.xz file ``path`` into ``out`` to the end of its stream (or until more than ``limit``
+    bytes are written), so that the codec checks its checksums (gzip: a CRC-32 per member, bzip2: a CRC per block and
+    per stream, xz: a check per block) before anything decoded is used.
+
+    Returns None when the stream is intact (or longer than ``limit``), else the damage. When the stream is cut
+    short, ``out`` ends after the last complete line decoded before the cut.
+
+    Raises:
+        OSError: ``path`` cannot be opened, or ``out`` cannot be written.
+    """
+    written = lines = line_end = 0
+    with open(path, "rb") as raw, _codec(path)(raw) as fh:
+        while want := _DECOMPRESS_CHUNK if limit is None else min(_DECOMPRESS_CHUNK, limit + 1 - written):
+            try:  # read1: one step of the codec, so what it decoded before an error is counted
+                chunk = fh.read1(want)
+            except _STREAM_ERRORS as e:
+                cut = isinstance(e, EOFError)
+                if cut:
+                    out.seek(line_end)
+                    out.truncate()
+                return _Damage(e, cut, raw.tell(), os.fstat(raw.fileno()).st_size, lines)
+            if not chunk:
+                break
+            if (end := chunk.rfind(b"\n")) >= 0:
+                lines += chunk.count(b"\n")
+                line_end = written + end + 1
+            written += out.write(chunk)
+    return None
 
 
 def _format_of(cfg: SourceConfig, path: Path) -> str:
@@ -459,7 +518,7 @@ def _format_of(cfg: SourceConfig, path: Path) -> str:
         return cfg.format
     if is_warc(path):
         return "warc"
-    name = Path(path.stem) if path.suffix.lower() in _OPENERS else path
+    name = Path(path.stem) if path.suffix.lower() in _CODECS else path
     ext = name.suffix.lower()
     return {".html": "html", ".htm": "html", ".jsonl": "jsonl", ".parquet": "parquet"}.get(ext, "text")
 
@@ -488,19 +547,27 @@ def _read_file(acc: _Acc, rel: str, path: Path) -> None:
 
 
 def _read_whole(acc: _Acc, doc_id: str, rel: str, path: Path) -> bytes | None:
-    """The file's bytes, or None after a ``read.too_large`` reject when it has more than ``max_file_bytes``."""
+    """The file's bytes, decompressed and checked (``_decompress``) if compressed; None after a reject row when it
+    has more than ``max_file_bytes`` (``read.too_large``) or its stream is damaged (``read.bad_compression``: the
+    file is one piece, so a stream cut short keeps nothing either)."""
     limit = acc.cfg.max_file_bytes
-    opener = _opener(path)
-    try:
-        with opener(path, "rb") as fh:
+    compressed = _codec(path) is not None
+    if compressed:
+        with io.BytesIO() as buffer:
+            damage = _decompress(path, buffer, limit)
+            raw = buffer.getvalue()
+        if damage is not None and damage.cut:
+            acc.reject(doc_id, "read.bad_compression", f"{rel}: cannot decompress ({damage.error}); the file is "
+                                                       "read as one piece, so none of it is kept")
+            return None
+        if damage is not None:
+            acc.reject(doc_id, "read.bad_compression", damage.corrupt_detail(rel))
+            return None
+    else:
+        with open(path, "rb") as fh:
             raw = fh.read(limit + 1)  # never more than the limit in memory, even if the file grows meanwhile
-    except _STREAM_ERRORS as e:
-        if opener is open:
-            raise
-        acc.reject(doc_id, "read.bad_compression", f"{rel}: cannot decompress ({e})")
-        return None
     if len(raw) > limit:
-        size = f"{path.stat().st_size:,} bytes" if opener is open else "over that once decompressed"
+        size = "over that once decompressed" if compressed else f"{path.stat().st_size:,} bytes"
         acc.reject(doc_id, "read.too_large", f"{rel}: {size}, over max_file_bytes={limit:,}; "
                                              "split the file or raise max_file_bytes")
         return None
@@ -571,19 +638,37 @@ def strip_ansi(text: str) -> str:
 
 
 def _read_jsonl(acc: _Acc, rel: str, path: Path) -> None:
-    """One document per line, read one line at a time (``infra.jsonl.jsonl_file_lines``); ids ``#<line - 1>``."""
-    field_name, limit = acc.cfg.text_field, acc.cfg.max_file_bytes
-    opener, line_no = _opener(path), 0
-    try:
-        with opener(path, "rb") as fh:
-            for line_no, raw, num_bytes in jsonl_file_lines(fh, limit):
-                if not _jsonl_line(acc, rel, field_name, limit, line_no, raw, num_bytes):
-                    return
-    except _STREAM_ERRORS as e:
-        if opener is open:
-            raise
+    """One document per line, read one line at a time (``infra.jsonl.jsonl_file_lines``); ids ``#<line - 1>``.
+
+    A compressed file is decompressed into an unnamed temporary file first (``_decompress``): when its stream is
+    damaged, the file is one ``read.bad_compression`` row (id: the file's) and no document; when it is cut short,
+    the lines before the cut are read, then that row (id: the next line's)."""
+    if _codec(path) is None:
+        with open(path, "rb") as fh:
+            _jsonl_lines(acc, rel, fh)
+        return
+    # Decompressing once to disk costs less than a checking pass and a reading pass through the codec, and memory
+    # stays bounded; the file has no name, so nothing is left behind even if the process dies.
+    with tempfile.TemporaryFile(dir=ensure_folder(acc.cache_dir), prefix="decompressed-") as spool:
+        damage = _decompress(path, spool)
+        if damage is not None and not damage.cut:
+            acc.reject(f"{acc.cfg.name}/{rel}", "read.bad_compression", damage.corrupt_detail(rel))
+            return
+        spool.seek(0)
+        line_no = _jsonl_lines(acc, rel, spool)
+    if damage is not None and line_no is not None:
         acc.reject(f"{acc.cfg.name}/{rel}#{line_no}", "read.bad_compression",
-                   f"{rel}: cannot decompress after line {line_no} ({e}); the lines before it were read")
+                   f"{rel}: cannot decompress after line {line_no} ({damage.error}); the lines before it were read")
+
+
+def _jsonl_lines(acc: _Acc, rel: str, fh: BinaryIO) -> int | None:
+    """Each line of ``fh`` as a document or a reject row; the number of lines read, None when the source filled."""
+    field_name, limit = acc.cfg.text_field, acc.cfg.max_file_bytes
+    line_no = 0
+    for line_no, raw, num_bytes in jsonl_file_lines(fh, limit):
+        if not _jsonl_line(acc, rel, field_name, limit, line_no, raw, num_bytes):
+            return None
+    return line_no
 
 
 def _jsonl_line(acc: _Acc, rel: str, field_name: str, limit: int, line_no: int, raw: bytes | None,

@@ -327,3 +327,24 @@ def test_warc_record_truncated_midway(tmp_path):
     assert src.rejects.detail.iloc[0].startswith(f"crawl.warc.gz: record at byte offset {offsets[2]:,} is truncated")
     out = curate(tmp_path, src)
     assert set(out.kept.doc_id) == {*src.docs.doc_id, "anchor/garden.txt"}
+
+
+def test_compressed_files_damaged_mid_stream_are_one_reject_each_and_give_no_document(tmp_path):
+    import bz2
+    import gzip
+    import json
+
+    def flipped(data: bytes) -> bytes:  # 16 bytes inverted mid-stream: garbage decoded before a checksum fails
+        mid = len(data) // 2
+        return data[:mid] + bytes(b ^ 0xFF for b in data[mid:mid + 16]) + data[mid + 16:]
+
+    lines = "".join(json.dumps({"text": f"{t} ({i})"}) + "\n" for i in range(200) for t in (GARDEN, RAIL)).encode()
+    src = read(tmp_path, "zipped", {"good.jsonl.gz": gzip.compress(json.dumps({"text": RAIL}).encode() + b"\n"),
+                                    "damaged.jsonl.gz": flipped(gzip.compress(lines)),
+                                    "damaged.txt.bz2": flipped(bz2.compress(PII.encode()))})
+    assert src.docs.doc_id.tolist() == ["zipped/good.jsonl.gz#0"]
+    assert src.rejects[["doc_id", "rule"]].values.tolist() == [["zipped/damaged.jsonl.gz", "read.bad_compression"],
+                                                               ["zipped/damaged.txt.bz2", "read.bad_compression"]]
+    assert src.rejects.detail.str.contains("none of the file is kept").all()
+    out = curate(tmp_path, src)
+    assert set(out.kept.doc_id) == {"zipped/good.jsonl.gz#0", "anchor/garden.txt"}

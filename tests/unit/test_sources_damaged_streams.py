@@ -1,11 +1,14 @@
-"""Damaged compressed files: each codec's damage ends its file with exactly one ``read.bad_compression`` row, after
-the last line read, and never fails the source."""
+"""Damaged compressed files. A stream is checked to its end before any of it is read: damage the codec reports
+(a checksum mismatch, invalid data) makes the whole file exactly one ``read.bad_compression`` row and no document,
+since gzip and bzip2 decode damaged bytes to garbage before a checksum fails; a stream cut short keeps the lines
+before the cut, then that row. Neither ever fails the source."""
 
 import bz2
 import gzip
 import json
 import lzma
 import random
+import re
 import zlib
 
 import pytest
@@ -17,6 +20,11 @@ WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "
 LINES = [" ".join(random.Random(i).choice(WORDS) for _ in range(12)) + f" {i}" for i in range(3000)]
 BODY = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in LINES).encode()
 CODECS = {".gz": lambda d: gzip.compress(d, mtime=0), ".bz2": lambda d: bz2.compress(d, 1), ".xz": lzma.compress}
+# What each codec raises on the flipped bytes below (bz2: OSError "Invalid data stream").
+CORRUPT_ERRORS = {".gz": "BadGzipFile", ".bz2": "OSError", ".xz": "LZMAError"}
+CORRUPT_DETAIL = re.compile(r"^(?P<name>\S+): cannot decompress: (?P<error>\w+): .+ \(detected at compressed byte "
+                            r"(?P<offset>[\d,]+) of (?P<size>[\d,]+), after (?P<lines>[\d,]+) lines decoded\); none of "
+                            r"the file is kept, as the codec cannot tell which of the lines decoded before are intact$")
 
 
 def _flip_mid_stream(data: bytes, count: int = 16) -> bytes:
@@ -31,33 +39,51 @@ def _read(tmp_path, name):
     return read_small_source(cfg, tmp_path / "cache")
 
 
-def _line(doc_id: str) -> int:
-    return int(doc_id.rsplit("#", 1)[1])
+def _corrupt_detail(out, name: str, size: int) -> re.Match:
+    """The one row of a file rejected whole for damage, checked; its detail parsed."""
+    assert out.docs.empty and (out.rejects.rule != "read.bad_json").all()
+    assert out.rejects.rule.tolist() == ["read.bad_compression"] and out.rejects.doc_id.tolist() == [f"src/{name}"]
+    detail = CORRUPT_DETAIL.match(out.rejects.detail.iloc[0])
+    assert detail, out.rejects.detail.iloc[0]
+    assert detail["name"] == name and int(detail["size"].replace(",", "")) == size
+    assert 0 < int(detail["offset"].replace(",", "")) <= size
+    return detail
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "txt"])
+@pytest.mark.parametrize("suffix", list(CODECS))
+def test_flipped_bytes_mid_stream_make_the_whole_file_one_bad_compression_row_and_no_document(tmp_path, suffix, fmt):
+    name, data = f"d.{fmt}{suffix}", _flip_mid_stream(CODECS[suffix](BODY))
+    (tmp_path / name).write_bytes(data)
+    detail = _corrupt_detail(_read(tmp_path, name), name, len(data))
+    assert detail["error"] == CORRUPT_ERRORS[suffix]
+    assert int(detail["lines"].replace(",", "")) > 0  # decoded before the codec noticed, yet none kept
 
 
 @pytest.mark.parametrize("suffix", list(CODECS))
-def test_flipped_bytes_mid_stream_end_a_jsonl_file_with_one_bad_compression_row_after_its_last_line(tmp_path, suffix):
-    name = f"d.jsonl{suffix}"
-    (tmp_path / name).write_bytes(_flip_mid_stream(CODECS[suffix](BODY)))
-    out = _read(tmp_path, name)
-    bad = out.rejects[out.rejects.rule == "read.bad_compression"]
-    assert len(bad) == 1, out.rejects.rule.value_counts()
-    # Lines decoded before the damage was detected are read (damaged ones as rejects); the row comes after them.
-    last = max([_line(i) + 1 for i in out.docs.doc_id] + [_line(i) + 1 for i in out.rejects.doc_id
-                                                          if i not in set(bad.doc_id)] + [0])
-    assert _line(bad.doc_id.iloc[0]) == last
-    assert f"cannot decompress after line {last} " in bad.detail.iloc[0]
-    assert 0 < len(out.docs) < len(LINES)
+def test_a_stream_cut_short_keeps_the_lines_before_the_cut_then_one_bad_compression_row(tmp_path, suffix):
+    data = CODECS[suffix](BODY * 4)
+    (tmp_path / f"d.jsonl{suffix}").write_bytes(data[:len(data) // 2])
+    (tmp_path / f"d.txt{suffix}").write_bytes(data[:len(data) // 2])
+    jsonl, txt = _read(tmp_path, f"d.jsonl{suffix}"), _read(tmp_path, f"d.txt{suffix}")
+    read = len(jsonl.docs)
+    assert 0 < read < 4 * len(LINES) and jsonl.docs.content.tolist() == (LINES * 4)[:read]
+    assert jsonl.rejects.rule.tolist() == ["read.bad_compression"]
+    assert jsonl.rejects.doc_id.tolist() == [f"src/d.jsonl{suffix}#{read}"]
+    assert jsonl.rejects.detail.iloc[0].startswith(f"d.jsonl{suffix}: cannot decompress after line {read} (")
+    assert jsonl.rejects.detail.iloc[0].endswith("; the lines before it were read")
+    # a text file is one document: a cut one is not kept
+    assert txt.docs.empty and txt.rejects.rule.tolist() == ["read.bad_compression"]
+    assert txt.rejects.detail.iloc[0].endswith("the file is read as one piece, so none of it is kept")
 
 
 @pytest.mark.parametrize("suffix", list(CODECS))
-def test_flipped_bytes_mid_stream_make_a_whole_file_one_bad_compression_row(tmp_path, suffix):
-    name = f"d.txt{suffix}"
-    (tmp_path / name).write_bytes(_flip_mid_stream(CODECS[suffix](BODY)))
-    out = _read(tmp_path, name)
-    assert out.docs.empty
-    assert out.rejects.rule.tolist() == ["read.bad_compression"]
-    assert out.rejects.doc_id.tolist() == [f"src/{name}"] and "cannot decompress" in out.rejects.detail.iloc[0]
+def test_concatenated_intact_streams_are_read_whole(tmp_path, suffix):
+    half = len(BODY) // 2
+    cut = BODY.index(b"\n", half) + 1
+    (tmp_path / f"d.jsonl{suffix}").write_bytes(CODECS[suffix](BODY[:cut]) + CODECS[suffix](BODY[cut:]))
+    out = _read(tmp_path, f"d.jsonl{suffix}")
+    assert out.docs.content.tolist() == LINES and out.rejects.empty
 
 
 def _gzip_damaged_inside_deflate(lines_before: int) -> bytes:
@@ -71,17 +97,11 @@ def _gzip_damaged_inside_deflate(lines_before: int) -> bytes:
 
 
 @pytest.mark.parametrize("name", ["d.jsonl.gz", "d.txt.gz"])
-def test_a_zlib_error_inside_a_deflate_block_is_a_bad_compression_row(tmp_path, name):
+def test_a_zlib_error_inside_a_deflate_block_rejects_the_whole_file(tmp_path, name):
     data = _gzip_damaged_inside_deflate(2000)
     with pytest.raises(zlib.error):  # what the reader meets: not an OSError
         gzip.decompress(data)
     (tmp_path / name).write_bytes(data)
-    out = _read(tmp_path, name)
-    assert out.rejects.rule.tolist() == ["read.bad_compression"]
-    if name.endswith(".txt.gz"):
-        assert out.docs.empty and out.rejects.doc_id.tolist() == [f"src/{name}"]
-        return
-    read = len(out.docs)  # the lines decoded before inflate met the damage, all intact
-    assert 0 < read <= 2000 and out.docs.content.tolist() == LINES[:read]
-    assert out.rejects.doc_id.tolist() == [f"src/{name}#{read}"]
-    assert f"after line {read} (" in out.rejects.detail.iloc[0] and "block type" in out.rejects.detail.iloc[0]
+    detail = _corrupt_detail(_read(tmp_path, name), name, len(data))
+    assert detail["error"] == "error" and "block type" in detail.string
+    assert int(detail["lines"].replace(",", "")) <= 2000
