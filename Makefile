@@ -1,12 +1,16 @@
 # pretrain — the two commands a new user needs:
 #   make demo   # venv + install + fetch the Debian demo corpus + the whole chain on CPU
 #   make test   # venv + install + the layering check + the test suite (what CI runs)
+#   make coverage  # the test suite under coverage.py (line coverage of flows, tasks, models, evals, infra)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PRETRAIN := $(VENV)/bin/pretrain
+# pytest-xdist workers: one per core; each test file runs on one worker (its module fixtures are made once).
+TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install demo smoke test bench clean
+.PHONY: install demo smoke test coverage bench clean
 
 install: $(VENV)/.installed
 
@@ -27,7 +31,10 @@ smoke: install
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PYTEST)
+
+coverage: install
+	$(PYTEST) --cov --cov-report=term:skip-covered --cov-report=xml
 
 bench: install
 	$(PY) benchmarks/demo_wall_time.py

@@ -1,65 +1,132 @@
-"""Fault injection: kill the pipeline inside every stage, tear a checkpoint and a commit, corrupt a checkpoint and
-fill the disk; every rerun of the same command must finish with artifacts identical to an uninterrupted run.
+"""Fault injection: kill the pipeline inside every stage, tear a checkpoint and a commit, corrupt a checkpoint, fill
+the disk, start two runs at once and kill the run process alone; every rerun of the same command must finish with
+artifacts whose content equals an uninterrupted run's. docs/faults.md describes the campaign and its record.
 
-    python benchmarks/faults.py                          # 20 random kills + 4 targeted faults, configs/smoke.toml
-    python benchmarks/faults.py --trials 40 --seed 1 --keep /tmp/faults
+    python benchmarks/faults.py                          # 20 random kills + the targeted faults, configs/smoke.toml
+    python benchmarks/faults.py --trials 6 --seed 0 --record /tmp/faults.json
     python benchmarks/faults.py --stage mixture --trials 10   # soak one stage: every kill lands in it
 
-Each run is ``python -m flows.cli run CONFIG --runs-dir DIR`` in its own process group; a kill is SIGKILL to the
-whole group (the Prefect API server and the corpus workers die with it, and any descendant that left the group).
+The stages are the registry's (``flows.registry.stage_names()``, read in a child interpreter), so a new stage is
+killed and compared without a change here. Each run is ``python -m flows.cli run CONFIG --runs-dir DIR`` in its
+own process group; a kill is SIGKILL to the whole group and to every descendant that left it.
 
-1. Reference: two uninterrupted runs in two fresh folders. Their artifacts must hash equal (training on CPU is
-   deterministic); each stage's ``wall_s`` (meta.json) sizes the kill delays.
-2. Random kills, in rounds. A round resets every stage of the trial folder (artifacts, scratch, proxy cache, Optuna
-   journal; Prefect's persisted task results are kept, so a stale cached result must never stand in for a missing
-   artifact), then runs the command once per target stage, in stage order: wait until the stage's temporary
-   artifact directory appears, sleep a seeded random fraction of its reference wall time, kill. The next run of the
-   same command must finish the killed stage (it is itself killed in the round's next target stage) and the last one
-   runs to the end. Its artifacts are then compared with the reference.
-3. Targeted faults on the main stage: a kill while a scratch checkpoint is being written (its ``.step_*.tmp``
-   directory exists); a kill once a newer checkpoint is complete, then a byte flipped in that checkpoint's weights
-   (the rerun must log a warning, skip it and resume from the one before); a kill while the artifact is committed
-   (``meta.json`` written, not yet renamed); a rerun with the artifacts folder on a tmpfs too small for the
-   artifact (the stage must fail with a clear error and leave no marker); a rerun with space.
+1. Reference: two uninterrupted runs in two fresh folders. Their artifacts' content must be equal (training on CPU
+   is deterministic); each stage's ``wall_s`` (meta.json) sizes the kill delays.
+2. Random kills, in rounds. ``--trials`` wants kills landed per stage (``--trials 130`` = 10 in each of 13
+   stages). A round resets every stage it aims at and those after it (artifacts, scratch and the stage's resumable
+   state outside them: ``STAGE_STATE``; Prefect's persisted task results are kept, so a stale cached result must
+   never stand in for a missing artifact), then runs the command once per target stage in stage order: wait until
+   the stage's temporary artifact directory appears, sleep a seeded random fraction of its reference wall time,
+   kill. The next run must finish the killed stage and say in one line what it resumed from; the last run goes to
+   the end, and its artifacts are compared with the reference. A kill counts for the stage it landed in; rounds
+   are added until every stage has its share or ``5 × --trials`` rounds have run.
+3. Targeted faults, each on its own reset of main and what follows, each retried up to ``ATTEMPTS`` times when
+   its window is missed (a window missed on every attempt is a problem; the next fault still runs):
+   - kill (checkpoint write): while a scratch or stable-phase checkpoint of main is being written (its hidden
+     ``.step_*.tmp-*`` directory exists). The rerun must resume from the newest complete checkpoint by main's rule:
+     the newest usable scratch checkpoint, else the newest stable-phase (WSD trunk, ``<runs>/cache/stable``)
+     checkpoint at or before the decay start, else step 0 (``expected_resume``).
+   - kill + corrupt checkpoint: a kill once two scratch checkpoints are complete, then 32 bytes flipped in the
+     weights of the one the rerun would resume from; the rerun must log that it skips it and resume from the next
+     one by the same rule.
+   - kill (artifact commit): while main's artifact is committed (``meta.json`` written, not yet renamed).
+   - disk full under an artifact: CPT's artifacts folder on a tmpfs too small for it.
+   - disk full under the tracking store: the whole runs folder (MLflow, Prefect and DuckDB stores included) on a
+     tmpfs that fills during main; after the tmpfs is grown the same command finishes with the reference content.
+     Both disk faults want a non-zero exit, one ``error: DiskFullError`` line and no traceback, and no
+     ``_COMPLETE`` marker in a partial output.
+   - two runs at once: two commands started ``CONCURRENT_GAP_S`` apart on an empty runs folder; both exit 0 and
+     the artifacts equal the reference.
+   - SIGKILL of the run process alone (not its group): no process of that run may be left 10 s later.
 4. Documents lost, per source and per corpus build: documents in − kept − removed (corpus manifest), and the
    kept and removed ids against the ids read (the sources artifact).
 
-Meaningful content compared per artifact (meta.json, timestamps and run ids are not): sources, documents (every
-column) and read rejects; corpus, kept document ids per source and removal (id, rule) pairs; tokenizer,
-tokenizer.json, the split of every document and the token shards (bytes); mixture, choice.json; sweep, the best
-peak LR and its loss; main and cpt, every tensor of each model.safetensors; gate, the decision table.
+Content compared: every file of every artifact but ``NOT_CONTENT_FILES`` (meta.json, the marker, a checkpoint's
+checksums of the files beside them), parsed by kind (``file_digest``):
+JSON without ``NOT_CONTENT`` keys (when, how long, which process or run, how a rerun got there), Parquet as the
+multiset of its rows without ``NOT_CONTENT`` columns, zip containers (``.npz``, ``.pt``, ``.skops``) by member
+contents, any other file by bytes; the runs folder's path is replaced by ``<runs>`` in text. Left out besides: the
+Python generator's state in a checkpoint (``NOT_CONTENT_PATHS``). A mismatch names the files (and a JSON file's keys)
+that differ; an artifact complete only under another key means the code changed after the reference runs.
 
-Needs Linux (/proc, tmpfs mount as root; without mount rights RLIMIT_FSIZE stands in, and the output says so).
-Exit status 1 when any artifact mismatches, a document is lost, a rerun fails, or a process outlives its kill.
+Needs Linux and root for the tmpfs faults (without mount rights the disk faults are recorded as not run, a problem).
+``--record FILE`` writes the campaign as JSON. Exit status 0 only when no problem was found: no mismatching
+artifact, lost document, failed rerun, process left after a kill, missing resume line or window missed throughout.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import random
-import resource
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-# flows.registry.STAGES, in order (importing it would pull the stage packages into the harness).
-STAGES = ("sources", "corpus", "tokenizer", "mixture", "sweep", "main", "cpt", "gate")
 POLL_S = 0.001  # checkpoint and commit windows last milliseconds
 RUN_TIMEOUT_S = 1800.0
+ORPHAN_GRACE_S = 10.0  # how long processes of a killed run may take to go
+ATTEMPTS = 3  # tries of a targeted fault whose window was missed
+CONCURRENT_GAP_S = 1.0
 RANDOM_KILL = "kill (random moment)"
+
+# What a stage keeps outside its artifact and scratch folders, which a rerun resumes or reuses ({experiment}: the
+# config's name). A round's reset removes it, so that the stage runs from nothing.
+STAGE_STATE = {
+    "mixture": ("cache/proxies",),
+    "sweep": ("optuna/{experiment}",),
+    "ladder": ("cache/ladder",),
+    "main": ("cache/stable",),  # WSD stable-phase checkpoints (tasks.train.trunk)
+    "branches": ("cache/branches",),
+    "cpt": ("cache/cpt",),
+}
+
+# JSON keys and Parquet columns that say when, how long, by which process or run, or how a rerun got to the result
+# (what it resumed from, what it reused), not what the result is; object ids: skops' ``__id__`` and scikit-learn's
+# ``_stop_words_id``.
+NOT_CONTENT = re.compile(r"_(at|time|timestamp|datetime|date|wall|seconds|duration|elapsed)$|_s$|_run_id$|"
+                         r"^(timestamp|datetime|duration|run_id|marker_id|pid)$|^resumed_from|"
+                         r"^(trained|reused|scored)$|_(trained|reused)$|^__id__$|^_stop_words_id$")
+# checksums.json: sha256 of the files beside it, compared themselves (a state.json holds the runs folder's path).
+RECORD_KEYS = 256
+NOT_CONTENT_FILES = {"meta.json", "_COMPLETE", "checksums.json"}
+# Values at these key paths of these files are not content either: the Python generator's state in a checkpoint
+# (training draws nothing from it, so the weights, compared, would show any draw; library threads of the run draw
+# from it at moments that differ between a resumed and an uninterrupted process).
+NOT_CONTENT_PATHS = {"state.json": (("rng", "python"),)}
+ZIP_SUFFIXES = {".npz", ".pt", ".skops", ".zip"}
+ZIP_NOT_CONTENT = ("serialization_id",)  # torch.save writes a fresh id into every archive
+
+# A rerun's line that says what it resumed from (the product's wording; the interrupt notice is not one).
+RESUME_LINE = re.compile(r"^(?!interrupted:).*\b(resum|reus)\w*\b.*$", re.IGNORECASE | re.MULTILINE)
+
+
+def registry_stages(python: str = sys.executable) -> tuple[str, ...]:
+    """The pipeline's stage names in order, from ``flows.registry`` in a child interpreter (the registry imports
+    every stage's definition module; the harness keeps its own process free of them)."""
+    out = subprocess.run([python, "-c", "from flows.registry import stage_names; print(*stage_names(), sep='\\n')"],
+                         cwd=ROOT, capture_output=True, text=True, check=True, env=_env())
+    return tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env.pop("PRETRAIN_RUNS_DIR", None)
+    return env
 
 
 # --------------------------------------------------------------------------- running and killing the command
@@ -73,39 +140,57 @@ class Run:
     runs: Path
     tmp_before: dict[str, set[str]]
     started: float = field(default_factory=time.monotonic)
+    opened: dict[str, float] = field(default_factory=dict)  # stage → when its temporary directory was first seen
+    killed_at: float | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def has_opened(self, stage: str) -> bool:
+        """Whether this run has opened ``stage``'s temporary artifact directory (the time is noted once)."""
+        if stage not in self.opened and new_tmp(self, stage) is not None:
+            self.opened[stage] = time.monotonic()
+        return stage in self.opened
+
+    def kill_s(self, stage: str) -> float | None:
+        """Seconds from ``stage``'s start (as first seen) to the kill."""
+        if self.killed_at is None or stage not in self.opened:
+            return None
+        return round(self.killed_at - self.opened[stage], 3)
 
 
 class Harness:
-    def __init__(self, work: Path, config: str, until: str | None = None):
-        self.work, self.config, self.until = work, config, until
+    def __init__(self, work: Path, config: str, stages: tuple[str, ...], until: str | None = None):
+        self.work, self.config, self.stages, self.until = work, config, stages, until
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.count = 0
         self.orphans: list[str] = []
         self.run_wall: list[float] = []
 
-    def start(self, runs: Path, fsize_limit: int | None = None) -> Run:
+    def start(self, runs: Path, *, until: str | None = "", fsize_limit: int | None = None) -> Run:
+        """Start the command on ``runs``; ``until`` "" takes the harness's, None runs to the end."""
         self.count += 1
         log = self.logs / f"{self.count:03d}-{runs.name}.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        env.pop("PRETRAIN_RUNS_DIR", None)
+        until = self.until if until == "" else until
 
         def limit_file_size() -> None:  # the disk-full fallback: writes past the limit fail with EFBIG
+            import resource
+
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
 
-        tmp_before = {stage: _tmp_dirs(runs, stage) for stage in STAGES}
+        tmp_before = {stage: _tmp_dirs(runs, stage) for stage in self.stages}
         with open(log, "w") as out:
-            until = ["--until", self.until] if self.until else []
             proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", self.config, "--runs-dir", str(runs),
-                                     *until],
-                                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                     *(["--until", until] if until else [])],
+                                    cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=limit_file_size if fsize_limit else None)
         return Run(proc, log, runs, tmp_before)
 
@@ -120,34 +205,66 @@ class Harness:
         return rc
 
     def kill(self, run: Run) -> None:
-        """SIGKILL the run's process group and every descendant; record any process still alive after 10 s."""
+        """SIGKILL the run's process group and every descendant; record any process still alive after
+        ``ORPHAN_GRACE_S``."""
         family = _descendants(run.proc.pid) | {run.proc.pid}
+        run.killed_at = time.monotonic()
         try:
             os.killpg(run.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         for pid in family:  # one that started its own session is not in the group
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _sigkill(pid)
         run.proc.wait()
         self.run_wall.append(time.monotonic() - run.started)
-        deadline = time.monotonic() + 10
-        while (left := {p for p in family if _running(p)}) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self.orphans += [f"{pid} ({_cmdline(pid)[:80]})" for pid in left]
+        self.orphans += [f"{pid} ({_cmdline(pid)[:80]})" for pid in _outliving(family)]
+
+    def kill_alone(self, run: Run) -> list[str]:
+        """SIGKILL the run's own process only; returns the processes of the run (its descendants and group at
+        the kill) still alive after ``ORPHAN_GRACE_S``, which are then killed."""
+        family = _descendants(run.proc.pid) | _group(run.proc.pid)
+        family.discard(run.proc.pid)
+        run.killed_at = time.monotonic()
+        _sigkill(run.proc.pid)
+        run.proc.wait()
+        self.run_wall.append(time.monotonic() - run.started)
+        left = _outliving(family)
+        described = [f"{pid} ({_cmdline(pid)[:100]})" for pid in sorted(left)]
+        for pid in left:
+            _sigkill(pid)
+        return described
+
+
+def _sigkill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _outliving(pids: set[int], grace: float = ORPHAN_GRACE_S) -> set[int]:
+    deadline = time.monotonic() + grace
+    while (left := {p for p in pids if _running(p)}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _proc_stats() -> dict[int, list[str]]:
+    """pid → the fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...)."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone while we looked
+    return stats
 
 
 def _descendants(root: int) -> set[int]:
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+    for pid, fields in _proc_stats().items():
+        children.setdefault(int(fields[1]), []).append(pid)
     found, todo = set(), [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -155,6 +272,10 @@ def _descendants(root: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def _group(pgid: int) -> set[int]:
+    return {pid for pid, fields in _proc_stats().items() if int(fields[2]) == pgid}
 
 
 def _running(pid: int) -> bool:
@@ -173,11 +294,15 @@ def _cmdline(pid: int) -> str:
 
 
 def wait_until(run: Run, condition: Callable[[], bool], timeout: float = RUN_TIMEOUT_S) -> bool:
-    """Poll ``condition`` while the run is alive; False when the run ended (or timed out) first."""
+    """Poll ``condition`` while the run is alive; False when the run ended (or timed out) first. A path that
+    vanishes while the condition looks at it (the run renames and removes as it goes) reads as not yet."""
     deadline = time.monotonic() + timeout
     while run.alive() and time.monotonic() < deadline:
-        if condition():
-            return True
+        try:
+            if condition():
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            pass
         time.sleep(POLL_S)
     return False
 
@@ -194,22 +319,27 @@ def sleep_while_alive(run: Run, seconds: float) -> bool:
 
 # --------------------------------------------------------------------------- the runs folder
 
-def _tmp_dirs(runs: Path, stage: str) -> set[str]:
+def _names(folder: Path) -> list[str]:
+    """Entry names of ``folder``; none when it is missing or vanishes while listed."""
     try:
-        return {p.name for p in (runs / "artifacts" / stage).iterdir() if p.name.startswith(".tmp-")}
-    except FileNotFoundError:
-        return set()
+        return [entry.name for entry in os.scandir(folder)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _tmp_dirs(runs: Path, stage: str) -> set[str]:
+    return {name for name in _names(runs / "artifacts" / stage) if name.startswith(".tmp-")}
 
 
 def new_tmp(run: Run, stage: str) -> Path | None:
     """The temporary artifact directory this run opened for ``stage`` (still there: not committed yet)."""
-    fresh = _tmp_dirs(run.runs, stage) - run.tmp_before[stage]
+    fresh = _tmp_dirs(run.runs, stage) - run.tmp_before.get(stage, set())
     return run.runs / "artifacts" / stage / sorted(fresh)[0] if fresh else None
 
 
-def stage_in_progress(run: Run) -> str:
+def stage_in_progress(run: Run, stages: tuple[str, ...]) -> str:
     """The stage whose temporary directory this run holds open now, else 'between stages'."""
-    open_now = [stage for stage in STAGES if new_tmp(run, stage) is not None]
+    open_now = [stage for stage in stages if new_tmp(run, stage) is not None]
     return open_now[-1] if open_now else "between stages"
 
 
@@ -218,100 +348,183 @@ def complete(runs: Path, stage: str, key: str) -> bool:
     return (folder / "_COMPLETE").is_file() and (folder / "meta.json").is_file()
 
 
-def reset(runs: Path, stages: list[str], experiment: str) -> None:
-    """Make ``stages`` never-run in ``runs``: artifacts (and stale attempts), scratch, and their resumable caches.
-    Prefect's persisted task results and the MLflow/DuckDB records stay."""
+def reset(runs: Path, stages: list[str] | tuple[str, ...], experiment: str) -> None:
+    """Make ``stages`` never-run in ``runs``: artifacts (and stale attempts), scratch, and their resumable state
+    (``STAGE_STATE``). Prefect's persisted task results and the MLflow/DuckDB records stay."""
     for stage in stages:
-        for path in (runs / "artifacts" / stage, runs / "scratch" / stage):
+        paths = [runs / "artifacts" / stage, runs / "scratch" / stage]
+        paths += [runs / p.format(experiment=experiment) for p in STAGE_STATE.get(stage, ())]
+        for path in paths:
             shutil.rmtree(path, ignore_errors=True)
-    if "mixture" in stages:
-        shutil.rmtree(runs / "cache" / "proxies", ignore_errors=True)
-    if "sweep" in stages:
-        shutil.rmtree(runs / "optuna" / experiment, ignore_errors=True)
 
 
-def stale_prefect_results(runs: Path, keys: dict[str, str], stages: list[str]) -> list[str]:
+def stale_prefect_results(runs: Path, keys: dict[str, str], stages: list[str] | tuple[str, ...]) -> list[str]:
     """Stages whose Prefect persisted result (storage/<stage>-<key>) exists while their artifact does not."""
     storage = runs / "prefect" / "storage"
     return [s for s in stages if (storage / f"{s}-{keys[s]}").exists() and not complete(runs, s, keys[s])]
 
 
-def main_checkpoints(runs: Path, key: str) -> dict[int, Path]:
-    """Complete scratch checkpoints of the unfinished main run, by step."""
+def checkpoint_steps(folder: Path) -> dict[int, Path]:
+    """Complete checkpoints (``step_*`` with their completion record) in ``folder``, by step."""
     out = {}
-    for folder in (runs / "scratch" / "main" / key).glob("step_*"):
+    for name in _names(folder):
+        if not name.startswith("step_"):
+            continue
         try:
-            if (folder / "checksums.json").is_file():
-                out[json.loads((folder / "state.json").read_text())["step"]] = folder
+            if (folder / name / "checksums.json").is_file():
+                out[int(json.loads((folder / name / "state.json").read_text())["step"])] = folder / name
         except (OSError, ValueError, KeyError):
             continue  # removed by retention while we looked
     return out
 
 
-def torn_checkpoints(runs: Path, key: str) -> list[Path]:
-    return sorted((runs / "scratch" / "main" / key).glob(".step_*.tmp-*"))
+def torn_checkpoints(folder: Path) -> list[str]:
+    """Checkpoints being written in ``folder`` (hidden ``.step_*.tmp-*`` directories)."""
+    return sorted(n for n in _names(folder) if n.startswith(".step_") and ".tmp" in n)
 
 
-# --------------------------------------------------------------------------- content hashes
+def expected_resume(scratch: list[int], stable: list[int], decay_start: int | None) -> tuple[int, str]:
+    """Main's resume rule (tasks.main.stage): the newest usable scratch checkpoint, else the newest stable-phase
+    checkpoint at or before the decay start, else a fresh start. Returns (step, "scratch" | "stable" | "")."""
+    if scratch:
+        return max(scratch), "scratch"
+    usable = [s for s in stable if decay_start is not None and s <= decay_start]
+    return (max(usable), "stable") if usable else (0, "")
 
-def _sha(*parts: bytes) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(hashlib.sha256(part).digest())
-    return digest.hexdigest()[:16]
+
+# --------------------------------------------------------------------------- content digests
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
-def _frame_bytes(frame) -> bytes:
+def normalise(value: Any, runs_root: str = "") -> Any:
+    """JSON value without ``NOT_CONTENT`` keys, with the runs folder's path written ``<runs>``. An object of more
+    than ``RECORD_KEYS`` keys is data keyed by content (a tokenizer's vocabulary: "_at" is a token), kept whole."""
+    if isinstance(value, dict):
+        record = len(value) <= RECORD_KEYS
+        return {str(k): normalise(v, runs_root) for k, v in value.items()
+                if not (record and NOT_CONTENT.search(str(k)))}
+    if isinstance(value, (list, tuple)):
+        return [normalise(v, runs_root) for v in value]
+    if isinstance(value, str) and runs_root:
+        return value.replace(runs_root, "<runs>")
+    return value
+
+
+def _canonical(value: Any, runs_root: str) -> str:
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(normalise(value, runs_root), sort_keys=True, default=str)
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, bytes):
+        return _sha(value)
+    if isinstance(value, str):
+        return repr(value.replace(runs_root, "<runs>") if runs_root else value)
+    return repr(value)
+
+
+def frame_digest(frame, runs_root: str = "") -> str:
+    """Digest of a table's content: its columns (without ``NOT_CONTENT`` ones and date-times) and the multiset of
+    its rows (row order is how the work was split, not content)."""
     import pandas as pd
 
-    return (",".join(map(str, frame.columns)).encode()
-            + pd.util.hash_pandas_object(frame.reset_index(drop=True), index=False).values.tobytes())
+    columns = [c for c in frame.columns if not NOT_CONTENT.search(str(c))
+               and not pd.api.types.is_datetime64_any_dtype(frame[c]) and not pd.api.types.is_timedelta64_dtype(frame[c])]
+    rows = sorted("\x1f".join(_canonical(v, runs_root) for v in row)
+                  for row in frame[columns].itertuples(index=False, name=None))
+    return _sha("\x1e".join([json.dumps(list(map(str, columns))), *rows]).encode())
 
 
-def _tensors(path: Path) -> bytes:
-    from safetensors.numpy import load_file
+def file_digest(path: Path, runs_root: str = "") -> str:
+    """Digest of one artifact file's content, parsed by kind (see the module docstring)."""
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        record = json.loads(path.read_text())
+        for *parents, last in NOT_CONTENT_PATHS.get(path.name, ()):
+            holder = record
+            for key in parents:
+                holder = holder.get(key, {}) if isinstance(holder, dict) else {}
+            if isinstance(holder, dict):
+                holder.pop(last, None)
+        return _sha(json.dumps(normalise(record, runs_root), sort_keys=True).encode())
+    if suffix == ".jsonl":
+        lines = [json.dumps(normalise(json.loads(line), runs_root), sort_keys=True)
+                 for line in path.read_text().splitlines() if line.strip()]
+        return _sha("\n".join(lines).encode())
+    if suffix == ".parquet":
+        import pandas as pd
 
-    tensors = load_file(str(path))
-    return b"".join(name.encode() + str(t.dtype).encode() + str(t.shape).encode() + t.tobytes()
-                    for name, t in sorted(tensors.items()))
-
-
-def content_hash(stage: str, folder: Path) -> str:
-    """Hash of the meaningful content of one artifact (see the module docstring)."""
-    import pandas as pd
-
-    if stage == "sources":
-        parts = [_frame_bytes(pd.read_parquet(p).sort_values("doc_id")) for p in sorted((folder / "docs").glob("*.parquet"))]
-        return _sha(*parts, _frame_bytes(pd.read_parquet(folder / "rejects.parquet").sort_values("doc_id")))
-    if stage == "corpus":
-        kept = pd.read_parquet(folder / "kept.parquet", columns=["source", "doc_id"]).sort_values(["source", "doc_id"])
-        removed = pd.read_parquet(folder / "removals.parquet", columns=["source", "doc_id", "rule"])
-        return _sha(_frame_bytes(kept), _frame_bytes(removed.sort_values(["source", "doc_id"])))
-    if stage == "tokenizer":
-        splits = pd.read_parquet(folder / "splits.parquet").sort_values("doc_id")
-        shards = sorted(p for p in (folder / "shards").rglob("*") if p.suffix in (".bin", ".npy"))
-        return _sha((folder / "tokenizer.json").read_bytes(), _frame_bytes(splits),
-                    *[p.relative_to(folder).as_posix().encode() + p.read_bytes() for p in shards])
-    if stage == "mixture":  # the decision record's timestamps say when, not what
-        choice = json.loads((folder / "choice.json").read_text())
-        for stamp in ("declared_at", "decided_at"):
-            choice.get("decision", {}).pop(stamp, None)
-        return _sha(json.dumps(choice, sort_keys=True).encode())
-    if stage == "sweep":
-        best = json.loads((folder / "best.json").read_text())
-        return _sha(json.dumps([best["best_lr"], best["best_value"]]).encode())
-    if stage == "main":
-        return _sha(_tensors(folder / "checkpoint" / "model.safetensors"))
-    if stage == "cpt":
-        return _sha(*[p.parent.name.encode() + _tensors(p) for p in sorted((folder / "candidates").glob("*/model.safetensors"))])
-    if stage == "gate":
-        return _sha(_frame_bytes(pd.read_parquet(folder / "decisions.parquet")))
-    raise ValueError(f"no content hash for stage {stage!r}")
+        return frame_digest(pd.read_parquet(path), runs_root)
+    data = path.read_bytes()
+    if suffix in ZIP_SUFFIXES and zipfile.is_zipfile(io.BytesIO(data)):
+        return _zip_digest(data)
+    if runs_root and runs_root.encode() in data:
+        data = data.replace(runs_root.encode(), b"<runs>")
+    return _sha(data)
 
 
-def artifact_hashes(runs: Path, keys: dict[str, str]) -> dict[str, str]:
-    return {s: content_hash(s, runs / "artifacts" / s / keys[s]) if complete(runs, s, keys[s]) else "missing"
-            for s in STAGES}
+def _zip_digest(data: bytes) -> str:
+    """A zip container by its members' contents: member dates say when it was written, and member names may be
+    object ids (skops names its arrays by ``id()``), so a name another member mentions is replaced by the named
+    member's digest."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = {m: archive.read(m) for m in archive.namelist() if not m.endswith(ZIP_NOT_CONTENT)}
+    digests = {m: _sha(blob) for m, blob in members.items()}
+    parts = []
+    for member, blob in members.items():
+        if len(blob) < 1 << 22:
+            for name, digest in digests.items():
+                blob = blob.replace(name.encode(), digest.encode())
+            if member.endswith(".json"):
+                blob = json.dumps(normalise(json.loads(blob)), sort_keys=True).encode()
+        parts.append(_sha(blob))
+    return _sha("".join(sorted(parts)).encode())
+
+
+def artifact_digest(folder: Path, runs_root: Path | str = "") -> dict[str, str]:
+    """File (relative path) → content digest, for every file of one artifact but ``NOT_CONTENT_FILES``."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in NOT_CONTENT_FILES)
+    return {p.relative_to(folder).as_posix(): file_digest(p, str(runs_root)) for p in files}
+
+
+def digest_diff(ours: dict[str, str] | None, reference: dict[str, str]) -> list[str]:
+    """The files in which an artifact differs from the reference ("missing" when there is no artifact)."""
+    if ours is None:
+        return ["missing"]
+    files = sorted(set(ours) | set(reference))
+    return [f + ("" if f in ours else " (absent)") + ("" if f in reference else " (extra)")
+            for f in files if ours.get(f) != reference.get(f)]
+
+
+def artifact_digests(runs: Path, keys: dict[str, str], stages: tuple[str, ...]) -> dict[str, dict[str, str] | None]:
+    return {s: artifact_digest(runs / "artifacts" / s / keys[s], runs.resolve()) if complete(runs, s, keys[s])
+            else None for s in stages}
+
+
+def json_keys_differing(reference: Path, ours: Path, reference_root: Path, runs_root: Path) -> str:
+    """`` (keys: a, b)``: the top-level keys in which two JSON files' content differs; "" for other files."""
+    if reference.suffix != ".json" or not reference.is_file() or not ours.is_file():
+        return ""
+    try:
+        a = normalise(json.loads(reference.read_text()), str(reference_root))
+        b = normalise(json.loads(ours.read_text()), str(runs_root))
+    except ValueError:
+        return ""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return ""
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return f" (keys: {', '.join(keys[:5])})" if keys else ""
+
+
+def other_keys(runs: Path, stage: str, key: str) -> list[str]:
+    """Complete artifacts of ``stage`` under keys other than ``key``."""
+    return sorted(n for n in _names(runs / "artifacts" / stage) if n != key and not n.startswith(".")
+                  and complete(runs, stage, n))
 
 
 def documents_lost(runs: Path, keys: dict[str, str]) -> dict[str, int]:
@@ -332,25 +545,96 @@ def documents_lost(runs: Path, keys: dict[str, str]) -> dict[str, int]:
     return lost
 
 
+def resume_line(output: str) -> str | None:
+    """The rerun's line saying what it resumed from, if it printed one."""
+    found = RESUME_LINE.search(output)
+    return found.group(0).strip()[:300] if found else None
+
+
+def error_lines(output: str) -> list[str]:
+    """The ``error:`` messages of a run's output, each joined with its continuation lines (the console wraps)."""
+    lines = [line.rstrip() for line in output.splitlines()]
+    out = []
+    for i, line in enumerate(lines):
+        if line.startswith("error:"):
+            rest = []
+            for nxt in lines[i + 1:]:
+                if not nxt.strip() or nxt.startswith("error:"):
+                    break
+                rest.append(nxt.strip())
+            out.append(" ".join([line.strip(), *rest]))
+    return out
+
+
 # --------------------------------------------------------------------------- faults
 
 @dataclass
 class Fault:
     kind: str
-    target: str
-    landed: str = ""
+    target: str  # the stage aimed at
+    landed: str = ""  # the stage in progress when it struck, "between stages", or "missed"
+    kill_s: float | None = None  # seconds after the landed stage's start (its temporary directory appeared)
+    outcome: str = "pending"  # recovered | not recovered | missed | injected (not a kill) | not run
+    resumed_from: str | None = None  # the line of the next run that says what it resumed from
+    main_resume: dict | None = None  # main's run.json resume point in the run after the fault
+    mismatches: list[str] = field(default_factory=list)  # "<stage>: <files>" against the reference afterwards
+    compared: list[str] = field(default_factory=list)  # stages compared with the reference afterwards
+    attempts: int = 1
     detail: str = ""
-    recovered: bool | None = None  # None: not yet known
+
+
+def is_kill(fault: Fault) -> bool:
+    return fault.kind.lower().startswith(("kill", "sigkill"))
+
+
+def covered_stages(faults: list[Fault], stages: tuple[str, ...]) -> list[str]:
+    """Stages in which a kill landed whose next run finished the stage and whose artifact then compared equal."""
+    hit = set()
+    for fault in faults:
+        mismatched = {m.split(":", 1)[0] for m in fault.mismatches}
+        if (fault.landed in stages and fault.outcome == "recovered" and fault.landed in fault.compared
+                and fault.landed not in mismatched):
+            hit.add(fault.landed)
+    return [s for s in stages if s in hit]
+
+
+def plan_rounds(wanted: dict[str, int], stages: tuple[str, ...], per_round: int = 2,
+                stage: str | None = None) -> list[list[str]]:
+    """Rounds of target stages for the kills still ``wanted`` per stage: each round aims once at every stage that
+    still wants kills, in stage order. Aimed at one ``stage``: rounds of ``per_round`` kills in it (each rerun
+    resumes what the killed run left)."""
+    if stage is not None:
+        n = wanted.get(stage, 0)
+        return [[stage] * min(per_round, n - i) for i in range(0, n, per_round)]
+    rounds = []
+    left = {s: n for s, n in wanted.items() if n > 0}
+    while left:
+        rounds.append([s for s in stages if s in left])
+        left = {s: n - 1 for s, n in left.items() if n > 1}
+    return rounds
+
+
+def wanted_kills(trials: int, stages: tuple[str, ...], rng: random.Random, stage: str | None = None) -> dict[str, int]:
+    """Kills to land per stage: ``trials`` spread evenly, the remainder on a seeded random subset."""
+    if stage is not None:
+        return {stage: trials}
+    wanted = {s: trials // len(stages) for s in stages}
+    for s in rng.sample(stages, trials % len(stages)):
+        wanted[s] += 1
+    return wanted
 
 
 class Campaign:
-    def __init__(self, harness: Harness, runs: Path, reference: dict[str, str], keys: dict[str, str],
-                 wall: dict[str, float], experiment: str, rng: random.Random):
+    def __init__(self, harness: Harness, runs: Path, reference: dict[str, dict[str, str]], keys: dict[str, str],
+                 wall: dict[str, float], experiment: str, rng: random.Random, main_run: dict):
         self.h, self.runs, self.reference, self.keys = harness, runs, reference, keys
+        self.stages: tuple[str, ...] = harness.stages
         self.wall, self.experiment, self.rng = wall, experiment, rng
+        self.reference_dir = harness.work / "ref-a"
+        self.decay_start = main_run.get("decay_start")
+        self.trunk = runs / "cache" / "stable" / main_run["trunk_key"] if main_run.get("trunk_key") else None
         self.faults: list[Fault] = []
         self.problems: list[str] = []
-        self.mismatches: list[str] = []
         self.comparisons = 0
         self.lost: dict[str, int] = {}
         self.builds = 0
@@ -358,67 +642,116 @@ class Campaign:
         self.too_late = 0
         self.skipped = 0  # targets already complete: a kill aimed earlier landed after them
         self._pending: list[Fault] = []  # faults whose recovery the next run decides
-        until = harness.until or STAGES[-1]
-        self.compared = STAGES[:STAGES.index(until) + 1]  # a soak of one stage runs no further than that stage
+        self._since_compare: list[Fault] = []  # faults the next comparison speaks for
+        until = harness.until or self.stages[-1]
+        self.compared = self.stages[:self.stages.index(until) + 1]  # a soak of one stage runs no further
+
+    @property
+    def mismatches(self) -> list[str]:
+        return [f"{f.kind} in {f.landed}: {m}" for f in self.faults for m in f.mismatches]
 
     # -- bookkeeping
 
     def _fault(self, fault: Fault) -> Fault:
         self.faults.append(fault)
         self._pending.append(fault)
+        self._since_compare.append(fault)
         return fault
+
+    def _drop(self, fault: Fault) -> None:
+        for bucket in (self.faults, self._pending, self._since_compare):
+            if fault in bucket:
+                bucket.remove(fault)
 
     def _passed(self, run: Run, rc: int | None, reached: str | None = None) -> None:
         """``run`` came after faults: it finished (exit ``rc``) or reached stage ``reached`` (``rc`` None). Each
-        pending fault in a stage before that point is recovered when its stage's artifact is complete now."""
+        pending fault in a stage before that point is recovered when its stage's artifact is complete now, and
+        takes the run's line saying what it resumed from."""
         keep = []
         for fault in self._pending:
-            stage = fault.landed if fault.landed in STAGES else fault.target
-            if reached is not None and STAGES.index(stage) >= STAGES.index(reached):
+            stage = fault.landed if fault.landed in self.stages else fault.target
+            if reached is not None and self.stages.index(stage) >= self.stages.index(reached):
                 keep.append(fault)
                 continue
-            fault.recovered = (rc in (0, None)) and complete(self.runs, stage, self.keys[stage])
-            if not fault.recovered:
+            recovered = (rc in (0, None)) and complete(self.runs, stage, self.keys[stage])
+            fault.outcome = "recovered" if recovered else "not recovered"
+            if not recovered:
                 self.problems.append(f"{fault.kind} in {stage}: the next run did not complete it "
                                      f"(exit {rc}; log {run.log})")
+            fault.resumed_from = resume_line(run.output())
+            if stage == "main":
+                fault.main_resume = self._main_resume()
         self._pending = keep
 
-    def compare(self, label: str) -> None:
-        hashes = artifact_hashes(self.runs, self.keys)
+    def _main_resume(self) -> dict | None:
+        record = self.runs / "artifacts" / "main" / self.keys["main"] / "run.json"
+        try:
+            run = json.loads(record.read_text())
+        except (OSError, ValueError):
+            return None
+        return {"step": run.get("resumed_from_step"), "from": run.get("resumed_from", "")}
+
+    def compare(self, label: str) -> list[str]:
+        """Compare the trial folder's artifacts with the reference; the faults since the last comparison take the
+        result. Returns the mismatches."""
+        ours = artifact_digests(self.runs, self.keys, self.compared)
+        found = []
         for stage in self.compared:
             self.comparisons += 1
-            if hashes[stage] != self.reference[stage]:
-                self.mismatches.append(f"{label}: {stage} {hashes[stage]} != reference {self.reference[stage]}")
-        if hashes["corpus"] != "missing":
+            diff = digest_diff(ours[stage], self.reference[stage])
+            diff = [f + json_keys_differing(self.reference_dir / "artifacts" / stage / self.keys[stage] / f,
+                                            self.runs / "artifacts" / stage / self.keys[stage] / f,
+                                            self.reference_dir.resolve(), self.runs.resolve())
+                    for f in diff]
+            if ours[stage] is None and (others := other_keys(self.runs, stage, self.keys[stage])):
+                diff = [f"missing; complete under another key {others} (the code or config changed since the "
+                        "reference run)"]
+            if diff:
+                found.append(f"{stage}: {', '.join(diff[:6])}" + (f" (+{len(diff) - 6} more)" if len(diff) > 6 else ""))
+        for fault in self._since_compare:
+            fault.compared, fault.mismatches = list(self.compared), found
+        self._since_compare = []
+        if ours.get("corpus") is not None:
             self.builds += 1
             for source, n in documents_lost(self.runs, self.keys).items():
                 self.lost[source] = self.lost.get(source, 0) + n
+        if found:
+            print(f"  {label}: {len(found)} mismatching artifact(s): " + "; ".join(found))
+        return found
 
-    def run_to_end(self, label: str) -> None:
-        run = self.h.start(self.runs)
+    def run_to_end(self, label: str, runs: Path | None = None) -> int:
+        run = self.h.start(runs or self.runs)
         rc = self.h.finish(run)
         self._passed(run, rc)
         if rc != 0:
             self.problems.append(f"{label}: exit {rc} (log {run.log})")
+        return rc
+
+    def check_resume_lines(self) -> None:
+        """Every kill whose next run finished its stage must have had that run say what it resumed from."""
+        silent = [f for f in self.faults if is_kill(f) and f.outcome == "recovered" and f.landed in self.stages
+                  and f.resumed_from is None]
+        if silent:
+            where = Counter(f.landed for f in silent)
+            self.problems.append(f"{len(silent)} rerun(s) after a kill printed no line saying what they resumed "
+                                 f"from (looked for {RESUME_LINE.pattern!r}; killed in " +
+                                 ", ".join(f"{s} ×{n}" for s, n in where.items()) + ")")
 
     # -- random kills
 
     def round(self, number: int, targets: list[str]) -> None:
-        """Reset, then one run killed inside each stage of ``targets`` in turn (a stage may repeat: each rerun
-        resumes what the killed one left), then a run to the end, compared with the reference.
-
-        A soak of one stage (``targets`` all that stage) resets only it and what follows, so the upstream
-        artifacts are reused and each kill costs one start-up, not a pipeline."""
-        first = min(STAGES.index(t) for t in targets) if self.h.until else 0
-        reset(self.runs, list(STAGES[first:]), self.experiment)
-        stale = stale_prefect_results(self.runs, self.keys, list(STAGES))
-        self.stale_checked += len(stale)
+        """Reset the targets' stages and those after them, then one run killed inside each stage of ``targets`` in
+        turn (a stage may repeat: each rerun resumes what the killed one left), then a run to the end, compared
+        with the reference. Upstream artifacts are reused, so a kill costs one start-up, not a pipeline."""
+        first = min(self.stages.index(t) for t in targets)
+        reset(self.runs, self.stages[first:], self.experiment)
+        self.stale_checked += len(stale_prefect_results(self.runs, self.keys, self.stages))
         for stage in targets:
             if complete(self.runs, stage, self.keys[stage]):  # an earlier kill of this round came after it
                 self.skipped += 1
                 continue
             run = self.h.start(self.runs)
-            if not wait_until(run, lambda: new_tmp(run, stage) is not None):
+            if not wait_until(run, lambda: run.has_opened(stage)):
                 rc = self.h.finish(run)
                 self._passed(run, rc)
                 if rc != 0 or not complete(self.runs, stage, self.keys[stage]):
@@ -426,143 +759,363 @@ class Campaign:
                 continue
             self._passed(run, None, reached=stage)
             fraction = self.rng.random()
-            delay = fraction * self.wall[stage]
-            alive = sleep_while_alive(run, delay)
-            self._kill_or_finish(run, alive)
-            # After the kill: a stage whose commit beat it has no temporary directory left.
-            landed = stage_in_progress(run) if alive else "after the run ended"
-            fault = self._fault(Fault(RANDOM_KILL, stage, landed,
-                                      f"{fraction:.2f} × {self.wall[stage]:.1f} s after its start"))
-            if landed in STAGES and complete(self.runs, landed, self.keys[landed]):
-                self.problems.append(f"round {number}: {landed} has a marker although it was killed mid-write")
+            alive = sleep_while_alive(run, fraction * self.wall[stage])
             if not alive:  # no fault was injected: the run had ended
-                self.faults.remove(fault)
-                self._pending.remove(fault)
+                self.h.finish(run)
+                self._passed(run, run.proc.returncode)
                 self.too_late += 1
+                continue
+            self.h.kill(run)
+            landed = stage_in_progress(run, self.stages)  # a stage whose commit beat the kill has no tmp dir left
+            self._fault(Fault(RANDOM_KILL, stage, landed, run.kill_s(landed) if landed in self.stages else None,
+                              detail=f"aimed {fraction:.2f} × {self.wall[stage]:.1f} s after {stage}'s start"))
+            if landed in self.stages and complete(self.runs, landed, self.keys[landed]):
+                self.problems.append(f"round {number}: {landed} has a marker although it was killed mid-write")
         self.run_to_end(f"round {number} final run")
         self.compare(f"round {number}")
 
-    # -- targeted faults on the main stage
+    # -- targeted faults
 
-    def targeted(self, tmpfs_ok: bool) -> None:
-        key = self.keys["main"]
-        reset(self.runs, ["main", "cpt", "gate"], self.experiment)
-        self.stale_checked += len(stale_prefect_results(self.runs, self.keys, ["main", "cpt", "gate"]))
+    def attempt(self, kind: str, target: str, inject: Callable[[], Fault | None]) -> None:
+        """Run one targeted fault, again when its window was missed (``inject`` returns None), up to ``ATTEMPTS``
+        times; a fault missed every time is recorded and is a problem. A fault that raises is recorded as such and
+        the campaign goes on."""
+        for number in range(1, ATTEMPTS + 1):
+            try:
+                fault = inject()
+            except Exception as err:  # the harness's own failure: recorded, the next fault still runs
+                fault = Fault(kind, target, "not run", outcome="harness error", detail=f"{type(err).__name__}: {err}")
+                self.faults.append(fault)
+                self.problems.append(f"{kind}: the harness failed: {type(err).__name__}: {err}")
+                self._pending, self._since_compare = [], []
+                return
+            if fault is not None:
+                fault.attempts = number
+                return
+            print(f"  {kind}: window missed (attempt {number} of {ATTEMPTS})")
+        self.faults.append(Fault(kind, target, "missed", outcome="missed", attempts=ATTEMPTS,
+                                 detail=f"the window was missed on all {ATTEMPTS} attempts"))
+        self.problems.append(f"{kind}: the window was missed on all {ATTEMPTS} attempts")
 
-        # 1. Kill while a scratch checkpoint after step 0 is being written (its hidden .step_*.tmp directory
-        #    exists), so that the rerun has an earlier one to resume from; or, every write missed, when CPT starts.
+    def _fresh_main(self) -> None:
+        """Main and every stage after it never run (upstream artifacts from earlier runs are kept)."""
+        after = self.stages[self.stages.index("main"):]
+        if not complete(self.runs, self.stages[self.stages.index("main") - 1],
+                        self.keys[self.stages[self.stages.index("main") - 1]]):
+            rc = self.h.finish(self.h.start(self.runs, until=self.stages[self.stages.index("main") - 1]))
+            if rc != 0:
+                raise RuntimeError(f"the run up to main failed (exit {rc})")
+        reset(self.runs, after, self.experiment)
+        self.stale_checked += len(stale_prefect_results(self.runs, self.keys, after))
+
+    def _checkpoints(self) -> tuple[dict[int, Path], dict[int, Path]]:
+        scratch = checkpoint_steps(self.runs / "scratch" / "main" / self.keys["main"])
+        stable = checkpoint_steps(self.trunk) if self.trunk else {}
+        return scratch, stable
+
+    def _finish_and_compare(self, fault: Fault, label: str, expected: tuple[int, str] | None = None) -> None:
+        """Rerun to the end, then compare; with ``expected``, main's resume point must be it."""
+        self.run_to_end(f"{label}: rerun")
+        self.compare(label)
+        if expected is not None:
+            got = fault.main_resume or {}
+            fault.detail += f"; the rerun resumed from {got.get('from') or 'nothing'} step {got.get('step')}"
+            if (got.get("step"), got.get("from", "")) != expected:
+                self.problems.append(f"{label}: the rerun resumed from {got.get('from') or 'nothing'} step "
+                                     f"{got.get('step')}, not the newest complete checkpoint ({expected[1] or 'fresh'} "
+                                     f"step {expected[0]})")
+
+    def checkpoint_write(self) -> Fault | None:
+        """Kill while a checkpoint of main after step 0 (scratch or stable phase) is being written."""
+        self._fresh_main()
+        scratch_dir = self.runs / "scratch" / "main" / self.keys["main"]
+
+        def writing() -> bool:
+            run.has_opened("main")
+            return any(int(n[6:14]) > 0 for folder in (scratch_dir, self.trunk) if folder
+                       for n in torn_checkpoints(folder))
+
         run = self.h.start(self.runs)
-        wait_until(run, lambda: any(int(t.name[6:14]) > 0 for t in torn_checkpoints(self.runs, key))
-                   or new_tmp(run, "cpt") is not None)
-        done = sorted(main_checkpoints(self.runs, key))
-        self._kill_or_finish(run, run.alive())
-        torn = torn_checkpoints(self.runs, key)
-        write = self._fault(Fault("kill (checkpoint write)", "main", "main" if torn else "missed",
-                                  f"torn {torn[0].name if torn else '-'}, complete steps {done}"))
-        if not torn:
-            reset(self.runs, ["main", "cpt", "gate"], self.experiment)
-            done = []
-
-        # 2. Rerun: resumes from the newest complete checkpoint, never the torn one. Killed during the main
-        #    artifact's commit: meta.json is in the temporary directory, the rename has not happened.
-        run = self.h.start(self.runs)
-        in_commit = lambda: (tmp := new_tmp(run, "main")) is not None and (tmp / "meta.json").exists()  # noqa: E731
-        hit = wait_until(run, lambda: in_commit() or complete(self.runs, "main", key))
-        self._kill_or_finish(run, run.alive())
-        self._passed(run, None, reached="main")
-        tmp = next((self.runs / "artifacts" / "main" / n for n in sorted(_tmp_dirs(self.runs, "main"))
-                    if n not in run.tmp_before["main"]), None)
-        committed = complete(self.runs, "main", key)
-        record = tmp / "run.json" if tmp else self.runs / "artifacts" / "main" / key / "run.json"
-        resumed = json.loads(record.read_text())["resumed_from_step"] if record.is_file() else None
-        write.detail += f"; the rerun resumed from step {resumed}"
-        if resumed != max(done, default=0):
-            self.problems.append(f"checkpoint write: the rerun resumed from step {resumed}, not the newest complete "
-                                 f"one ({max(done, default=0)})")
-        marker = bool(tmp and (tmp / "_COMPLETE").exists())
-        self._fault(Fault("kill (artifact commit)", "main", "main" if hit and not committed else "missed",
-                          f"left {tmp.name} {'with' if marker else 'without'} its marker, never renamed into place"
-                          if tmp else "the commit finished before the poll saw it"))
-        if committed:  # missed: start main over so that the next faults have an unfinished run to work on
-            reset(self.runs, ["main", "cpt", "gate"], self.experiment)
-
-        # 3. Rerun (main starts over: its scratch went before the commit). Killed once three checkpoints are
-        #    complete (a resume from step 0 would look like a fresh start); then the newest one's weights get
-        #    flipped bytes.
-        run = self.h.start(self.runs)
-        if not wait_until(run, lambda: len(main_checkpoints(self.runs, key)) >= 3 or new_tmp(run, "cpt") is not None):
-            self._passed(run, self.h.finish(run))
-            self.problems.append(f"corrupt checkpoint: the run ended first (log {run.log})")
-            return
+        if not wait_until(run, lambda: writing() or run.has_opened(self._after("main"))):
+            self.h.finish(run)
+            return None
+        scratch, stable = self._checkpoints()
+        torn = [f"{folder.parent.name}/{folder.name}/{n}" for folder in (scratch_dir, self.trunk) if folder
+                for n in torn_checkpoints(folder)]
         self.h.kill(run)
-        if len(main_checkpoints(self.runs, key)) < 3:
-            self.problems.append("corrupt checkpoint: the window between the last checkpoint and the end of the "
-                                 "main run was missed")
-            return
-        self._passed(run, None, reached="main")
-        steps = main_checkpoints(self.runs, key)
-        newest, previous = max(steps), sorted(steps)[-2]
-        weights = steps[newest] / "model.safetensors"
+        if not torn:  # the run got past main first
+            return None
+        expected = expected_resume(sorted(scratch), sorted(stable), self.decay_start)
+        fault = self._fault(Fault("kill (checkpoint write)", "main", "main", run.kill_s("main"), detail=(
+            f"torn {', '.join(torn)}; complete: scratch steps {sorted(scratch)}, stable steps {sorted(stable)}; "
+            f"expected resume: {expected[1] or 'fresh'} step {expected[0]}")))
+        self._finish_and_compare(fault, "kill (checkpoint write)", expected)
+        return fault
+
+    def corrupt_checkpoint(self) -> Fault | None:
+        """Kill once two scratch checkpoints are complete, flip bytes in the checkpoint the rerun would resume
+        from; the rerun must skip it with a warning and resume from the next one by main's rule."""
+        self._fresh_main()
+        run = self.h.start(self.runs)
+        enough = lambda: run.has_opened("main") and len(self._checkpoints()[0]) >= 2  # noqa: E731
+        if not wait_until(run, lambda: enough() or run.has_opened(self._after("main"))):
+            self.h.finish(run)
+            return None
+        self.h.kill(run)
+        scratch, stable = self._checkpoints()
+        if len(scratch) < 2 or complete(self.runs, "main", self.keys["main"]):
+            return None
+        step, kind = expected_resume(sorted(scratch), sorted(stable), self.decay_start)
+        victim = (scratch if kind == "scratch" else stable)[step]
+        weights = victim / "model.safetensors"
         blob = bytearray(weights.read_bytes())
         for i in range(len(blob) - 40, len(blob) - 8):  # inside the last tensor's data, not the header
             blob[i] ^= 0xFF
         weights.write_bytes(bytes(blob))
-        corrupt = self._fault(Fault("kill + corrupt newest checkpoint", "main", "main",
-                                    f"flipped 32 bytes of step {newest}'s weights"))
+        left = {s: p for s, p in scratch.items() if p != victim}
+        expected = expected_resume(sorted(left), sorted(s for s, p in stable.items() if p != victim), self.decay_start)
+        fault = self._fault(Fault("kill + corrupt checkpoint", "main", "main", run.kill_s("main"), detail=(
+            f"flipped 32 bytes of {kind} step {step}'s weights ({victim.name}); complete: scratch steps "
+            f"{sorted(scratch)}, stable steps {sorted(stable)}; expected resume: {expected[1] or 'fresh'} step "
+            f"{expected[0]}")))
+        self._finish_and_compare(fault, "kill + corrupt checkpoint", expected)
+        warned = "skipping unusable" in self.h_last_output() and victim.name in self.h_last_output()
+        fault.detail += f"; the rerun said it skipped {victim.name}: {'yes' if warned else 'NO'}"
+        if not warned:
+            self.problems.append(f"kill + corrupt checkpoint: the rerun did not say that it skipped the corrupt "
+                                 f"{victim.name}")
+        return fault
 
-        # 4. Rerun: warns, resumes from the checkpoint before; killed when CPT starts.
+    def h_last_output(self) -> str:
+        logs = sorted(self.h.logs.glob("*.log"))
+        return logs[-1].read_text(errors="replace") if logs else ""
+
+    def artifact_commit(self) -> Fault | None:
+        """Kill while main's artifact is committed: meta.json is in the temporary directory, the rename has not
+        happened."""
+        self._fresh_main()
         run = self.h.start(self.runs)
-        reached = wait_until(run, lambda: new_tmp(run, "cpt") is not None)
-        self._kill_or_finish(run, reached)
-        self._passed(run, None if reached else run.proc.returncode, reached="cpt")
-        warned = f"skipping unusable checkpoint step_{newest:08d}" in run.output()
-        record = self.runs / "artifacts" / "main" / key / "run.json"
-        resumed = json.loads(record.read_text())["resumed_from_step"] if record.is_file() else None
-        corrupt.detail += f"; the rerun logged the warning: {'yes' if warned else 'NO'}, resumed from step {resumed}" \
-                          f" (the one before: {previous})"
-        if not warned or resumed != previous:
-            self.problems.append(f"corrupt checkpoint: warning {'seen' if warned else 'missing'}, resumed from "
-                                 f"{resumed}, expected {previous} (log {run.log})")
+        key = self.keys["main"]
 
-        # 5. CPT writes its artifact onto a nearly full disk: a clear error, no marker.
-        artifacts = self.runs / "artifacts" / "cpt"
-        artifacts.mkdir(parents=True, exist_ok=True)
-        size = max(64 * 1024, _du(self.runs.parent / "ref-a" / "artifacts" / "cpt") // 8) // 4096 * 4096
-        how, limit = f"tmpfs of {size // 1024} KiB on artifacts/cpt", None
-        if tmpfs_ok:
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(artifacts)], check=True)
-        else:
-            how, limit = f"RLIMIT_FSIZE of {size // 1024} KiB per file (mounting a tmpfs is not permitted here)", size
-        try:
-            run = self.h.start(self.runs, limit)
-            rc = self.h.finish(run)
-            markers = [p.relative_to(self.runs).as_posix() for p in artifacts.rglob("_COMPLETE")]
-        finally:
-            if tmpfs_ok:
-                subprocess.run(["umount", "--lazy", str(artifacts)], check=True)
-        lines = [line.strip() for line in run.output().splitlines() if line.strip()]
-        at = max((i for i, line in enumerate(lines) if line.startswith("error:")), default=len(lines) - 1)
-        last = " ".join(lines[at:]) if lines else ""  # the console wraps long messages
-        self._fault(Fault("disk nearly full", "cpt", "cpt" if rc else "missed", f"{how}: exit {rc}, markers "
-                          f"{markers or 'none'}; the user sees: {last[:700]}"))
-        if rc == 0 or markers or complete(self.runs, "cpt", self.keys["cpt"]):
-            self.problems.append(f"disk full: exit {rc}, markers {markers} (log {run.log})")
-        if not (last.startswith("error: DiskFullError") and "run the same command again" in last):
-            self.problems.append(f"disk full: the last line is no clear error: {last[:300]!r} (log {run.log})")
+        def in_commit() -> bool:
+            tmp = new_tmp(run, "main") if run.has_opened("main") else None
+            return (tmp is not None and (tmp / "meta.json").exists()) or complete(self.runs, "main", key)
 
-        # 6. Rerun with space: finishes; main resumes nothing (complete), CPT and gate run.
-        self.run_to_end("targeted final run")
-        self.compare("targeted faults")
-
-    def _kill_or_finish(self, run: Run, kill: bool) -> None:
-        if kill:
+        wait_until(run, in_commit)
+        tmp = new_tmp(run, "main")
+        if run.alive():
             self.h.kill(run)
         else:
             self.h.finish(run)
+        if tmp is None or complete(self.runs, "main", key):
+            return None
+        scratch, stable = self._checkpoints()
+        marker = (tmp / "_COMPLETE").exists()
+        expected = expected_resume(sorted(scratch), sorted(stable), self.decay_start)
+        fault = self._fault(Fault("kill (artifact commit)", "main", "main", run.kill_s("main"), detail=(
+            f"left {tmp.name} {'with' if marker else 'without'} its marker, never renamed into place; expected "
+            f"resume: {expected[1] or 'fresh'} step {expected[0]}")))
+        self._finish_and_compare(fault, "kill (artifact commit)", expected)
+        if tmp.exists() and (tmp / "_COMPLETE").exists() and not complete(self.runs, "main", key):
+            self.problems.append("kill (artifact commit): the torn attempt was not replaced by a complete artifact")
+        return fault
+
+    def disk_full_artifact(self, tmpfs_ok: bool) -> Fault | None:
+        """CPT writes its artifact onto a tmpfs too small for it: a clear error, no marker; then a rerun with space."""
+        if not tmpfs_ok:
+            return self._not_run("disk full under an artifact", "cpt")
+        self._fresh_main()
+        rc0 = self.h.finish(self.h.start(self.runs, until=self._before("cpt")))
+        if rc0 != 0:
+            raise RuntimeError(f"the run up to cpt failed (exit {rc0})")
+        artifacts = self.runs / "artifacts" / "cpt"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        reference = self.h.work / "ref-a" / "artifacts" / "cpt"
+        size = max(64 * 1024, _du(reference) // 8) // 4096 * 4096
+        _mount_tmpfs(artifacts, size)
+        try:
+            run = self.h.start(self.runs, until=None)
+            rc = watch(self.h, run, self.stages)
+            markers = [p.relative_to(self.runs).as_posix() for p in _files(artifacts) if p.name == "_COMPLETE"]
+        finally:
+            subprocess.run(["umount", "--lazy", str(artifacts)], check=True)
+        fault = self._fault(Fault("disk full under an artifact", "cpt", _failed_in(run),
+                                  outcome="injected"))
+        self._disk_verdict(fault, run, rc, markers, f"tmpfs of {size // 1024} KiB on artifacts/cpt")
+        self._finish_and_compare(fault, "disk full under an artifact")
+        fault.outcome = "recovered" if complete(self.runs, "cpt", self.keys["cpt"]) else "not recovered"
+        return fault
+
+    def disk_full_runs(self, tmpfs_ok: bool) -> Fault | None:
+        """The whole runs folder on a tmpfs that fills during main (MLflow, Prefect, DuckDB and the artifacts all
+        write there): a clear error, no marker; after the tmpfs is grown the same command finishes."""
+        kind = "disk full under the tracking store"
+        if not tmpfs_ok:
+            return self._not_run(kind, "main")
+        folder = self.h.work / "disk-full"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        _mount_tmpfs(folder, 1 << 30)
+        try:
+            rc0 = self.h.finish(self.h.start(folder, until=self._before("main")))
+            if rc0 != 0:
+                raise RuntimeError(f"the run up to main on the tmpfs failed (exit {rc0})")
+            reference = self.h.work / "ref-a"
+            main_bytes = _du(reference / "artifacts" / "main") + _du(reference / "cache" / "stable")
+            used = shutil.disk_usage(folder).used
+            size = (used + main_bytes // 2) // 4096 * 4096 + 4096
+            subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
+            run = self.h.start(folder, until=None)
+            rc = watch(self.h, run, self.stages)
+            landed = _failed_in(run)
+            markers = [p.relative_to(folder).as_posix() for p in _files(folder / "artifacts")
+                       if p.name == "_COMPLETE" and p.parent.name.startswith(".tmp-")]
+            fault = Fault(kind, "main", landed, outcome="injected")
+            self.faults.append(fault)
+            self._disk_verdict(fault, run, rc, markers, f"runs folder on a tmpfs of {size / 2**20:.1f} MiB "
+                                                        f"({used / 2**20:.1f} MiB used after the stages before main)")
+            subprocess.run(["mount", "-o", "remount,size=1g", str(folder)], check=True)
+            rerun = self.h.start(folder, until=None)
+            rc2 = self.h.finish(rerun)
+            fault.resumed_from = resume_line(rerun.output())
+            ours = artifact_digests(folder, self.keys, self.stages)
+            fault.compared = list(self.stages)
+            fault.mismatches = [f"{s}: {', '.join(d[:6])}" for s in self.stages
+                                if (d := digest_diff(ours[s], self.reference[s]))]
+            self.comparisons += len(self.stages)
+            fault.outcome = "recovered" if rc2 == 0 and not fault.mismatches else "not recovered"
+            fault.detail += f"; the rerun with space: exit {rc2}"
+            if rc2 != 0:
+                self.problems.append(f"{kind}: the rerun with space exited {rc2} (log {rerun.log})")
+        finally:
+            subprocess.run(["umount", "--lazy", str(folder)], check=False)
+            shutil.rmtree(folder, ignore_errors=True)
+        return fault
+
+    def _disk_verdict(self, fault: Fault, run: Run, rc: int, markers: list[str], how: str) -> None:
+        errors = error_lines(run.output())
+        fault.detail = (f"{how}: exit {rc}, markers in partial outputs: {markers or 'none'}; the user sees: "
+                        + (" | ".join(e[:400] for e in errors) or "no error: line"))
+        if rc == 0:
+            self.problems.append(f"{fault.kind}: the run exited 0 on a full disk (log {run.log})")
+        if markers:
+            self.problems.append(f"{fault.kind}: partial outputs carry a marker: {markers} (log {run.log})")
+        tracebacks = run.output().count("Traceback (most recent call last)")
+        if tracebacks:
+            fault.detail += f"; {tracebacks} traceback(s) in the output besides"
+            self.problems.append(f"{fault.kind}: {tracebacks} traceback(s) in the output besides the error line "
+                                 f"(log {run.log})")
+        if len(errors) != 1 or "DiskFullError" not in errors[0]:
+            self.problems.append(f"{fault.kind}: expected one 'error: DiskFullError' line, got {len(errors)}: "
+                                 f"{[e[:200] for e in errors]} (log {run.log})")
+
+    def concurrent_runs(self) -> Fault | None:
+        """Two commands on one fresh runs folder, started ``CONCURRENT_GAP_S`` apart: both exit 0 (the second may
+        wait for the first and share its artifacts); the artifacts equal the reference."""
+        kind = "two runs at once on a fresh folder"
+        folder = self.h.work / "concurrent"
+        shutil.rmtree(folder, ignore_errors=True)
+        first = self.h.start(folder, until=None)
+        time.sleep(CONCURRENT_GAP_S)
+        second = self.h.start(folder, until=None)
+        rcs = [self.h.finish(first), self.h.finish(second)]
+        ours = artifact_digests(folder, self.keys, self.stages)
+        fault = Fault(kind, "all", "all", outcome="injected", compared=list(self.stages), detail=(
+            f"exits {rcs[0]} and {rcs[1]}; errors: " + (" | ".join(e[:300] for r in (first, second)
+                                                            for e in error_lines(r.output())) or "none")))
+        fault.mismatches = [f"{s}: {', '.join(d[:6])}" for s in self.stages
+                            if (d := digest_diff(ours[s], self.reference[s]))]
+        self.comparisons += len(self.stages)
+        fault.outcome = "recovered" if rcs == [0, 0] and not fault.mismatches else "not recovered"
+        self.faults.append(fault)
+        if rcs != [0, 0]:
+            self.problems.append(f"{kind}: exits {rcs} (logs {first.log}, {second.log})")
+        shutil.rmtree(folder, ignore_errors=True)
+        return fault
+
+    def kill_run_process(self) -> Fault | None:
+        """SIGKILL of the ``flows.cli run`` process alone, inside main: none of its processes (the Prefect API
+        server, workers) may outlive it by ``ORPHAN_GRACE_S``; then the rerun finishes."""
+        kind = "SIGKILL of the run process alone"
+        self._fresh_main()
+        run = self.h.start(self.runs)
+        if not wait_until(run, lambda: run.has_opened("main")):
+            self.h.finish(run)
+            return None
+        sleep_while_alive(run, self.rng.random() * self.wall["main"])
+        if not run.alive():
+            self.h.finish(run)
+            return None
+        left = self.h.kill_alone(run)
+        landed = stage_in_progress(run, self.stages)
+        fault = self._fault(Fault(kind, "main", landed, run.kill_s(landed) if landed in self.stages else None,
+                                  detail=f"processes of the run alive {ORPHAN_GRACE_S:.0f} s later: "
+                                         + ("; ".join(left) if left else "none")))
+        if left:
+            self.problems.append(f"{kind}: {len(left)} process(es) of the run outlived it: " + "; ".join(left))
+        self._finish_and_compare(fault, kind)
+        return fault
+
+    def _not_run(self, kind: str, target: str) -> Fault:
+        fault = Fault(kind, target, "not run", outcome="not run", detail="mounting a tmpfs is not permitted here")
+        self.faults.append(fault)
+        self.problems.append(f"{kind}: not run (mounting a tmpfs needs root)")
+        return fault
+
+    def _after(self, stage: str) -> str:
+        i = self.stages.index(stage)
+        return self.stages[i + 1] if i + 1 < len(self.stages) else stage
+
+    def _before(self, stage: str) -> str:
+        return self.stages[max(0, self.stages.index(stage) - 1)]
+
+    def targeted(self, tmpfs_ok: bool) -> None:
+        saved, self.compared = self.compared, self.stages  # the targeted faults run to the end
+        self.h.until = None
+        self.attempt("kill (checkpoint write)", "main", self.checkpoint_write)
+        self.attempt("kill + corrupt checkpoint", "main", self.corrupt_checkpoint)
+        self.attempt("kill (artifact commit)", "main", self.artifact_commit)
+        self.attempt("SIGKILL of the run process alone", "main", self.kill_run_process)
+        self.attempt("disk full under an artifact", "cpt", lambda: self.disk_full_artifact(tmpfs_ok))
+        self.attempt("disk full under the tracking store", "main", lambda: self.disk_full_runs(tmpfs_ok))
+        self.attempt("two runs at once on a fresh folder", "all", self.concurrent_runs)
+        self.compared = saved
+
+
+def watch(harness: Harness, run: Run, stages: tuple[str, ...]) -> int:
+    """Let the run end by itself, noting when it opens each stage; returns its exit status."""
+    while run.alive():
+        for stage in stages:
+            run.has_opened(stage)
+        time.sleep(0.02)
+    return harness.finish(run)
+
+
+def _failed_in(run: Run) -> str:
+    """The stage a failed run was in: the last one it was seen to open (``watch``)."""
+    return max(run.opened, key=run.opened.get) if run.opened else "before any stage"
+
+
+def _files(folder: Path) -> list[Path]:
+    """Files under ``folder``; those removed while it is walked are left out."""
+    out = []
+    for dirpath, _, names in os.walk(folder):
+        out += [Path(dirpath) / n for n in names]
+    return out
 
 
 def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    total = 0
+    for p in _files(path):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def _mount_tmpfs(folder: Path, size: int) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
 
 
 def _can_mount(work: Path) -> bool:
@@ -583,48 +1136,41 @@ def reference_run(harness: Harness, runs: Path) -> tuple[dict[str, str], dict[st
     started = None
     if not (runs / "done").is_file():
         shutil.rmtree(runs, ignore_errors=True)
-        run = harness.start(runs)
+        run = harness.start(runs, until=None)
         started = time.monotonic()
         rc = harness.finish(run)
         if rc != 0:
             sys.exit(f"reference run failed (exit {rc}); log {run.log}:\n{run.output()[-3000:]}")
         (runs / "done").touch()
     keys, wall = {}, {}
-    for stage in STAGES:
-        (folder,) = [p for p in (runs / "artifacts" / stage).iterdir() if not p.name.startswith(".")]
-        keys[stage] = folder.name
-        wall[stage] = float(json.loads((folder / "meta.json").read_text())["wall_s"])
+    for stage in harness.stages:
+        (name,) = [n for n in _names(runs / "artifacts" / stage) if not n.startswith(".")]
+        keys[stage] = name
+        wall[stage] = float(json.loads((runs / "artifacts" / stage / name / "meta.json").read_text())["wall_s"])
     return keys, wall, None if started is None else time.monotonic() - started
 
 
-def plan_rounds(trials: int, rng: random.Random, stage: str | None = None, per_round: int = 2) -> list[list[str]]:
-    """Every stage once per full round (in stage order); the remainder a seeded random subset. Aimed at one
-    ``stage``: rounds of ``per_round`` kills in that stage (each rerun resumes what the killed run left)."""
-    if stage is not None:
-        return [[stage] * min(per_round, trials - i) for i in range(0, trials, per_round)]
-    rounds = [list(STAGES) for _ in range(trials // len(STAGES))]
-    if trials % len(STAGES):
-        rounds.append(sorted(rng.sample(STAGES, trials % len(STAGES)), key=STAGES.index))
-    return rounds
-
-
 def main() -> None:
+    stages = registry_stages()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=20, help="random kills (spread over every stage)")
+    parser.add_argument("--trials", type=int, default=20,
+                        help="random kills to land, spread evenly over the stages (the remainder on a seeded random "
+                             "subset); with --stage, all in that stage")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, default=None,
                         help="work folder to keep (default: a temp folder, removed); reference runs finished there "
                              "by an earlier call are reused")
     parser.add_argument("--config", default="configs/smoke.toml")
-    parser.add_argument("--stage", choices=STAGES, default=None,
+    parser.add_argument("--stage", choices=stages, default=None,
                         help="aim every random kill at this stage (runs stop after it; upstream artifacts are reused "
-                             "between rounds); the targeted main-stage faults run only with --stage main or without "
-                             "--stage")
+                             "between rounds); the targeted faults run only with --stage main or without --stage")
     parser.add_argument("--kills-per-round", type=int, default=2,
                         help="with --stage: kills in the stage before a run is let finish (default 2)")
+    parser.add_argument("--no-targeted", action="store_true", help="random kills only")
+    parser.add_argument("--record", type=Path, default=None, help="write the campaign as JSON to this file")
     args = parser.parse_args()
-    if args.trials < 1:
-        parser.error(f"--trials {args.trials}: give at least 1 (the reliability check wants ≥ 20)")
+    if args.trials < 0:
+        parser.error(f"--trials {args.trials}: give 0 or more")
     if args.kills_per_round < 1:
         parser.error(f"--kills-per-round {args.kills_per_round}: give at least 1")
 
@@ -632,56 +1178,96 @@ def main() -> None:
     work = (args.keep or Path(tempfile.mkdtemp(prefix="pretrain-faults-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    harness = Harness(work, args.config)
+    harness = Harness(work, args.config, stages)
     experiment = _experiment_name(args.config)
+    failed = True
     try:
         print(f"config {args.config}, seed {args.seed}, work folder {work}")
+        print(f"stages ({len(stages)}, from flows.registry): {', '.join(stages)}")
         keys, wall, ref_s = reference_run(harness, work / "ref-a")
-        print(f"reference run: {_took(ref_s)}; stage wall times (s): " + ", ".join(f"{s} {wall[s]:.1f}" for s in STAGES))
+        print(f"reference run: {_took(ref_s)}; stage wall times (s): " + ", ".join(f"{s} {wall[s]:.1f}" for s in stages))
         keys_b, _, ref_b_s = reference_run(harness, work / "ref-b")
-        reference = artifact_hashes(work / "ref-a", keys)
-        second = artifact_hashes(work / "ref-b", keys_b)
-        same = [s for s in STAGES if reference[s] == second[s]]
+        reference = artifact_digests(work / "ref-a", keys, stages)
+        second = artifact_digests(work / "ref-b", keys_b, stages)
+        unequal = {s: digest_diff(second[s], reference[s]) for s in stages if digest_diff(second[s], reference[s])}
         print(f"second reference run (fresh folder): {_took(ref_b_s)}; keys equal: {keys == keys_b}; "
-              f"content equal: {len(same)}/{len(STAGES)} artifacts")
-        if len(same) != len(STAGES) or keys != keys_b:
-            for s in STAGES:
-                if reference[s] != second[s]:
-                    print(f"  NONDETERMINISTIC {s}: {reference[s]} vs {second[s]}")
+              f"content equal: {len(stages) - len(unequal)}/{len(stages)} artifacts")
+        if unequal or keys != keys_b:
+            for s, files in unequal.items():
+                print(f"  NONDETERMINISTIC {s}: {', '.join(files)}")
             sys.exit(1)
+        main_run = json.loads((work / "ref-a" / "artifacts" / "main" / keys["main"] / "run.json").read_text()) \
+            if "main" in keys else {}
 
         harness.until = args.stage
-        campaign = Campaign(harness, work / "trials", reference, keys, wall, experiment, rng)
-        plan = lambda n: plan_rounds(n, rng, args.stage, args.kills_per_round)  # noqa: E731
-        rounds, number = plan(args.trials), 0
+        campaign = Campaign(harness, work / "trials", reference, keys, wall, experiment, rng, main_run)
+        wanted = wanted_kills(args.trials, stages, rng, args.stage)
+        landed = lambda: Counter(f.landed for f in campaign.faults if f.kind == RANDOM_KILL)  # noqa: E731
+        deficit = lambda: {s: n - landed()[s] for s, n in wanted.items() if n > landed()[s]}  # noqa: E731
+        rounds, number = plan_rounds(deficit(), stages, args.kills_per_round, args.stage), 0
         while rounds:
             number += 1
             before = len(campaign.faults)
             campaign.round(number, rounds.pop(0))
-            print(f"round {number}: killed in {', '.join(f.landed for f in campaign.faults[before:])}; "
+            print(f"round {number}: killed in {', '.join(f.landed for f in campaign.faults[before:]) or 'none'}; "
                   f"mismatches so far {len(campaign.mismatches)}")
-            # A soak counts only the kills that landed inside its stage (one that came after the commit does not).
-            missing = args.trials - sum(f.kind == RANDOM_KILL and (args.stage is None or f.landed == args.stage)
-                                        for f in campaign.faults)
-            if number >= 5 * args.trials:
-                campaign.problems.append(f"only {args.trials - missing} of {args.trials} kills landed where aimed "
-                                         f"after {number} rounds")
-            elif not rounds and missing > 0 and not campaign.problems:  # kills that came too late or were skipped
-                rounds = plan(missing)
-        if args.stage in (None, "main"):
-            harness.until = None  # the targeted faults run through CPT
-            campaign.compared = STAGES
+            if not rounds and deficit():  # kills that came too late, landed elsewhere or were skipped
+                if number >= 5 * max(1, args.trials):
+                    campaign.problems.append(f"after {number} rounds, kills still wanted in: " +
+                                             ", ".join(f"{s} {n}" for s, n in deficit().items()))
+                    break
+                rounds = plan_rounds(deficit(), stages, args.kills_per_round, args.stage)
+        if not args.no_targeted and args.stage in (None, "main"):
             campaign.targeted(_can_mount(work))
+        campaign.check_resume_lines()
         lost_refs = [documents_lost(work / name, keys_of) for name, keys_of in (("ref-a", keys), ("ref-b", keys_b))]
         for lost in lost_refs:
             for source, n in lost.items():
                 campaign.lost[source] = campaign.lost.get(source, 0) + n
-        report(campaign, harness, len(lost_refs), time.monotonic() - started)
-        failed = campaign.mismatches or any(campaign.lost.values()) or campaign.problems or harness.orphans
+        problems = all_problems(campaign, harness)
+        wall_s = time.monotonic() - started
+        report(campaign, harness, len(lost_refs), wall_s, problems)
+        if args.record:
+            write_record(args.record, args, campaign, harness, problems, wall_s)
+            print(f"record: {args.record}")
+        failed = bool(problems)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     sys.exit(1 if failed else 0)
+
+
+def all_problems(campaign: Campaign, harness: Harness) -> list[str]:
+    """Everything that makes the campaign fail, one line each."""
+    return ([f"mismatch: {m}" for m in campaign.mismatches]
+            + [f"documents lost in {s}: {n}" for s, n in campaign.lost.items() if n]
+            + list(campaign.problems)
+            + [f"process left after a kill: {p}" for p in harness.orphans])
+
+
+def write_record(path: Path, args: argparse.Namespace, campaign: Campaign, harness: Harness, problems: list[str],
+                 wall_s: float) -> None:
+    covered = covered_stages(campaign.faults, campaign.stages)
+    record = {
+        "config": args.config, "seed": args.seed, "trials": args.trials, "stage": args.stage,
+        "stages": list(campaign.stages),
+        "faults": [asdict(f) for f in campaign.faults],
+        "totals": {
+            "faults": len(campaign.faults),
+            "landed": dict(Counter(f.landed for f in campaign.faults)),
+            "random_kills_landed": dict(Counter(f.landed for f in campaign.faults if f.kind == RANDOM_KILL)),
+            "recovered": sum(f.outcome == "recovered" for f in campaign.faults),
+            "too_late": campaign.too_late, "skipped": campaign.skipped,
+            "comparisons": campaign.comparisons, "mismatches": len(campaign.mismatches),
+            "documents_lost": dict(campaign.lost), "orphans": list(harness.orphans),
+            "runs": len(harness.run_wall), "stages_covered": covered,
+            "covered": f"{len(covered)} of {len(campaign.stages)}",
+            "problems": len(problems), "wall_s": round(wall_s, 1),
+        },
+        "problems": problems,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
 
 
 def _took(seconds: float | None) -> str:
@@ -694,30 +1280,32 @@ def _experiment_name(config: str) -> str:
     return tomllib.loads((ROOT / config).read_text())["name"]
 
 
-def report(campaign: Campaign, harness: Harness, reference_builds: int, wall_s: float) -> None:
-    faults = campaign.faults
+def report(campaign: Campaign, harness: Harness, reference_builds: int, wall_s: float, problems: list[str]) -> None:
+    faults, stages = campaign.faults, campaign.stages
     print()
     print(f"faults injected: {len(faults)}")
     kinds = list(dict.fromkeys(f.kind for f in faults))
     counts = Counter((f.kind, f.landed) for f in faults)
-    columns = [*STAGES, "between stages", "missed"]
+    columns = [*stages, "all", "between stages", "missed", "not run"]
     columns = [c for c in columns if any(counts[(k, c)] for k in kinds)]
-    print(f"  {'kind (by the stage it hit)':<34}" + "".join(f"{c.split()[0][:9]:>10}" for c in columns)
+    print(f"  {'kind (by the stage it hit)':<36}" + "".join(f"{c.split()[0][:9]:>10}" for c in columns)
           + f"{'total':>8}")
     for kind in kinds:
-        print(f"  {kind:<34}" + "".join(f"{counts[(kind, c)]:>10}" for c in columns)
+        print(f"  {kind:<36}" + "".join(f"{counts[(kind, c)]:>10}" for c in columns)
               + f"{sum(f.kind == kind for f in faults):>8}")
     for fault in faults:
         if fault.kind != RANDOM_KILL:
-            print(f"  - {fault.kind}: {fault.detail}")
+            print(f"  - {fault.kind} [{fault.outcome}, {fault.landed}]: {fault.detail}")
     if campaign.too_late or campaign.skipped:
         print(f"  (not counted: {campaign.too_late} kill(s) whose run had ended before the delay was up, and "
               f"{campaign.skipped} target(s) already complete because an earlier kill of the round landed after them)")
-    recovered = sum(bool(f.recovered) for f in faults)
+    recovered = sum(f.outcome == "recovered" for f in faults)
     print(f"runs recovered: {recovered}/{len(faults)} (the next run of the same command finished the faulted stage; "
           f"{len(harness.run_wall)} runs in all)")
-    print(f"stale Prefect results present for a stage without its artifact: {campaign.stale_checked} (all recomputed)"
-          if not campaign.problems else f"stale Prefect results present: {campaign.stale_checked}")
+    said = [f for f in faults if is_kill(f) and f.outcome == "recovered" and f.landed in stages]
+    print(f"reruns that said what they resumed from: {sum(f.resumed_from is not None for f in said)}/{len(said)}"
+          + "".join(f"\n  e.g. {f.resumed_from!r}" for f in said[:1] if f.resumed_from))
+    print(f"stale Prefect results present for a stage without its artifact: {campaign.stale_checked}")
     print(f"mismatching artifacts: {len(campaign.mismatches)} (of {campaign.comparisons} compared with the reference)")
     for line in campaign.mismatches:
         print(f"  {line}")
@@ -727,6 +1315,10 @@ def report(campaign: Campaign, harness: Harness, reference_builds: int, wall_s: 
     print(f"processes left after a kill: {len(harness.orphans)}" + "".join(f"\n  {p}" for p in harness.orphans))
     for problem in campaign.problems:
         print(f"problem: {problem}")
+    covered = covered_stages(faults, stages)
+    print(f"stages covered: {len(covered)} of {len(stages)}"
+          + (f" (not: {', '.join(s for s in stages if s not in covered)})" if len(covered) < len(stages) else ""))
+    print(f"problems: {len(problems)}")
     print(f"wall time: {wall_s / 60:.1f} min")
 
 

@@ -212,7 +212,7 @@ def headline_metrics(report: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v is not None}
 
 
-@flow(name="pretrain-audit", log_prints=True)
+@flow(name="pretrain-audit")
 def audit(config_path: str, runs_dir: str, sources: list[str] | None = None,
           options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Audit the filters on each named source (default: every source of the config).

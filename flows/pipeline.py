@@ -11,6 +11,7 @@ This module must be imported after ``RunsLayout.prepare_environment()`` (Prefect
 
 
 import logging
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
 from infra.shard_map import RAY_CALLS_FILE, shard_map_for
 from infra.runs import RunsLayout
-from infra.stage import Stage, StageContext
+from infra.stage import Stage, StageContext, scratch_folder
 from infra.threads import ThreadPolicy, thread_policy
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
@@ -87,6 +88,9 @@ def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], m
 
 def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: dict[str, Any]) -> dict:
     stage = get_stage(name)
+    note = _interrupted_attempt(name, key, env)
+    if note:
+        print(note)
     tmp = env.store.begin(name, key)
     ctx = StageContext(
         out=tmp, inputs=input_paths, layout=env.layout, key=key, key_config=meta["config"], experiment=env.cfg.name,
@@ -109,7 +113,29 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
         raise
     artifact = env.store.commit(name, key, tmp, {**meta, "summary": summary, "wall_s": time.perf_counter() - started,
                                                    "threads": env.threads.params()})
+    # Only now: a kill between the stage's end and the commit must find its checkpoints and journals again.
+    shutil.rmtree(scratch_folder(env.layout.root, name, key), ignore_errors=True)
     return {"key": key, "path": str(artifact.path), "computed": True}
+
+
+def _interrupted_attempt(name: str, key: str, env: Env) -> str | None:
+    """One line saying what this attempt resumes from, when an earlier attempt at the artifact was interrupted
+    (its ``.tmp-<key>-*`` folder remains, or its scratch folder holds files); removes the dead attempt's folders.
+
+    Called under the artifact's lease, so no live process is writing a ``.tmp`` folder of this key.
+    """
+    stale = [p for p in (env.store.root / name).glob(f".tmp-{key}-*") if p.is_dir()]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    folder = scratch_folder(env.layout.root, name, key)
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    if files:
+        mib = sum(p.stat().st_size for p in files) / 2**20
+        return (f"{name}: resuming after an interrupted attempt, which left {len(files)} file(s) ({mib:.1f} MiB) in "
+                f"{folder.relative_to(env.layout.root)}; the stage reuses what in them is complete")
+    if stale:
+        return f"{name}: an earlier attempt was interrupted before it left anything resumable; computing from the start"
+    return None
 
 
 def _log_child(env: Env, stage_run_id: str, name: str, params: dict, rows: list[dict]) -> None:
@@ -163,7 +189,9 @@ def record_failure(tracker: Tracker, run_id: str, err: BaseException, what: str)
             type(secondary).__name__, " ".join(str(secondary).split())[:300])
 
 
-@flow(name="pretrain-pipeline", log_prints=True)
+# No log_prints: a stage's own lines (resume notes, warnings) go to the run's stdout, where the user and a worker's
+# log see them; as Prefect INFO records they would sit below the WARNING level the CLI keeps Prefect at.
+@flow(name="pretrain-pipeline")
 def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = None, until: StageName | None = None,
              seed: int | None = None, launch: Literal["inprocess", "accelerate"] | None = None,
              processes: int | None = None, accelerate_config: str | None = None) -> dict[str, Any]:

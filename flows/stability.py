@@ -31,7 +31,7 @@ from tasks.train.corpus import TokenizedCorpus
 from tasks.train.runner import make_sampler
 
 
-@flow(name="pretrain-stability", log_prints=True)
+@flow(name="pretrain-stability")
 def stability(config_path: str, runs_dir: str) -> dict[str, Any]:
     """Run the grid; returns {experiment, mlflow_run_id, rows}.
 

@@ -78,9 +78,15 @@ class StageContext:
 
     @property
     def scratch(self) -> Path:
-        """Per-key scratch folder that survives a crash (resumable checkpoints); removed by the caller on success.
+        """Per-key scratch folder that survives a crash (resumable checkpoints, journals); the pipeline removes it
+        once the artifact is committed, never the stage (a kill between the two must still find it).
         Raises ``RunsFolderError`` when a file is in its way."""
-        return ensure_folder(self.layout.root / "scratch" / self.out.parent.name / self.key)
+        return ensure_folder(scratch_folder(self.layout.root, self.out.parent.name, self.key))
+
+
+def scratch_folder(runs: Path, stage: str, key: str) -> Path:
+    """``<runs>/scratch/<stage>/<key>``: where a stage keeps what lets a killed attempt resume."""
+    return Path(runs) / "scratch" / stage / key
 
 
 # --------------------------------------------------------------------------- a stage's face

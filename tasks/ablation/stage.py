@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +115,6 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     }
     (ctx.out / "ablation.json").write_text(json.dumps(record, indent=2, default=float))
     plot_ablation(table, ctx.out / "ablation.png")
-    shutil.rmtree(ctx.scratch, ignore_errors=True)  # the joined shards and the arms' windows served their purpose
     return {"requested": True, "verdicts": record["verdicts"], "overall": overall["verdict"],
             "overall_delta_bpb": overall["delta_bpb"], "readded_docs": record["readded_docs"]}
 

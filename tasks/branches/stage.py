@@ -25,7 +25,6 @@ mixtures, the branch list, the main run's own held-out bits per byte). Not reque
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -128,7 +127,8 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
               "decay_shape": main.budget.decay_shape, "min_lr_ratio": main.min_lr_ratio, "mixtures": mixtures,
               "branches": listed, "main_run": _main_run_bpb(Path(ctx.inputs["main"]))}
     (ctx.out / "branches.json").write_text(json.dumps(record, indent=2))
-    shutil.rmtree(scratch, ignore_errors=True)
+    if cache.reused:
+        print(f"branches: {cache.computed} branch run(s) trained, {cache.reused} reused from runs/cache/branches")
     # How many this call trained vs read back is run history (meta.json), not the result.
     return {"requested": True, "branches": len(listed), "computed": cache.computed, "reused": cache.reused,
             "stable_steps_trained": stable_trained, "trunk_key": trunk}

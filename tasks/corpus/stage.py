@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,7 +55,6 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
     manifest = build_manifest(described, docs_paths, [rejects_path], [kept_path], [removals_path], result, cfg,
                               eval_items)
     (ctx.out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    shutil.rmtree(work, ignore_errors=True)
     warnings = [w for s in manifest["sources"].values() for w in s["warnings"]]
     n_docs = sum(_rows(f) for f in docs_paths) + _rows(rejects_path)
     return {"docs_in": int(n_docs), "docs_out": _rows(kept_path), "removed": _rows(removals_path),

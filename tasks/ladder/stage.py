@@ -108,6 +108,8 @@ def run(ctx: StageContext, cfg: LadderConfig, main: MainConfig, proxy: ProxyConf
             rung = Rung(width, shape, rung_budget(main, steps, batch), lr, lr_from)
             rows.append(_score(ctx, trainer, rung, corpus.vocab_size, general, held, index))
             advance(1)
+    if trainer.reused:
+        print(f"ladder: {trainer.trained} rung(s) trained, {trainer.reused} reused from runs/cache/ladder")
     points = pd.DataFrame(rows)
     target = _target(main, corpus.vocab_size, general, best)
     forecast, points = _forecast(points, cfg, target, holdout_rule, seed=ctx.seed)

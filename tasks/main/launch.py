@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -110,9 +109,7 @@ def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], pro
     for line in log_path.read_text(errors="replace").splitlines():
         if line.startswith(("warning:", "main:")) or "resuming from step" in line:
             print(line)
-    summary = json.loads((Path(job.out) / "run.json").read_text())
-    shutil.rmtree(job.scratch, ignore_errors=True)  # checkpoints and the launch folder: the artifact is complete
-    return summary
+    return json.loads((Path(job.out) / "run.json").read_text())
 
 
 def _forward(path: Path, offset: int, log_metrics: Callable[[dict, int], None], advance: Callable[[int], None]) -> int:

@@ -21,7 +21,6 @@ from the newest of those at or before its own decay start: growing the budget re
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,9 +110,7 @@ def run(ctx: StageContext, cfg: MainConfig, *, sources: list[str], max_epochs: f
         worker = threads.split(cfg.distributed.processes)  # the run's threads, shared among its workers
         job.torch_threads = worker.torch_threads
         return launch(job, cfg.distributed, log_metrics=ctx.log_metrics, progress=ctx.progress, threads=worker)
-    summary = train_main(job, log_metrics=ctx.log_metrics, progress=ctx.progress, accelerator=local_accelerator())
-    shutil.rmtree(ctx.scratch, ignore_errors=True)  # a launched run's scratch is the launcher's to remove
-    return summary
+    return train_main(job, log_metrics=ctx.log_metrics, progress=ctx.progress, accelerator=local_accelerator())
 
 
 def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, accelerator: Accelerator) -> dict:

@@ -131,6 +131,8 @@ def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: l
                                        proxy.model.d_model, cfg.transfer_model.d_model)
     (ctx.out / "choice.json").write_text(dumps(result, indent=2, default=str))
     plot_trials(trials, ctx.out / "mixture_loss.png")
+    if trainer.reused:
+        print(f"mixture: {trainer.trained} proxy run(s) trained, {trainer.reused} reused from runs/cache/proxies")
     margin = decision.margin
     summary = {"chosen": decision.choice, "weights": by_name[decision.choice].weights,
                "margin": decision.selection.margin, "verdict": decision.verdict,

@@ -122,6 +122,9 @@ def run_sweep(
         direction="minimize", load_if_exists=True,
     )
     fail_stale_trials(study)
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    if done:
+        print(f"sweep: resuming study {study_name}: {done} of {cfg.n_trials} trial(s) already complete or pruned")
     run_trial = _trial_runner(objective, cfg)
     # A queued retry (WAITING) is not counted, so the loop goes on until it has run (optimize takes it first).
     while sum(counts_towards_n_trials(t) for t in study.get_trials(deepcopy=False)) < cfg.n_trials:

@@ -166,6 +166,5 @@ def _pack(ctx: StageContext, cfg: TokenizerConfig, tok: Tokenizer, kept: pd.Data
         headers = pack_shards(groups, tokenizer_path=ctx.out / "tokenizer.json", out=ctx.out,
                               work=ctx.scratch / "encode", part_docs=cfg.execution.part_docs, meta=meta,
                               tokenizer_vocab=vocab_span(tok), shard_map=shard_map, advance=advance)
-    shutil.rmtree(ctx.scratch, ignore_errors=True)
     headers.to_parquet(ctx.out / "shards.parquet", index=False)
     return headers

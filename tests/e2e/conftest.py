@@ -1,18 +1,24 @@
 """Shared by the end-to-end tests: the ``pretrain`` CLI in a subprocess, and one completed smoke run per session.
 
-Tests that change a runs folder copy ``smoke_runs["runs"]`` first (``shutil.copytree``); the original stays as the
-two runs (cold, then fully cached) made it.
+The smoke runs folder is made once per session, also under pytest-xdist: the first worker to ask makes it under a
+file lock in the session's shared temporary folder, and every worker then works on its own copy, so a test that
+writes into ``smoke_runs["runs"]`` (MLflow, DuckDB) never meets another worker's writes. Tests that change a runs
+folder copy ``smoke_runs["runs"]`` first (``shutil.copytree``); the worker's copy stays as the two runs (cold, then
+fully cached) made it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,9 +39,28 @@ def stage_status(stdout: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(cached|ran)", line))
 
 
-@pytest.fixture(scope="session")
-def smoke_runs(tmp_path_factory) -> dict:
-    runs = tmp_path_factory.mktemp("runs")
+def _make_smoke_runs(runs: Path) -> dict:
+    """Two runs of configs/smoke.toml into ``runs``: cold, then fully cached."""
     first = pretrain("run", "configs/smoke.toml", runs=runs)
     second = pretrain("run", "configs/smoke.toml", runs=runs)
     return {"runs": runs, "first": first, "second": second}
+
+
+@pytest.fixture(scope="session")
+def smoke_runs(tmp_path_factory) -> dict:
+    """{"runs": this worker's smoke runs folder, "first"/"second": the two runs' CompletedProcess}."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _make_smoke_runs(tmp_path_factory.mktemp("runs"))
+    shared = tmp_path_factory.getbasetemp().parent  # the session's folder, common to all workers
+    record = shared / "smoke_runs.json"
+    with FileLock(str(shared / "smoke_runs.lock")):
+        if not record.exists():
+            made = _make_smoke_runs(shared / "smoke" / "runs")
+            record.write_text(json.dumps({name: {"args": made[name].args, "returncode": made[name].returncode,
+                                                 "stdout": made[name].stdout, "stderr": made[name].stderr}
+                                          for name in ("first", "second")}))
+    runs = tmp_path_factory.mktemp("smoke") / "runs"
+    shutil.copytree(shared / "smoke" / "runs", runs)
+    procs = {name: subprocess.CompletedProcess(p["args"], p["returncode"], p["stdout"], p["stderr"])
+             for name, p in json.loads(record.read_text()).items()}
+    return {"runs": runs, **procs}

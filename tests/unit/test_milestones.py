@@ -14,11 +14,10 @@ from infra.errors import CheckpointError
 from infra.runs import RunsLayout
 from infra.stage import StageContext
 from tasks.train.milestones import available_checkpoints, named_checkpoint, resolve_named
-from tasks.main.stage import run
 from tasks.train.checkpoint import load_model, verify_checkpoint
 from tasks.train.sections import MainConfig, ModelShape, RunBudget
 
-from tests.unit.toy_inputs import write_toy_inputs
+from tests.unit.toy_inputs import run_main as run, write_toy_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = MainConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, seq_len=8),

@@ -1,7 +1,8 @@
 """A stage defined in one folder and registered with one line runs through the real flow: Prefect task, artifact
 with its marker, nested MLflow run, DuckDB rows, a cached rerun, and its own sections of the console summary and
-the report."""
+the report. Its scratch folder outlives a commit that fails and is removed by the pipeline once one succeeds."""
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,15 @@ from mlflow.tracking import MlflowClient
 ROOT = Path(__file__).resolve().parents[2]
 
 RUN = """
-import json, sys
+import json, os, sys
+if os.environ.get("TOY_FAIL_COMMIT"):  # the commit fails as a kill or a full disk would make it
+    from infra.artifacts import ArtifactStore
+    real = ArtifactStore.commit
+    def failing(self, stage, key, tmp, meta):
+        if stage == "wordcount":
+            raise OSError("commit failed on purpose")
+        return real(self, stage, key, tmp, meta)
+    ArtifactStore.commit = failing
 from flows.registry import register
 from tests.unit.toy_stage.definition import STAGE
 register(STAGE, after="sources")
@@ -34,34 +43,51 @@ print("RESULT", json.dumps({"cached": result["cached"], "keys": result["keys"], 
 """
 
 
-def _run(runs: Path) -> dict:
+def _run(runs: Path, fail_commit: bool = False) -> dict:
     import json
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "TOY_"))}
+    if fail_commit:
+        env["TOY_FAIL_COMMIT"] = "1"
     proc = subprocess.run([sys.executable, "-c", RUN, str(runs)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
+    if fail_commit:
+        assert proc.returncode != 0 and "commit failed on purpose" in proc.stdout + proc.stderr
+        return {}
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return {**json.loads(line.removeprefix("RESULT ")), "stdout": proc.stdout}
 
 
 def test_a_registered_toy_stage_runs_through_the_real_flow(tmp_path):
     runs = tmp_path / "runs"
+    _run(runs, fail_commit=True)
+    (journal,) = (runs / "scratch" / "wordcount").glob("*/journal.txt")  # the failed commit left it
+    assert not list((runs / "artifacts" / "wordcount").glob("*/_COMPLETE"))
+
     first = _run(runs)
-    assert first["cached"] == {"sources": False, "wordcount": False}
+    assert first["cached"] == {"sources": True, "wordcount": False}
     key = first["keys"]["wordcount"]
+    assert journal.parent.name == key
     artifact = runs / "artifacts" / "wordcount" / key
     assert (artifact / "_COMPLETE").is_file() and (artifact / "word_counts.parquet").is_file()
+    meta = json.loads((artifact / "meta.json").read_text())
+    assert meta["summary"]["resumed"] is True  # the attempt after the failed commit found the journal
+    assert (f"wordcount: resuming after an interrupted attempt, which left 1 file(s) (0.0 MiB) in "
+            f"scratch/wordcount/{key}") in first["stdout"]
+    assert not journal.parent.exists()  # removed by the pipeline after the commit
 
     with duckdb.connect(str(runs / "results.duckdb"), read_only=True) as con:
         rows = con.execute("SELECT source, n_words FROM toy_word_counts WHERE artifact_key = ?", [key]).fetchall()
         stages = con.execute("SELECT stage FROM stage_runs ORDER BY recorded_at").fetchall()
     assert len(rows) == 5 and all(n > 0 for _, n in rows)
-    assert [s for (s,) in stages] == ["sources", "wordcount"]
+    assert [s for (s,) in stages] == ["sources", "sources", "wordcount"]  # the failed run published sources
 
     client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("smoke").experiment_id],
-                                filter_string="tags.stage = 'wordcount'")
+    runs_of_stage = client.search_runs([client.get_experiment_by_name("smoke").experiment_id],
+                                       filter_string="tags.stage = 'wordcount'", order_by=["attributes.start_time"])
+    assert [r.info.status for r in runs_of_stage] == ["FAILED", "FINISHED"]
+    run = runs_of_stage[1]
     assert run.data.tags["artifact_key"] == key and run.data.params["toy.sources"] == "5"
     assert {f"words.{source}" for source, _ in rows} <= set(run.data.metrics)
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["word_counts.parquet"]
@@ -74,4 +100,5 @@ def test_a_registered_toy_stage_runs_through_the_real_flow(tmp_path):
     assert "| source | n_docs | n_words |" in first["report"]
 
     again = _run(runs)
+    assert "resuming" not in again["stdout"]
     assert again["cached"] == {"sources": True, "wordcount": True} and again["keys"] == first["keys"]

@@ -18,7 +18,6 @@ from infra.section import key_dump
 from infra.stage import StageContext
 from models.config import ModelConfig
 from models.decoder import Decoder
-from tasks.main.stage import run
 from tasks.train.checkpoint import Checkpointer, load_model
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
@@ -240,7 +239,7 @@ def test_every_budget_trains_under_its_schedule_through_run_training():
 
 # --------------------------------------------------------------------------- the main stage under WSD
 
-from tests.unit.toy_inputs import write_toy_inputs  # noqa: E402
+from tests.unit.toy_inputs import run_main as run, write_toy_inputs  # noqa: E402
 WSD_MAIN = MainConfig(model=ModelShape(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, seq_len=8),
                       budget=RunBudget(steps=10, batch_size=2, warmup_steps=1, eval_tokens=64, schedule="wsd",
                                        decay_fraction=0.3),  # K = 3: stable to step 7, decay over 8..10

@@ -4,6 +4,7 @@ file) with sources a and b, and a mixture choice of both at equal weights."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,17 @@ import pandas as pd
 from tasks.train.shards import write_shard
 
 VOCAB, TOKENIZER_HASH = 64, "synthetic"
+
+
+def run_main(ctx, cfg, **kwargs) -> dict:
+    """``tasks.main.stage.run``, then what the pipeline does once the artifact is committed: remove the key's
+    scratch folder (a stage never removes its own; a later attempt of the same key would resume from it)."""
+    from infra.stage import scratch_folder
+    from tasks.main.stage import run
+
+    summary = run(ctx, cfg, **kwargs)
+    shutil.rmtree(scratch_folder(ctx.layout.root, "main", ctx.key), ignore_errors=True)
+    return summary
 
 
 def write_toy_inputs(root: Path, train_tokens: dict[str, int], heldout_tokens: int = 80) -> dict[str, Path]:

@@ -14,13 +14,17 @@ from infra.stage import PublishContext, Published, ReportContext, Stage, StageCo
 
 
 def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
+    # A journal in scratch, as resumable stages keep one: an attempt that finds it says it resumed.
+    journal = ctx.scratch / "journal.txt"
+    resumed = journal.is_file()
+    journal.write_text("counted\n")
     rows = []
     for path in sorted((ctx.inputs["sources"] / "docs").glob("*.parquet")):
         docs = pd.read_parquet(path, columns=["content"])
         rows.append({"source": path.stem, "n_docs": len(docs),
                      "n_words": int(docs["content"].fillna("").str.split().str.len().sum())})
     pd.DataFrame(rows).to_parquet(ctx.out / "word_counts.parquet", index=False)
-    return {"n_sources": len(rows), "n_words": sum(r["n_words"] for r in rows)}
+    return {"n_sources": len(rows), "n_words": sum(r["n_words"] for r in rows), "resumed": resumed}
 
 
 def check(out, cfg: Any) -> None:

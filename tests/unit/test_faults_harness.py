@@ -1,0 +1,110 @@
+"""The fault-injection harness's (benchmarks/faults.py) own logic: the stage list, main's resume rule, what counts as
+an artifact's content, the kill plan and what counts as a covered stage."""
+
+import json
+import random
+import sys
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import faults  # noqa: E402
+
+
+def test_the_stages_are_the_registrys_in_order():
+    from flows.registry import stage_names
+
+    assert faults.registry_stages() == stage_names()
+
+
+def test_main_resumes_from_newest_scratch_else_stable_phase_at_or_before_the_decay_start():
+    assert faults.expected_resume([0, 8], [6, 10, 13], 13) == (8, "scratch")
+    assert faults.expected_resume([], [6, 10, 13], 13) == (13, "stable")
+    assert faults.expected_resume([], [6, 10, 13], 9) == (6, "stable")
+    assert faults.expected_resume([], [], 13) == (0, "")
+    assert faults.expected_resume([], [6], None) == (0, "")  # cosine: no stable phase
+
+
+def test_content_leaves_out_when_how_long_and_how_a_rerun_got_there_but_not_data_keys():
+    run = {"steps": 16, "train_wall_s": 4.3, "resumed_from_step": 13, "resumed_from": "stable", "decided_at": "x",
+           "host": "debian.org", "doc_id": 3, "base": "/tmp/r1/artifacts/main/k", "rungs": {"trained": 1, "reused": 3}}
+    assert faults.normalise(run, "/tmp/r1") == {"steps": 16, "host": "debian.org", "doc_id": 3,
+                                                "base": "<runs>/artifacts/main/k", "rungs": {}}
+    vocab = {f"t{i}": i for i in range(faults.RECORD_KEYS)} | {"_at": 999}  # a vocabulary's keys are content
+    assert faults.normalise(vocab)["_at"] == 999
+
+
+def test_a_table_is_the_multiset_of_its_rows_without_timing_columns():
+    a = pd.DataFrame({"doc_id": [1, 2], "text": ["a", "b"], "wall_s": [0.1, 0.2], "tags": [[1], [2]]})
+    b = pd.DataFrame({"doc_id": [2, 1], "text": ["b", "a"], "wall_s": [9.0, 9.0], "tags": [[2], [1]]})
+    assert faults.frame_digest(a) == faults.frame_digest(b)
+    assert faults.frame_digest(a) != faults.frame_digest(b.assign(text=["b", "z"]))
+
+
+def test_zip_containers_compare_by_member_content_not_dates_or_object_ids(tmp_path):
+    def skops_like(path: Path, object_id: int, value: bytes) -> Path:
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr(f"{object_id}.npy", value)
+            archive.writestr("schema.json", json.dumps({"array": f"{object_id}.npy", "__id__": object_id}))
+        return path
+
+    one, two = skops_like(tmp_path / "a.skops", 1401, b"x"), skops_like(tmp_path / "b.skops", 9902, b"x")
+    assert faults.file_digest(one) == faults.file_digest(two)
+    assert faults.file_digest(one) != faults.file_digest(skops_like(tmp_path / "c.skops", 1401, b"y"))
+
+
+def test_an_artifact_differs_by_the_files_named(tmp_path):
+    for name, loss in (("a", 5.9), ("b", 6.1)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"loss": 5.9, "train_wall_s": loss}))
+        (tmp_path / name / "meta.json").write_text(json.dumps({"key": name}))
+        (tmp_path / name / "heldout.bin").write_bytes(name.encode())
+    a, b = faults.artifact_digest(tmp_path / "a"), faults.artifact_digest(tmp_path / "b")
+    assert sorted(a) == ["heldout.bin", "run.json"]
+    assert faults.digest_diff(b, a) == ["heldout.bin"]
+    assert faults.digest_diff(None, a) == ["missing"]
+
+
+def test_kills_are_spread_over_every_stage_and_replanned_where_they_did_not_land():
+    stages = ("a", "b", "c")
+    wanted = faults.wanted_kills(7, stages, random.Random(0))
+    assert sum(wanted.values()) == 7 and min(wanted.values()) == 2
+    assert faults.plan_rounds({"a": 2, "c": 1}, stages) == [["a", "c"], ["a"]]
+    assert faults.plan_rounds({"b": 5}, stages, per_round=2, stage="b") == [["b", "b"], ["b", "b"], ["b"]]
+
+
+def test_a_stage_is_covered_by_a_recovered_kill_whose_artifact_then_compared_equal():
+    stages = ("a", "b", "c")
+    kill = dict(kind=faults.RANDOM_KILL, target="a", outcome="recovered", compared=list(stages))
+    found = [faults.Fault(**kill, landed="a"),
+             faults.Fault(**kill, landed="b", mismatches=["b: run.json"]),
+             faults.Fault(**{**kill, "outcome": "not recovered"}, landed="c"),
+             faults.Fault(**kill, landed="between stages")]
+    assert faults.covered_stages(found, stages) == ["a"]
+
+
+def test_the_rerun_line_and_error_lines_are_read_from_the_console_output():
+    assert faults.resume_line("x\nmain: resuming from step 8 (step_00000008)\ny") == \
+        "main: resuming from step 8 (step_00000008)"
+    assert faults.resume_line("interrupted: an unfinished one resumes from its last checkpoint") is None
+    output = "ok\nerror: DiskFullError: stage main ran out\nof space.\n\nerror: other"
+    assert faults.error_lines(output) == ["error: DiskFullError: stage main ran out of space.", "error: other"]
+
+
+def test_a_json_mismatch_names_its_keys_and_a_changed_key_is_told_apart_from_a_missing_artifact(tmp_path):
+    ref, ours = tmp_path / "ref", tmp_path / "ours"
+    for root, kept in ((ref, [6, 10]), (ours, [])):
+        (root / "artifacts" / "main" / "k1").mkdir(parents=True)
+        (root / "artifacts" / "main" / "k1" / "run.json").write_text(json.dumps(
+            {"steps": 16, "stable_checkpoints": kept, "path": f"{root}/cache", "train_wall_s": len(kept)}))
+    assert faults.json_keys_differing(ref / "artifacts/main/k1/run.json", ours / "artifacts/main/k1/run.json",
+                                      ref, ours) == " (keys: stable_checkpoints)"
+    other = ours / "artifacts" / "main" / "k2"
+    other.mkdir()
+    (other / "_COMPLETE").write_text("x")
+    (other / "meta.json").write_text("{}")
+    assert faults.other_keys(ours, "main", "k1") == ["k2"]
