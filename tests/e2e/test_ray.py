@@ -14,8 +14,10 @@ import os
 import secrets
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,10 +104,11 @@ def _running(p: psutil.Process) -> bool:
 
 
 @pytest.fixture
-def ray_cluster(tmp_path_factory):
+def ray_cluster():
     """A two-node Ray cluster of one CPU per node: {address, env, node_ids}. Ray's socket paths must stay under
-    ~107 characters, so the temp folder is a short one of the test's own."""
-    temp = tmp_path_factory.mktemp("ray")
+    ~107 characters, so the temp folder is a short one of the test's own directly under /tmp (pytest's, nested one
+    level deeper per pytest-xdist worker, is too long)."""
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     token = temp / "token"
     token.write_text(secrets.token_hex(32))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -136,6 +139,7 @@ def ray_cluster(tmp_path_factory):
         yield {"address": address, "env": env, "node_ids": set(nodes)}
     finally:
         survivors = _stop(started, temp)
+        shutil.rmtree(temp, ignore_errors=True)
         assert not survivors, f"Ray processes outlived the test's cluster: {survivors}"
 
 
