@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PRETRAIN := $(VENV)/bin/pretrain
 # pytest-xdist workers: one per core; each test file runs on one worker (its module fixtures are made once).
 TEST_WORKERS ?= auto
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: install demo smoke test coverage bench clean
 
