@@ -97,10 +97,14 @@ STAGE_STATE = {
 
 # JSON keys and Parquet columns that say when, how long, by which process or run, or how a rerun got to the result
 # (what it resumed from, what it reused), not what the result is; object ids: skops' ``__id__`` and scikit-learn's
-# ``_stop_words_id``.
+# ``_stop_words_id``. ``cached``: a ladder rung read back from runs/cache/ladder (a rerun reuses the rungs a killed
+# run finished; their losses are compared). ``retries`` and ``optuna_number``: a sweep trial redone after a kill, and
+# its number in the Optuna journal, which also numbered the attempt the kill cut short (the trial's own ``number``,
+# its slot, its LR, seed and losses are compared).
 NOT_CONTENT = re.compile(r"_(at|time|timestamp|datetime|date|wall|seconds|duration|elapsed)$|_s$|_run_id$|"
                          r"^(timestamp|datetime|duration|run_id|marker_id|pid)$|^resumed_from|"
-                         r"^(trained|reused|scored)$|_(trained|reused)$|^__id__$|^_stop_words_id$")
+                         r"^(trained|reused|scored|cached)$|_(trained|reused)$|^(retries|optuna_number)$|"
+                         r"^__id__$|^_stop_words_id$")
 # checksums.json: sha256 of the files beside it, compared themselves (a state.json holds the runs folder's path).
 RECORD_KEYS = 256
 NOT_CONTENT_FILES = {"meta.json", "_COMPLETE", "checksums.json"}

@@ -5,14 +5,14 @@ general sources every ``sweep.report_every`` steps, so the median pruner can sto
 studies live in ``<runs>/optuna/`` (journal file with a lock, shared by workers, resumable after a kill). A study's
 name leaves ``n_trials`` out (TPE), so raising it continues the study instead of starting over.
 
-Outputs: ``trials.parquet`` (every trial of every width) and ``best.json``: per width, a cubic fit of held-out loss
-in ln(peak LR) with the Fieller confidence set of its minimum and the declared rule's verdict (``tasks.sweep.lr_fit``,
-docs/methods.md §14): decided → the fitted optimum, undetermined → the best COMPLETE trial's LR (``best_lr``, which
-the main run reads), the ``decision`` record of the proxy width, the drift of the LR optimum across widths (an
-exponent only from ≥ 3 widths), the spread of LRs near the best trial, and the loss forecast of the best trial
-(docs/methods.md §10). ``best.json`` holds no NaN or infinity: a missing number is null with a ``reason`` beside it,
-and a decision record leaves out an estimate or bound it does not have (``DecisionRecord.from_dict`` reads it back
-as NaN).
+Outputs: ``trials.parquet`` (every trial of every width, numbered as an uninterrupted study numbers them:
+``sweep_table``) and ``best.json``: per width, a cubic fit of held-out loss in ln(peak LR) with the Fieller
+confidence set of its minimum and the declared rule's verdict (``tasks.sweep.lr_fit``, docs/methods.md §14): decided
+→ the fitted optimum, undetermined → the best COMPLETE trial's LR (``best_lr``, which the main run reads), the
+``decision`` record of the proxy width, the drift of the LR optimum across widths (an exponent only from ≥ 3
+widths), the spread of LRs near the best trial, and the loss forecast of the best trial (docs/methods.md §10).
+``best.json`` holds no NaN or infinity: a missing number is null with a ``reason`` beside it, and a decision record
+leaves out an estimate or bound it does not have (``DecisionRecord.from_dict`` reads it back as NaN).
 """
 
 from __future__ import annotations
@@ -116,8 +116,7 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
 
             results[width] = run_sweep(objective, cfg, storage_path=ctx.layout.optuna / ctx.experiment,
                                        study_name=f"{ctx.experiment}-lr-d{width}-{study_key(ctx, cfg, proxy, shape, packing)}")
-    trials = pd.concat([r.trials.assign(d_model=w, study_name=r.study_name) for w, r in results.items()],
-                       ignore_index=True)
+    trials = pd.concat([sweep_table(r, w) for w, r in results.items()], ignore_index=True)
     best = results[base]
     tokens_per_step = budget.batch_size * proxy.model.seq_len
     fits = {w: fit_lr(r.trials, lr_min=cfg.lr_min, lr_max=cfg.lr_max, confidence=cfg.confidence,
@@ -146,6 +145,16 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
     if exponent is not None:
         summary["lr_width_exponent"] = exponent
     return summary
+
+
+def sweep_table(result: SweepResult, width: int) -> pd.DataFrame:
+    """``trials.parquet``'s rows of one width's study (``SweepResult.sweep_trials``): one per trial of the sweep,
+    numbered as an uninterrupted study numbers them (``number``: the trial's slot, ``study.trial_slot``), with
+    ``optuna_number`` (its number in the Optuna journal, which also numbers the attempts a kill cut short) and
+    ``retries`` (how often it was redone after a kill or Ctrl-C). Those cut-short attempts are left out: the retry
+    that took each one's place has its LR and seed and so its result; the journal keeps them, with their
+    ``fail_reason``."""
+    return result.sweep_trials.assign(d_model=width, study_name=result.study_name)
 
 
 EXPONENT_RULE = ("lr* ∝ d_model^b with b the least-squares slope of ln(fitted LR optimum) on ln(d_model) over ≥ 3 "

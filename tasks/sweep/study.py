@@ -7,6 +7,11 @@ SQLite's "database is locked". Every trial is tagged with its worker (``host:pid
 grid point), so the next run redoes it and a kill does not change the study's result. A trial whose worker was killed
 ``MAX_RETRIES`` times is not retried again: it counts as failed.
 
+Optuna numbers every attempt, so after a kill the redone trial and those after it have higher numbers than in an
+uninterrupted study, and a resumed process starts its sampler afresh. Neither may change a trial's peak LR or seed,
+so both follow the trial's *slot* (``trial_slot``: its place among the trials that count, what an uninterrupted study
+numbers it), not its number or the draws made before in this process (``SlotSampler``).
+
 Run from Python (several shells may run the same line at once on one study)::
 
     run_sweep(objective, SweepConfig(lr_min=1e-4, lr_max=1e-2, report_every=50), storage_path=Path("runs/sweep"),
@@ -48,14 +53,22 @@ class SweepResult:
     """Outcome of a sweep.
 
     ``best_lr`` is the peak LR of the COMPLETE trial with the lowest final held-out loss ``best_value`` (nats/token).
-    ``trials`` has one row per trial: number, state (name), peak_lr, seed, value (nats/token, NaN unless COMPLETE),
-    last_step (last reported step or None), intermediate (dict step → held-out loss), fail_reason (or None).
+    ``trials`` has one row per Optuna trial: number, state (name), peak_lr, seed, value (nats/token, NaN unless
+    COMPLETE), last_step (last reported step or None), intermediate (dict step → held-out loss), fail_reason (or
+    None), slot (``trial_slot``), retries (how often the trial was redone after a kill or Ctrl-C), interrupted (an
+    attempt cut short by a kill or Ctrl-C, whose slot a later trial takes).
+
+    ``sweep_trials`` is the sweep's own table, one row per trial in slot order, equal to an uninterrupted study's:
+    ``trials`` without the interrupted attempts, ``number`` its slot, ``optuna_number`` its number in the study (a
+    kill makes it higher than the slot), retries; built from those trials alone, so its column types do not depend
+    on the attempts left out.
     """
 
     best_lr: float
     best_value: float
     study_name: str
     trials: pd.DataFrame
+    sweep_trials: pd.DataFrame | None = None
 
 
 def open_storage(storage_path: Path) -> JournalStorage:
@@ -113,7 +126,7 @@ def run_sweep(
     """
     if worker < 0:
         raise ConfigError(f"worker = {worker}: must be ≥ 0 (one distinct number per concurrent process)")
-    sampler = _sampler(cfg, worker)
+    sampler = SlotSampler(cfg, worker)
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=cfg.pruner_startup_trials, n_warmup_steps=cfg.pruner_warmup_steps
     )
@@ -148,12 +161,69 @@ def load_sweep(storage_path: Path, study_name: str) -> SweepResult:
     return sweep_result(optuna.load_study(study_name=study_name, storage=open_storage(storage_path)))
 
 
-def _sampler(cfg: SweepConfig, worker: int) -> optuna.samplers.BaseSampler:
-    seed = _derived_seed(cfg.seed, 1, worker)  # key 1: sampler seeds; key 0: trial seeds
-    if cfg.sampler == "grid":
-        return optuna.samplers.GridSampler({"peak_lr": grid_lrs(cfg)}, seed=seed)
-    # Optuna's default of 10 random (log-uniform) startup trials: a sweep of ≤ 10 trials is a random search.
-    return optuna.samplers.TPESampler(seed=seed)
+def trial_slot(study: optuna.Study, trial: FrozenTrial) -> int:
+    """The trial's place in the sweep, 0 for the first: what an uninterrupted study numbers it.
+
+    A retry keeps the slot of the trial it redoes (copied when queued). A new trial takes the slot after the earlier
+    trials that count towards ``n_trials`` or wait to be redone, so an attempt cut short by a kill takes none and the
+    trials after it get the slots, LRs and seeds they would have had without the kill. Fixed on the first call (user
+    attr ``slot``), so that a later change of an earlier trial's state does not move it.
+    """
+    if "slot" in trial.user_attrs:
+        return int(trial.user_attrs["slot"])
+    slot = sum(1 for t in study.get_trials(deepcopy=False)
+               if t.number < trial.number and (counts_towards_n_trials(t) or t.state == TrialState.WAITING))
+    study._storage.set_trial_user_attr(trial._trial_id, "slot", slot)
+    return slot
+
+
+class SlotSampler(optuna.samplers.BaseSampler):
+    """The study's sampler (grid or TPE), by slot (``trial_slot``) instead of Optuna's trial number and process state.
+
+    Optuna's GridSampler gives trial number i the i-th point of its seeded shuffle of the grid; here slot i gets it,
+    so a kill (which numbers the retry and every later trial one higher) leaves each point with the seed it has in an
+    uninterrupted study. TPE (and its random startup trials) draws from generators seeded by (seed, worker, slot), made
+    afresh for each trial: a resumed process would otherwise restart the draws of the killed one from its first.
+    Given the same earlier trials, a slot thus gets the same peak LR whether or not the sweep was interrupted.
+    """
+
+    def __init__(self, cfg: SweepConfig, worker: int):
+        self._seed = (cfg.seed, 1, worker)  # key 1: sampler seeds; key 0: trial seeds
+        self._grid = {"peak_lr": grid_lrs(cfg)} if cfg.sampler == "grid" else None
+        self._inner = self._for_slot(None)
+
+    def _for_slot(self, slot: int | None) -> optuna.samplers.BaseSampler:
+        if self._grid is not None:
+            return optuna.samplers.GridSampler(self._grid, seed=_derived_seed(*self._seed))
+        # Optuna's default of 10 random (log-uniform) startup trials: a sweep of ≤ 10 trials is a random search.
+        return optuna.samplers.TPESampler(seed=_derived_seed(*self._seed, *(() if slot is None else (slot,))))
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        slot = trial_slot(study, trial)
+        if self._grid is None:
+            self._inner = self._for_slot(slot)
+        elif (slot < len(self._grid["peak_lr"])
+              and "grid_id" not in trial.system_attrs and "fixed_params" not in trial.system_attrs):
+            # GridSampler keeps a grid_id set before it (a retry's); past the grid it picks an unvisited point.
+            study._storage.set_trial_system_attr(trial._trial_id, "search_space", self._grid)
+            study._storage.set_trial_system_attr(trial._trial_id, "grid_id", slot)
+            trial = study._storage.get_trial(trial._trial_id)
+        self._inner.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict:
+        return self._inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict) -> dict:
+        return self._inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution):
+        return self._inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values) -> None:
+        self._inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._inner.reseed_rng()
 
 
 def _worker_tag() -> str:
@@ -173,13 +243,13 @@ def _trial_runner(objective: Objective, cfg: SweepConfig) -> Callable[[Trial], f
 
 def _run_trial(trial: Trial, objective: Objective, cfg: SweepConfig) -> float:
     trial.set_user_attr("worker", _worker_tag())
-    earlier = [t for t in trial.study.get_trials(deepcopy=False)
-               if t.number < trial.number and (counts_towards_n_trials(t) or t.state == TrialState.WAITING)]
-    if len(earlier) >= cfg.n_trials:  # several workers asked for the last trial at once
+    slot = trial_slot(trial.study, trial.study._storage.get_trial(trial._trial_id))  # set by the sampler
+    if slot >= cfg.n_trials:  # several workers asked for the last trial at once
         trial.set_user_attr("fail_reason", f"surplus: the study already had {cfg.n_trials} trials")
         raise DataError(f"trial {trial.number} is surplus to n_trials = {cfg.n_trials}")
-    # A retry keeps the seed of the trial it redoes (copied into its user attrs when queued).
-    seed = trial.user_attrs.get("seed", trial_seed(cfg.seed, trial.number))
+    # A retry keeps the seed of the trial it redoes (copied into its user attrs when queued); a new trial's seed
+    # follows its slot, so that a kill before it does not change it.
+    seed = trial.user_attrs.get("seed", trial_seed(cfg.seed, slot))
     trial.set_user_attr("seed", seed)
     peak_lr = trial.suggest_float("peak_lr", cfg.lr_min, cfg.lr_max, log=True)
     try:
@@ -213,7 +283,7 @@ def _queue_copy(study: optuna.Study, frozen: FrozenTrial) -> None:
     if "peak_lr" not in frozen.params:
         return
     user_attrs = {"retry_of": frozen.number, "retries": frozen.user_attrs.get("retries", 0) + 1,
-                  **{k: v for k, v in frozen.user_attrs.items() if k == "seed"}}
+                  **{k: v for k, v in frozen.user_attrs.items() if k in ("seed", "slot")}}
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.WAITING, params=frozen.params, distributions=frozen.distributions, user_attrs=user_attrs,
         system_attrs={k: v for k, v in frozen.system_attrs.items() if k in ("grid_id", "search_space")}))
@@ -230,7 +300,8 @@ def _reporter(trial: Trial) -> Report:
 
 def fail_stale_trials(study: optuna.Study) -> list[int]:
     """Mark FAIL (with ``fail_reason``) the RUNNING trials whose worker is gone, queue each again unless it was
-    retried ``MAX_RETRIES`` times already (then it counts as failed); return their numbers.
+    retried ``MAX_RETRIES`` times already (then it counts as failed); return their numbers. One killed before its
+    LR was drawn has nothing to redo: it does not count, and the next new trial takes its slot (and so its LR).
 
     A trial is stale when its ``host:pid`` tag names this host and a process that no longer exists (or this very
     process, which runs no trial yet), or when it has stayed untagged for over ``UNTAGGED_STALE_AFTER_S``. Trials of
@@ -241,11 +312,14 @@ def fail_stale_trials(study: optuna.Study) -> list[int]:
         reason = _stale_reason(trial)
         if reason is None:
             continue
-        retry = "peak_lr" in trial.params and trial.user_attrs.get("retries", 0) < MAX_RETRIES
-        reason += "; not counted, redone on this run" if retry else f"; not retried (killed {MAX_RETRIES + 1} times)"
+        drawn = "peak_lr" in trial.params
+        retry = drawn and trial.user_attrs.get("retries", 0) < MAX_RETRIES
+        reason += ("; not counted, redone on this run" if retry else
+                   "; not counted, its LR never drawn" if not drawn else
+                   f"; not retried (killed {MAX_RETRIES + 1} times)")
         try:
             study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
-            if retry:
+            if retry or not drawn:
                 study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         except UpdateFinishedTrialError:
@@ -288,15 +362,21 @@ def sweep_result(study: optuna.Study) -> SweepResult:
         DataError: no trial is COMPLETE.
     """
     trials = study.get_trials(deepcopy=False)
-    table = pd.DataFrame([_trial_row(t) for t in trials], columns=[
-        "number", "state", "peak_lr", "seed", "value", "last_step", "intermediate", "fail_reason",
-    ])
+    table = pd.DataFrame([_trial_row(t) for t in trials], columns=[*TRIAL_COLUMNS, "slot", "retries", "interrupted"])
+    kept = sorted((r for r in map(_trial_row, trials) if not r["interrupted"]),
+                  key=lambda r: (r["slot"] is None, r["slot"] or 0, r["number"]))
+    sweep = pd.DataFrame([{**{c: r[c] for c in TRIAL_COLUMNS}, "number": r["slot"], "optuna_number": r["number"],
+                           "retries": r["retries"]} for r in kept],
+                         columns=[*TRIAL_COLUMNS, "optuna_number", "retries"])
     completed = [t for t in trials if t.state == TrialState.COMPLETE]
     if not completed:
         states = table["state"].value_counts().to_dict()
         raise DataError(f"sweep {study.study_name!r} has no COMPLETE trial (states {states}): check the fail_reasons")
     best = min(completed, key=lambda t: t.value)
-    return SweepResult(float(best.params["peak_lr"]), float(best.value), study.study_name, table)
+    return SweepResult(float(best.params["peak_lr"]), float(best.value), study.study_name, table, sweep)
+
+
+TRIAL_COLUMNS = ("number", "state", "peak_lr", "seed", "value", "last_step", "intermediate", "fail_reason")
 
 
 def _trial_row(trial: FrozenTrial) -> dict:
@@ -310,4 +390,7 @@ def _trial_row(trial: FrozenTrial) -> dict:
         "last_step": max(steps) if steps else None,
         "intermediate": dict(steps),
         "fail_reason": trial.user_attrs.get("fail_reason"),
+        "slot": trial.user_attrs.get("slot"),
+        "retries": int(trial.user_attrs.get("retries", 0)),
+        "interrupted": trial.state == TrialState.FAIL and bool(trial.user_attrs.get("interrupted")),
     }

@@ -45,6 +45,21 @@ def test_a_table_is_the_multiset_of_its_rows_without_timing_columns():
     assert faults.frame_digest(a) != faults.frame_digest(b.assign(text=["b", "z"]))
 
 
+def test_a_rerun_after_a_kill_may_reuse_rungs_and_redo_sweep_trials_but_not_change_them():
+    """A ladder rung read back from the cache, and a sweep trial redone after a kill (its retry count, its number in
+    the Optuna journal) are how the rerun got there; the rung's loss and the trial's slot, LR and value are content."""
+    ref = pd.DataFrame({"width": [16, 24], "loss_nats": [6.1, 5.9], "wall_s": [0.3, 0.2], "cached": [False, False]})
+    rerun = ref.assign(wall_s=[0.0, 3.4], cached=[True, False])
+    assert faults.frame_digest(rerun) == faults.frame_digest(ref)
+    assert faults.frame_digest(rerun.assign(loss_nats=[6.1, 5.8])) != faults.frame_digest(ref)
+    trials = pd.DataFrame({"number": [0, 1, 2], "peak_lr": [0.03, 0.001, 0.01], "value": [5.9, 6.8, 6.0],
+                           "optuna_number": [0, 1, 2], "retries": [0, 0, 0]})
+    redone = trials.assign(optuna_number=[0, 2, 3], retries=[0, 1, 0])
+    assert faults.frame_digest(redone) == faults.frame_digest(trials)
+    assert faults.frame_digest(redone.assign(number=[0, 2, 3])) != faults.frame_digest(trials)
+    assert faults.frame_digest(redone.assign(peak_lr=[0.03, 0.01, 0.001])) != faults.frame_digest(trials)
+
+
 def test_zip_containers_compare_by_member_content_not_dates_or_object_ids(tmp_path):
     def skops_like(path: Path, object_id: int, value: bytes) -> Path:
         with zipfile.ZipFile(path, "w") as archive:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 
 from infra.errors import ConfigError, DataError
@@ -233,3 +234,70 @@ def test_a_trial_killed_with_its_worker_is_redone_so_the_result_matches_an_unint
     assert calls[0] == (pytest.approx(BEST_LR), killed["seed"].item())  # redone first, same LR and seed
     done = resumed.trials[resumed.trials["state"] != "FAIL"]
     assert sorted(done["peak_lr"]) == pytest.approx(grid_lrs(cfg))  # every grid point once
+
+
+def _dies_in_trial(storage: str, cfg: SweepConfig, killed: int) -> None:
+    calls = []
+
+    def objective(peak_lr, seed, report):
+        calls.append(peak_lr)
+        if len(calls) == killed + 1:
+            report(10, 0.5)  # below every curve: not pruned
+            os._exit(1)  # SIGKILL-like: the trial stays RUNNING in the journal
+        return bowl(peak_lr, seed, report)
+
+    run_sweep(objective, cfg, storage_path=Path(storage), study_name="exact")
+
+
+def _by_slot(result):
+    """The sweep's table without how it got there (the Optuna numbers and retry counts a kill changes)."""
+    return result.sweep_trials.drop(columns=["optuna_number", "retries"])
+
+
+@pytest.mark.parametrize(("sampler", "n_trials", "killed"), [("grid", 5, 1), ("tpe", 5, 1), ("tpe", 12, 10)])
+def test_a_kill_changes_no_trial_of_the_sweep(tmp_path: Path, sampler: str, n_trials: int, killed: int):
+    """Killed in trial ``killed`` and resumed, every slot gets the LR, seed and result it has without the kill: the
+    trials after the retry are numbered one higher by Optuna and the resumed process starts its sampler afresh,
+    yet neither moves a grid point, a seed or a TPE draw (12 trials: past TPE's 10 random startup trials)."""
+    cfg = _cfg(n_trials=n_trials, sampler=sampler, seed=5)
+    clean = run_sweep(bowl, cfg, storage_path=tmp_path / "clean", study_name="exact")
+    proc = mp.get_context("fork").Process(target=_dies_in_trial, args=(str(tmp_path / "killed"), cfg, killed))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == 1
+    resumed = run_sweep(bowl, cfg, storage_path=tmp_path / "killed", study_name="exact")
+    assert len(resumed.trials) == n_trials + 1 and resumed.trials["interrupted"].sum() == 1  # the journal's
+    # The sweep's table (trials.parquet) has one row per trial, numbered by slot, the cut-short attempt left out.
+    pd.testing.assert_frame_equal(_by_slot(resumed), _by_slot(clean))
+    assert (resumed.best_lr, resumed.best_value) == (clean.best_lr, clean.best_value)
+    assert list(clean.sweep_trials["number"]) == list(clean.sweep_trials["optuna_number"]) == list(range(n_trials))
+    assert list(resumed.sweep_trials["retries"]) == [int(n == killed) for n in range(n_trials)]
+    assert list(resumed.sweep_trials["optuna_number"]) == [n + (n >= killed) for n in range(n_trials)]
+
+
+def _dies_before_drawing_an_lr(storage: str, cfg: SweepConfig) -> None:
+    draw, draws = optuna.trial.Trial.suggest_float, []
+
+    def suggest_float(self, *args, **kwargs):
+        draws.append(1)
+        if len(draws) == 3:
+            os._exit(1)  # the third trial is created and tagged, its LR not drawn yet
+        return draw(self, *args, **kwargs)
+
+    optuna.trial.Trial.suggest_float = suggest_float  # in this forked child only
+    run_sweep(bowl, cfg, storage_path=Path(storage), study_name="undrawn")
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_a_trial_killed_before_its_lr_was_drawn_is_not_counted_and_its_slot_is_redrawn(tmp_path: Path, sampler):
+    """Nothing to redo, but it must not count as a failed trial either: the next trial takes its slot and LR."""
+    cfg = _cfg(n_trials=4, sampler=sampler)
+    clean = run_sweep(bowl, cfg, storage_path=tmp_path / "clean", study_name="undrawn")
+    proc = mp.get_context("fork").Process(target=_dies_before_drawing_an_lr, args=(str(tmp_path / "killed"), cfg))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == 1
+    resumed = run_sweep(bowl, cfg, storage_path=tmp_path / "killed", study_name="undrawn")
+    stale = resumed.trials.set_index("number").loc[2]
+    assert stale["state"] == "FAIL" and stale["interrupted"] and "never drawn" in stale["fail_reason"]
+    pd.testing.assert_frame_equal(_by_slot(resumed), _by_slot(clean))
