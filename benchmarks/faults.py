@@ -5,6 +5,7 @@ artifacts whose content equals an uninterrupted run's. docs/faults.md describes 
     python benchmarks/faults.py                          # 20 random kills + the targeted faults, configs/smoke.toml
     python benchmarks/faults.py --trials 6 --seed 0 --record /tmp/faults.json
     python benchmarks/faults.py --stage mixture --trials 10   # soak one stage: every kill lands in it
+    python benchmarks/faults.py --only "tracking store"      # one targeted fault alone (no random kills)
 
 The stages are the registry's (``flows.registry.stage_names()``, read in a child interpreter), so a new stage is
 killed and compared without a change here. Each run is ``python -m flows.cli run CONFIG --runs-dir DIR`` in its
@@ -1073,17 +1074,47 @@ class Campaign:
     def _before(self, stage: str) -> str:
         return self.stages[max(0, self.stages.index(stage) - 1)]
 
-    def targeted(self, tmpfs_ok: bool) -> None:
+    def targeted(self, tmpfs_ok: bool, only: list[str] | None = None) -> None:
+        """The targeted faults in ``TARGETED``'s order; ``only``: those of these kinds (``--only``) alone."""
         saved, self.compared = self.compared, self.stages  # the targeted faults run to the end
         self.h.until = None
-        self.attempt("kill (checkpoint write)", "main", self.checkpoint_write)
-        self.attempt("kill + corrupt checkpoint", "main", self.corrupt_checkpoint)
-        self.attempt("kill (artifact commit)", "main", self.artifact_commit)
-        self.attempt("SIGKILL of the run process alone", "main", self.kill_run_process)
-        self.attempt("disk full under an artifact", "cpt", lambda: self.disk_full_artifact(tmpfs_ok))
-        self.attempt("disk full under the tracking store", "main", lambda: self.disk_full_runs(tmpfs_ok))
-        self.attempt("two runs at once on a fresh folder", "all", self.concurrent_runs)
+        for kind, target, method, needs_tmpfs in TARGETED:
+            if only is None or kind in only:
+                inject = getattr(self, method)
+                self.attempt(kind, target, (lambda inject=inject: inject(tmpfs_ok)) if needs_tmpfs else inject)
         self.compared = saved
+
+
+# The targeted faults in the order they run: (kind, the stage aimed at, the Campaign method that injects one, whether
+# it takes the tmpfs verdict). ``--only`` names kinds of this list.
+TARGETED = (
+    ("kill (checkpoint write)", "main", "checkpoint_write", False),
+    ("kill + corrupt checkpoint", "main", "corrupt_checkpoint", False),
+    ("kill (artifact commit)", "main", "artifact_commit", False),
+    ("SIGKILL of the run process alone", "main", "kill_run_process", False),
+    ("disk full under an artifact", "cpt", "disk_full_artifact", True),
+    ("disk full under the tracking store", "main", "disk_full_runs", True),
+    ("two runs at once on a fresh folder", "all", "concurrent_runs", False),
+)
+
+
+def targeted_kinds(names: list[str]) -> list[str]:
+    """The ``TARGETED`` kinds that ``--only`` names: each name is a kind or a case-insensitive part of exactly one
+    (``"tracking store"``, ``"corrupt"``).
+
+    Raises:
+        ValueError: a name matches no kind, or several (the message lists the kinds).
+    """
+    kinds = [kind for kind, *_ in TARGETED]
+    chosen = []
+    for name in names:
+        found = [k for k in kinds if k == name] or [k for k in kinds if name.strip().lower() in k.lower()]
+        if len(found) != 1:
+            raise ValueError(f"--only {name!r} names {'no' if not found else 'more than one'} targeted fault"
+                             f"{'' if not found else ' (' + '; '.join(found) + ')'}; the kinds: " + "; ".join(kinds))
+        if found[0] not in chosen:
+            chosen.append(found[0])
+    return chosen
 
 
 def watch(harness: Harness, run: Run, stages: tuple[str, ...]) -> int:
@@ -1171,12 +1202,26 @@ def main() -> None:
     parser.add_argument("--kills-per-round", type=int, default=2,
                         help="with --stage: kills in the stage before a run is let finish (default 2)")
     parser.add_argument("--no-targeted", action="store_true", help="random kills only")
+    parser.add_argument("--only", action="append", default=None, metavar="KIND",
+                        help="run this targeted fault alone, no random kills (repeatable; a kind or a part of one, "
+                             "e.g. 'tracking store', 'corrupt'; the kinds: "
+                             + "; ".join(k for k, *_ in TARGETED) + ")")
     parser.add_argument("--record", type=Path, default=None, help="write the campaign as JSON to this file")
     args = parser.parse_args()
     if args.trials < 0:
         parser.error(f"--trials {args.trials}: give 0 or more")
     if args.kills_per_round < 1:
         parser.error(f"--kills-per-round {args.kills_per_round}: give at least 1")
+    only = None
+    if args.only:
+        if args.no_targeted or args.stage not in (None, "main"):
+            parser.error("--only runs targeted faults, which run without --no-targeted and with no --stage or "
+                         "--stage main")
+        try:
+            only = targeted_kinds(args.only)
+        except ValueError as err:
+            parser.error(str(err))
+        args.trials, args.only = 0, only  # the named faults alone (recorded by their kinds)
 
     started = time.monotonic()
     work = (args.keep or Path(tempfile.mkdtemp(prefix="pretrain-faults-"))).resolve()
@@ -1222,7 +1267,7 @@ def main() -> None:
                     break
                 rounds = plan_rounds(deficit(), stages, args.kills_per_round, args.stage)
         if not args.no_targeted and args.stage in (None, "main"):
-            campaign.targeted(_can_mount(work))
+            campaign.targeted(_can_mount(work), only)
         campaign.check_resume_lines()
         lost_refs = [documents_lost(work / name, keys_of) for name, keys_of in (("ref-a", keys), ("ref-b", keys_b))]
         for lost in lost_refs:
@@ -1254,6 +1299,7 @@ def write_record(path: Path, args: argparse.Namespace, campaign: Campaign, harne
     covered = covered_stages(campaign.faults, campaign.stages)
     record = {
         "config": args.config, "seed": args.seed, "trials": args.trials, "stage": args.stage,
+        "only": getattr(args, "only", None),
         "stages": list(campaign.stages),
         "faults": [asdict(f) for f in campaign.faults],
         "totals": {

@@ -118,13 +118,23 @@ def first_error(err: BaseException) -> BaseException:
     return err
 
 
-def _fail_run(err: Exception, log_path: Path) -> None:
+def _fail_run(err: Exception, log_path: Path, runs: Path | None = None) -> None:
     """One ``error:`` line for a failed run, its traceback in the run's log file. Exit 2 for a ``PretrainError``
-    (also when a later failure was raised while handling it, which is logged as a warning), else 1."""
-    cause = first_error(err)
-    if isinstance(cause, PretrainError):
+    (also when a later failure was raised while handling it, which is logged as a warning), else 1.
+
+    A failure that is no ``PretrainError`` but comes from a full disk under the runs folder ``runs`` (the MLflow,
+    Prefect or DuckDB store could not write) is reported as the ``DiskFullError`` it is
+    (``infra.artifacts.runs_disk_full_error``)."""
+    cause, found = first_error(err), None
+    if not isinstance(cause, PretrainError) and runs is not None:
+        from infra.artifacts import runs_disk_full_error
+
+        found = runs_disk_full_error(err, runs)
+    if found is not None or isinstance(cause, PretrainError):
         if log_path.parent.is_dir():  # a run that got as far as its runs folder; a bad config creates nothing
             write_traceback(log_path, err)
+        if found is not None:
+            _fail(found)
         if cause is not err:
             logging.getLogger("pretrain").warning("while handling %s, a second error: %s: %s", type(cause).__name__,
                                                   type(err).__name__, _one_line(err, 500))
@@ -193,7 +203,7 @@ def run(
     except typer.Exit:
         raise
     except Exception as err:
-        _fail_run(err, log_path)
+        _fail_run(err, log_path, layout.root)
 
 
 @app.command()

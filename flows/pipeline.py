@@ -184,9 +184,13 @@ def record_failure(tracker: Tracker, run_id: str, err: BaseException, what: str)
     try:
         tracker.end_run(run_id, "FAILED")
     except Exception as secondary:
+        # On a full disk, the error that says so (SQLite's "database or disk is full"), not MLflow's SQL around it.
+        from infra.artifacts import full_disk_exception
+
+        said = full_disk_exception(secondary) or secondary
         logging.getLogger(__name__).warning(
             "%s failed (%s); recording that in MLflow failed too: %s: %s", what, type(err).__name__,
-            type(secondary).__name__, " ".join(str(secondary).split())[:300])
+            type(said).__name__, " ".join(str(said).split())[:300])
 
 
 # No log_prints: a stage's own lines (resume notes, warnings) go to the run's stdout, where the user and a worker's

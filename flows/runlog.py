@@ -4,7 +4,7 @@ The terminal keeps progress, the summary and one ``error:`` line per failure; tr
 local Prefect API server go to this file. ``capture`` attaches it to Python logging after Prefect has configured
 logging (Prefect replaces the root logger's handlers when it is imported): every record reaches the file with its
 traceback, the terminal's handlers show a record's message without it, and the records Prefect writes about the
-failed run itself are left to the ``error:`` line the command prints.
+failed run itself, and every record that says a disk is full, are left to the ``error:`` line the command prints.
 """
 
 from __future__ import annotations
@@ -66,6 +66,24 @@ class _RunFailureRecords(logging.Filter):
         return True
 
 
+class _FullDiskRecords(logging.Filter):
+    """Drops, on the terminal, the records that say a disk is full: Prefect's "Failed to write result: [Errno 28]
+    No space left on device", MLflow's and SQLite's "database or disk is full", the platform's own notes that
+    recording a failure failed too. A full disk ends the run with one ``error:`` line that names it (a
+    ``DiskFullError``); these records go to the run log (when it still has room)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from infra.artifacts import full_disk_exception, says_disk_full
+
+        try:
+            if says_disk_full(record.getMessage()):
+                return False
+        except Exception:  # a record whose arguments do not format: logging reports that itself
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or full_disk_exception(error) is None
+
+
 class _RunLogHandler(logging.FileHandler):
     def handleError(self, record: logging.LogRecord) -> None:
         """Drop a record that cannot be written: on a full disk, logging's default would print a traceback per
@@ -88,7 +106,7 @@ def capture(path: Path) -> Path:
     ensure_folder(path.parent)
     to_file = _RunLogHandler(path, encoding="utf-8")
     to_file.setFormatter(logging.Formatter(_FORMAT))
-    failures = _RunFailureRecords()
+    failures, full_disk = _RunFailureRecords(), _FullDiskRecords()
     loggers = [logging.getLogger()] + [
         logger for logger in logging.Logger.manager.loggerDict.values()
         if isinstance(logger, logging.Logger) and not logger.propagate and logger.handlers]
@@ -97,6 +115,7 @@ def capture(path: Path) -> Path:
             if not isinstance(handler.formatter, _WithoutTraceback):
                 handler.setFormatter(_WithoutTraceback(handler.formatter))
                 handler.addFilter(failures)
+                handler.addFilter(full_disk)
         logger.addHandler(to_file)
 
     def log_thread_exception(args: threading.ExceptHookArgs) -> None:

@@ -291,31 +291,77 @@ class ArtifactStore:
 # reports "unexpected pos", not the errno), and the stage's partial outputs still fill the disk when this is checked.
 NEARLY_FULL_BYTES = 1 << 20
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_FULL_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "file too large")
+# SQLite (the MLflow and Prefect stores) says SQLITE_FULL as "database or disk is full".
+_FULL_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "file too large",
+               "database or disk is full")
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    chain, seen = [], err
+    while seen is not None and len(chain) < 20:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def says_disk_full(text: str) -> bool:
+    """Whether ``text`` (an error message, a log line) says that a disk is full or a file-size limit was reached, in
+    the words of the OS, Rust's std, SQLite or a quota."""
+    lowered = text.lower()
+    return any(w in lowered for w in _FULL_WORDS)
+
+
+def full_disk_exception(err: BaseException) -> BaseException | None:
+    """The exception in ``err``'s chain of causes and contexts that says the disk is full or a file-size limit was
+    reached (an ENOSPC/EDQUOT/EFBIG errno, or the wording of one), the innermost such; None when none says so."""
+    found = [e for e in _chain(err) if getattr(e, "errno", None) in _FULL_ERRNOS or says_disk_full(str(e))]
+    return found[-1] if found else None
+
+
+def _one_line(err: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text if len(text) <= limit else text[:limit] + ' ...'}"
+
+
+def _free(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path if path.exists() else path.parent).free
+    except OSError:
+        return None
+
+
+def _left(free: int | None) -> str:
+    return f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
 
 
 def disk_full_error(err: BaseException, tmp: Path, stage: str) -> DiskFullError | None:
     """A clear ``DiskFullError`` when ``err`` (raised while ``stage`` wrote into ``tmp``) comes from a full disk or a
     file-size limit, else None. Call it before removing ``tmp``.
 
-    Recognised by an ENOSPC/EDQUOT/EFBIG errno or message anywhere in the exception chain, or by fewer than
-    ``NEARLY_FULL_BYTES`` left free on the file system holding ``tmp``.
+    Recognised by an ENOSPC/EDQUOT/EFBIG errno or message anywhere in the exception chain (SQLite's "database or
+    disk is full" too: the tracking store shares the disk), or by fewer than ``NEARLY_FULL_BYTES`` left free on the
+    file system holding ``tmp``. The message quotes, on one line, the exception that says so (else ``err``).
     """
-    chain, seen = [], err
-    while seen is not None and len(chain) < 20:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    matched = any(getattr(e, "errno", None) in _FULL_ERRNOS or any(w in str(e).lower() for w in _FULL_WORDS)
-                  for e in chain)
-    try:
-        free = shutil.disk_usage(tmp if tmp.exists() else tmp.parent).free
-    except OSError:
-        free = None
-    if not matched and (free is None or free >= NEARLY_FULL_BYTES):
+    said = full_disk_exception(err)
+    free = _free(tmp)
+    if said is None and (free is None or free >= NEARLY_FULL_BYTES):
         return None
-    left = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
     return DiskFullError(
         f"stage {stage} ran out of space writing its artifact in {tmp.parent}: the disk is full or a file-size limit "
-        f"was reached ({left}; {type(err).__name__}: {str(err)[:200]}). Nothing was committed: the partial output is removed and no "
-        "_COMPLETE marker written. Free space (or give --runs-dir on a larger disk) and run the same command again; "
-        "finished stages are reused")
+        f"was reached ({_left(free)}; {_one_line(said or err)}). Nothing was committed: the partial output is removed "
+        "and no _COMPLETE marker written. Free space (or give --runs-dir on a larger disk) and run the same command "
+        "again; finished stages are reused")
+
+
+def runs_disk_full_error(err: BaseException, runs: Path) -> DiskFullError | None:
+    """A clear ``DiskFullError`` when ``err``, raised outside a stage's own writes (by the MLflow, Prefect or DuckDB
+    store, the run log, a commit's bookkeeping), comes from a full disk under the runs folder ``runs``; else None.
+    Recognised as ``disk_full_error`` does, the free space measured on the runs folder's file system."""
+    said = full_disk_exception(err)
+    free = _free(Path(runs))
+    if said is None and (free is None or free >= NEARLY_FULL_BYTES):
+        return None
+    return DiskFullError(
+        f"the disk of the runs folder {runs} is full ({_left(free)}; {_one_line(said or err)}). No unfinished "
+        "stage was committed, and MLflow runs left RUNNING are marked FAILED by the next command. Free space (or give "
+        "--runs-dir on a larger disk) and run the same command again; finished stages are reused")

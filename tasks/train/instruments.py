@@ -17,8 +17,13 @@ from models.planning import DEVICE_PEAK_BF16
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
     """Best FLOP/s of an n × n fp32 matmul on the CPU over ``repeats`` timed runs (2·n³ FLOPs each), after one
-    untimed warm-up. Measured anew on each call (benchmarks time it before and after a run)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    untimed warm-up. Measured anew on each call (benchmarks time it before and after a run).
+
+    The operands come from a generator of their own: a draw from torch's global generator would move a training
+    run's RNG stream by whether this process had measured before (``device_peak_flops`` measures once per process),
+    so a resumed run's checkpoints would record other generator states than an uninterrupted run's."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=generator), torch.randn(n, n, generator=generator)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):

@@ -123,3 +123,39 @@ def test_a_json_mismatch_names_its_keys_and_a_changed_key_is_told_apart_from_a_m
     (other / "_COMPLETE").write_text("x")
     (other / "meta.json").write_text("{}")
     assert faults.other_keys(ours, "main", "k1") == ["k2"]
+
+
+def test_only_names_targeted_faults_by_kind_or_a_unique_part_of_one():
+    assert faults.targeted_kinds(["disk full under the tracking store"]) == ["disk full under the tracking store"]
+    assert faults.targeted_kinds(["Tracking Store", "corrupt", "tracking store"]) == [
+        "disk full under the tracking store", "kill + corrupt checkpoint"]
+    for name, words in (("disk full", "more than one"), ("power cut", "no targeted fault")):
+        try:
+            faults.targeted_kinds([name])
+        except ValueError as err:
+            assert words in str(err) and "two runs at once on a fresh folder" in str(err)
+        else:
+            raise AssertionError(f"--only {name!r} was accepted")
+
+
+def test_the_targeted_faults_run_in_order_and_only_names_one_alone():
+    calls = []
+
+    class Stub(faults.Campaign):
+        def __init__(self):
+            self.stages, self.compared, self.h = ("a", "main"), ("a",), type("H", (), {"until": "a"})()
+
+        def attempt(self, kind, target, inject):
+            calls.append((kind, target, inject()))
+
+    for _, _, method, needs_tmpfs in faults.TARGETED:
+        setattr(Stub, method, (lambda name: (lambda self, tmpfs_ok: (name, tmpfs_ok)))(method) if needs_tmpfs
+                else (lambda name: (lambda self: (name, None)))(method))
+    campaign = Stub()
+    campaign.targeted(True)
+    assert [c[0] for c in calls] == [kind for kind, *_ in faults.TARGETED]
+    assert ("disk full under the tracking store", "main", ("disk_full_runs", True)) in calls
+    assert campaign.compared == ("a",) and campaign.h.until is None
+    calls.clear()
+    campaign.targeted(False, ["disk full under the tracking store"])
+    assert calls == [("disk full under the tracking store", "main", ("disk_full_runs", False))]
