@@ -46,7 +46,8 @@ from tasks.train.runner import (EventLog, MetricsToTracker, PeriodicEval, build_
                                 make_sampler, run_training, seed_everything, StepProgress)
 from models.planning import require_fit
 from tasks.train.sections import MainConfig
-from tasks.train.trunk import StableSaver, resume_trunk, stable_steps, trunk_config, trunk_folder, trunk_key
+from tasks.train.trunk import (StableSaver, resume_trunk, stable_steps, trunk_checkpoints, trunk_config, trunk_folder,
+                               trunk_key)
 from tasks.train.milestones import MILESTONES, MilestoneSaver, collect_milestones, keep_averaged
 from tasks.train.averaging import EMA
 from tasks.train.samples import PeriodicSamples, SampleConfig
@@ -233,7 +234,7 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
         text_samples.frame().to_parquet(out / "samples.parquet", index=False)
     summary = {"peak_lr": peak_lr, "steps": result.state.step, "tokens_seen": result.state.tokens_seen,
                "train_wall_s": wall_s, "mixture": choice["name"],
-               "final_loss_nats": float(result.metrics[-1]["loss_nats"]) if result.metrics else None,
+               "final_loss_nats": result.state.loss_nats,  # also when resumed at the last step, from the checkpoint
                "resumed_from_step": resumed_from_step, "epochs": main_epochs, "spike_events": len(result.events),
                "schedule": cfg.budget.schedule,
                "peak_lr_source": lr_source,
@@ -251,7 +252,10 @@ def train_main(job: MainJob, *, log_metrics, progress: ProgressReporter, acceler
     if cfg.budget.schedule == "wsd":
         summary |= {"decay_start": cfg.budget.decay_start, "decay_steps": cfg.budget.decay_steps,
                     "decay_shape": cfg.budget.decay_shape, "min_lr_ratio": cfg.min_lr_ratio,
-                    "trunk_key": Path(job.trunk).name, "stable_checkpoints": saver.saved if saver else []}
+                    "trunk_key": Path(job.trunk).name,
+                    # the run's stable-phase checkpoints in the trunk, whichever attempt (or run) wrote them
+                    "stable_checkpoints": sorted({s for s, _ in trunk_checkpoints(Path(job.trunk))
+                                                  if s in job.trunk_steps and s <= result.state.step})}
     (out / "run.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -4,7 +4,7 @@ Layout of one checkpoint directory::
 
     model.safetensors   weights (fp32 master copy; a tied embedding stored once)
     optimizer.pt        AdamW state_dict: moments, step counts, param groups
-    state.json          step, tokens_seen, clipped_steps, RNG states (python, numpy, torch, cuda),
+    state.json          step, tokens_seen, clipped_steps, loss_nats, RNG states (python, numpy, torch, cuda),
                         sampler position, model config, extra (tokenizer hash, manifest hash, ...)
     <name>.safetensors  optional companions of the run (e.g. ``ema``: the weight average, tasks.train.averaging)
     checksums.json      sha256 of the files above, written last: the completion record
@@ -107,7 +107,7 @@ def _record(model: nn.Module, state: TrainState, sampler_state: dict, extra: dic
     if not isinstance(cfg, ModelConfig):
         raise CheckpointError(f"model {type(model).__name__} has no ModelConfig at .cfg; a checkpoint must record it")
     record = {**layout, "step": state.step, "tokens_seen": state.tokens_seen, "clipped_steps": state.clipped_steps,
-              "rng": rng_states() if rng is None else rng, "sampler": sampler_state, "model_config": cfg.model_dump(),
+              "loss_nats": state.loss_nats, "rng": rng_states() if rng is None else rng, "sampler": sampler_state, "model_config": cfg.model_dump(),
               "extra": extra}
     try:
         return json.dumps(record, indent=1)
@@ -208,7 +208,8 @@ def verify_checkpoint(directory: Path) -> dict:
 def _loaded(record: dict, saved_cfg: ModelConfig, restore_rng: bool) -> dict[str, Any]:
     if restore_rng:
         restore_rng_states(record["rng"])
-    state = TrainState(step=record["step"], tokens_seen=record["tokens_seen"], clipped_steps=record["clipped_steps"])
+    state = TrainState(step=record["step"], tokens_seen=record["tokens_seen"], clipped_steps=record["clipped_steps"],
+                       loss_nats=record.get("loss_nats"))  # absent from checkpoints written before it was kept
     return {"state": state, "sampler_state": record["sampler"], "extra": record["extra"],
             "model_config": saved_cfg, "rng": record["rng"]}
 

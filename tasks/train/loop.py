@@ -38,11 +38,13 @@ from tasks.train.schedule import lr_schedule
 
 @dataclass
 class TrainState:
-    """Loop position, saved in every checkpoint: optimiser steps done, tokens consumed, clipped steps."""
+    """Loop position, saved in every checkpoint: optimiser steps done, tokens consumed, clipped steps, and the last
+    step's training loss (nats/token; None before the first step), so a run resumed at its last step reports it."""
 
     step: int = 0
     tokens_seen: int = 0
     clipped_steps: int = 0
+    loss_nats: float | None = None
 
     @property
     def clip_fraction(self) -> float:
@@ -392,6 +394,7 @@ def _advance(state: TrainState, metrics: dict, update: dict, *, lr: float, secon
     metrics.pop("finite")
     state.step, state.tokens_seen = state.step + 1, state.tokens_seen + n_tokens
     state.clipped_steps += update["clipped"]
+    state.loss_nats = float(metrics["loss_nats"])
     metrics.update(update, step=state.step, lr=lr, clip_fraction=state.clip_fraction,
                    tokens_seen=state.tokens_seen, tokens_per_s=n_tokens / seconds)
 

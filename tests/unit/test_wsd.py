@@ -295,6 +295,23 @@ def test_a_wsd_main_run_stopped_and_resumed_ends_bit_exact(tmp_path, inputs, sto
     resumed = _main(tmp_path / "stopped", inputs, "second")
     assert resumed["resumed_from_step"] == resumed_from and resumed["resumed_from"] == "scratch"
     _assert_same_weights(_weights(tmp_path / "stopped", "second"), _weights(tmp_path / "uninterrupted", "only"))
+    # the stable checkpoint the first attempt wrote (step 7, before the stop at 9) is the run's too
+    assert resumed["stable_checkpoints"] == [7] and resumed["final_loss_nats"] == reference["final_loss_nats"]
+
+
+def test_a_run_killed_after_its_last_checkpoint_reports_what_the_uninterrupted_run_did(tmp_path, inputs):
+    """Killed after its last checkpoint but before the commit, the rerun resumes at the last step and trains none:
+    its run.json still gives the final loss and the stable checkpoints of the run."""
+    from tasks.main.stage import run as stage_run
+
+    reference = _main(tmp_path / "uninterrupted", inputs, "only")
+    stage_run(_context(tmp_path / "killed", inputs, "first"), WSD_MAIN, sources=["a", "b"])  # its scratch stays
+    resumed = _main(tmp_path / "killed", inputs, "second")
+    assert resumed["resumed_from_step"] == reference["steps"] == 10
+    assert isinstance(reference["final_loss_nats"], float)
+    for name in ("final_loss_nats", "stable_checkpoints", "steps", "tokens_seen"):
+        assert resumed[name] == reference[name], name
+    _assert_same_weights(_weights(tmp_path / "killed", "second"), _weights(tmp_path / "uninterrupted", "only"))
 
 
 def test_a_refreshed_main_run_trains_its_stable_phase_again(tmp_path, inputs):
