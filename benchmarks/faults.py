@@ -620,13 +620,14 @@ def plan_rounds(wanted: dict[str, int], stages: tuple[str, ...], per_round: int 
 
 
 def wanted_kills(trials: int, stages: tuple[str, ...], rng: random.Random, stage: str | None = None) -> dict[str, int]:
-    """Kills to land per stage: ``trials`` spread evenly, the remainder on a seeded random subset."""
+    """Kills to land per stage: ``trials`` spread evenly, the remainder on a seeded random subset, and at least one
+    in every stage (a campaign of fewer trials than stages still covers each)."""
     if stage is not None:
         return {stage: trials}
     wanted = {s: trials // len(stages) for s in stages}
     for s in rng.sample(stages, trials % len(stages)):
         wanted[s] += 1
-    return wanted
+    return {s: max(n, 1) for s, n in wanted.items()}
 
 
 class Campaign:
