@@ -106,3 +106,64 @@ def test_an_owner_is_gone_once_its_process_has_ended_even_if_its_pid_is_reused()
     assert owner_gone(tags)
     assert not owner_gone({**tags, OWNER_HOST: "another-host"})  # its processes cannot be checked from here
     assert not owner_gone({})
+
+
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+
+
+def test_stopping_a_run_terminates_its_processes_and_kills_those_that_ignore_sigterm():
+    from infra.lifetime import TOKEN_ENV, run_processes, stop_run_processes
+
+    token = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, TOKEN_ENV: token}
+    polite = subprocess.Popen(["sleep", "300"], env=env)
+    stubborn = subprocess.Popen([sys.executable, "-c", IGNORES_SIGTERM], env=env, stdout=subprocess.PIPE, text=True)
+    bystander = subprocess.Popen(["sleep", "300"])  # no token: not the run's
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        assert sorted(run_processes(token)) == sorted([polite.pid, stubborn.pid])
+        started = time.monotonic()
+        assert sorted(stop_run_processes(token, grace_s=0.5)) == sorted([polite.pid, stubborn.pid])
+        assert polite.wait(timeout=10) == -signal.SIGTERM
+        assert stubborn.wait(timeout=10) == -signal.SIGKILL  # after the grace period
+        assert time.monotonic() - started >= 0.5
+        assert bystander.poll() is None and run_processes(token) == []
+    finally:
+        for proc in (polite, stubborn, bystander):
+            proc.kill()
+            proc.wait()
+
+
+# A run stand-in that starts the supervisor as a plain script (not ``-I -S``, so that coverage.py measures it);
+# ``no-pidfd`` takes away ``os.pidfd_open`` in the supervisor, which then waits on the parent-death signal.
+SUPERVISED = textwrap.dedent("""
+    import os, subprocess, sys, time
+    token = sys.argv[2]
+    env = {**os.environ, "PRETRAIN_RUN_TOKEN": token}
+    worker = subprocess.Popen(["sleep", "300"], env=env)
+    prelude = "import os; del os.pidfd_open; " if sys.argv[1] == "no-pidfd" else ""
+    code = prelude + ("import runpy, sys; sys.argv = [sys.argv[1], *sys.argv[2:]]; "
+                      "runpy.run_path(sys.argv[0], run_name='__main__')")
+    supervisor = subprocess.Popen([sys.executable, "-c", code, "infra/lifetime.py", str(os.getpid()), token],
+                                  env=env, start_new_session=True)
+    print(worker.pid, supervisor.pid, flush=True)
+    time.sleep(300)
+""")
+
+
+@pytest.mark.parametrize("wait", ["pidfd", "no-pidfd"])
+def test_the_supervisor_script_stops_the_run_when_its_parent_is_killed(wait):
+    token = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen([sys.executable, "-c", SUPERVISED, wait, token], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    worker, supervisor = (int(p) for p in proc.stdout.readline().split())
+    try:
+        time.sleep(1.0)  # the supervisor is waiting (it has opened its pidfd or set its death signal)
+        assert _alive(worker) and _alive(supervisor)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert not _wait_gone([worker, supervisor], timeout_s=15)
+    finally:
+        for pid in (worker, supervisor):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
