@@ -1,5 +1,6 @@
 """Fault injection: kill the pipeline inside every stage, tear a checkpoint and a commit, corrupt a checkpoint, fill
-the disk, start two runs at once and kill the run process alone; every rerun of the same command must finish with
+the disk, start two runs at once, kill the run process alone and kill inside a DuckDB write, MLflow logging, an
+Optuna trial and a Ray task; every rerun of the same command must finish with
 artifacts whose content equals an uninterrupted run's. docs/faults.md describes the campaign and its record.
 
     python benchmarks/faults.py                          # 20 random kills + the targeted faults, configs/smoke.toml
@@ -39,6 +40,13 @@ own process group; a kill is SIGKILL to the whole group and to every descendant 
    - two runs at once: two commands started ``CONCURRENT_GAP_S`` apart on an empty runs folder; both exit 0 and
      the artifacts equal the reference.
    - SIGKILL of the run process alone (not its group): no process of that run may be left 10 s later.
+   - kill (DuckDB write): while ``results.duckdb.wal`` exists, in a random stage's publish step; afterwards the
+     warehouse rows of the current artifacts must equal the reference's (``warehouse_diff``).
+   - kill (MLflow logging): while ``mlflow.db-journal`` exists, inside a random training or evaluation stage; the
+     store must pass SQLite's integrity check and hold no run left ``RUNNING``.
+   - kill (Optuna trial): while a sweep trial is created and not finished in the Optuna journal.
+   - kill (Ray task): the corpus build or the tokenizer on a Ray cluster the harness starts (``RayCluster``),
+     killed while a ``ray::<task>`` worker executes; no task may execute 10 s later.
 4. Documents lost, per source and per corpus build: documents in − kept − removed (corpus manifest), and the
    kept and removed ids against the ids read (the sources artifact).
 
@@ -108,7 +116,9 @@ NOT_CONTENT = re.compile(r"_(at|time|timestamp|datetime|date|wall|seconds|durati
                          r"^__id__$|^_stop_words_id$")
 # checksums.json: sha256 of the files beside it, compared themselves (a state.json holds the runs folder's path).
 RECORD_KEYS = 256
-NOT_CONTENT_FILES = {"meta.json", "_COMPLETE", "checksums.json"}
+# ray_calls.jsonl: which node ran each shard call of a Ray engine (execution, not content; the processes engine
+# writes none).
+NOT_CONTENT_FILES = {"meta.json", "_COMPLETE", "checksums.json", "ray_calls.jsonl"}
 # Values at these key paths of these files are not content either: the Python generator's state in a checkpoint
 # (training draws nothing from it, so the weights, compared, would show any draw; library threads of the run draw
 # from it at moments that differ between a resumed and an uninterrupted process).
@@ -178,9 +188,12 @@ class Harness:
         self.count = 0
         self.orphans: list[str] = []
         self.run_wall: list[float] = []
+        self.extra_env: dict[str, str] = {}  # what a run needs to reach the harness's Ray cluster, while it is up
 
-    def start(self, runs: Path, *, until: str | None = "", fsize_limit: int | None = None) -> Run:
-        """Start the command on ``runs``; ``until`` "" takes the harness's, None runs to the end."""
+    def start(self, runs: Path, *, until: str | None = "", fsize_limit: int | None = None,
+              config: str | None = None) -> Run:
+        """Start the command on ``runs``; ``until`` "" takes the harness's, None runs to the end; ``config``: another
+        config file than the harness's (same keys, e.g. another execution engine)."""
         self.count += 1
         log = self.logs / f"{self.count:03d}-{runs.name}.log"
         until = self.until if until == "" else until
@@ -193,9 +206,9 @@ class Harness:
 
         tmp_before = {stage: _tmp_dirs(runs, stage) for stage in self.stages}
         with open(log, "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", self.config, "--runs-dir", str(runs),
-                                     *(["--until", until] if until else [])],
-                                    cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", config or self.config, "--runs-dir",
+                                     str(runs), *(["--until", until] if until else [])],
+                                    cwd=ROOT, env={**_env(), **self.extra_env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=limit_file_size if fsize_limit else None)
         return Run(proc, log, runs, tmp_before)
 
@@ -320,6 +333,145 @@ def sleep_while_alive(run: Run, seconds: float) -> bool:
             return False
         time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
     return run.alive()
+
+
+# --------------------------------------------------------------------------- stores, trials and tasks in progress
+
+# Warehouse tables that log every run (a row per stage per run, a forecast per run that made one), not an
+# artifact's content.
+WAREHOUSE_LOGS = {"stage_runs", "forecasts"}
+
+
+def warehouse_diff(reference: Path, ours: Path, keys: dict[str, str]) -> list[str]:
+    """Tables whose rows written from the current artifacts (``artifact_key`` in ``keys``) differ between two
+    warehouses, by ``frame_digest``; tables without ``artifact_key`` are compared whole. ``WAREHOUSE_LOGS`` are
+    left out. Both files are opened read-only."""
+    import duckdb
+
+    wanted = sorted(set(keys.values()))
+
+    def tables(path: Path) -> dict[str, Any]:
+        with duckdb.connect(str(path), read_only=True) as con:
+            names = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                               "WHERE table_type = 'BASE TABLE'").fetchall()]
+            out = {}
+            for name in names:
+                if name in WAREHOUSE_LOGS:
+                    continue
+                frame = con.execute(f'SELECT * FROM "{name}"').df()
+                if "artifact_key" in frame:
+                    frame = frame[frame["artifact_key"].isin(wanted)]
+                out[name] = frame
+            return out
+
+    ref, got = tables(reference), tables(ours)
+    differing = [f"{t}: missing" for t in sorted(set(ref) - set(got))]
+    differing += [f"{t}: {len(got[t])} rows vs {len(ref[t])} in the reference" for t in sorted(set(ref) & set(got))
+                  if frame_digest(got[t], str(ours.parent.resolve())) != frame_digest(ref[t], str(reference.parent.resolve()))]
+    return differing
+
+
+def tracking_store_state(db: Path) -> dict[str, Any]:
+    """SQLite's ``integrity_check`` of an MLflow store and its runs by status: {ok, summary}. ``ok``: the check
+    passes and no run is left ``RUNNING``."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
+        statuses = dict(con.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall())
+    finally:
+        con.close()
+    summary = f"integrity_check {integrity}; runs by status " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    return {"ok": integrity == "ok" and not statuses.get("RUNNING"), "summary": summary}
+
+
+def running_trials(journal: Path) -> list[int]:
+    """Trials an Optuna journal has created but not finished (no ``SET_TRIAL_STATE_VALUES`` to a final state);
+    a torn last line (being written) is ignored. Trials are numbered by their creation order in the journal."""
+    from optuna.storages.journal._storage import JournalOperation
+
+    created, finished = 0, set()
+    try:
+        lines = journal.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            op = json.loads(line)
+        except ValueError:
+            continue
+        if op.get("op_code") == JournalOperation.CREATE_TRIAL:
+            created += 1
+        elif op.get("op_code") == JournalOperation.SET_TRIAL_STATE_VALUES and op.get("state") in (1, 2, 3):
+            finished.add(op["trial_id"])  # COMPLETE, PRUNED, FAIL
+    return [t for t in range(created) if t not in finished]
+
+
+# Ray process titles that are not a task: an idle worker and the node's own agents.
+RAY_NOT_TASKS = {"IDLE", "DashboardAgent", "RuntimeEnvAgent", "JobSupervisor"}
+
+
+def ray_tasks_executing() -> dict[int, str]:
+    """Ray worker processes executing a task now: pid → task name (Ray titles a worker ``ray::<task>`` while it
+    runs one and ``ray::IDLE`` otherwise)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            title = _cmdline(int(entry.name)).strip()
+            if title.startswith("ray::") and title.split()[0][5:] not in RAY_NOT_TASKS and _running(int(entry.name)):
+                found[int(entry.name)] = title.split()[0][5:]
+    return found
+
+
+class RayCluster:
+    """A one-node Ray cluster of the harness's own: ``ray start --head --block`` in its own session, its temp folder
+    short and under /tmp (Ray's socket paths must stay under ~107 characters), loopback only, token auth; stopped
+    by the ids of the processes it started, never by a machine-wide ``ray stop``."""
+
+    def __init__(self, work: Path, host: str = "127.0.0.2", timeout_s: float = 120.0):
+        import secrets
+        import socket
+
+        self.temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+        token = self.temp / "token"
+        token.write_text(secrets.token_hex(32))
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        self.address = f"{host}:{port}"
+        self.env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | self.env
+        self.log = work / "logs" / "ray-head.log"
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
+             "--node-ip-address", host, "--include-dashboard=false", "--temp-dir", str(self.temp), "--num-cpus", "2",
+             "--disable-usage-stats", "--object-store-memory", str(100 * 2**20)],
+            cwd=self.temp, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while "Ray runtime started" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the Ray head did not start; log {self.log}")
+            time.sleep(0.5)
+
+    def stop(self) -> list[str]:
+        """SIGTERM the head (it stops its processes), then SIGKILL whatever of it is left: its descendants and any
+        process naming its temp folder. Returns what was still alive."""
+        ours = _descendants(self.proc.pid) | {self.proc.pid}
+        ours |= {int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and str(self.temp) in _cmdline(int(e.name))}
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        left = _outliving(ours, 15.0)
+        described = [f"{pid} ({_cmdline(pid)[:80]})" for pid in sorted(left)]
+        for pid in left:
+            _sigkill(pid)
+        shutil.rmtree(self.temp, ignore_errors=True)
+        return described
 
 
 # --------------------------------------------------------------------------- the runs folder
@@ -646,6 +798,7 @@ class Campaign:
         self.builds = 0
         self.stale_checked = 0
         self.too_late = 0
+        self.ray: RayCluster | None = None
         self.skipped = 0  # targets already complete: a kill aimed earlier landed after them
         self._pending: list[Fault] = []  # faults whose recovery the next run decides
         self._since_compare: list[Fault] = []  # faults the next comparison speaks for
@@ -725,8 +878,8 @@ class Campaign:
             print(f"  {label}: {len(found)} mismatching artifact(s): " + "; ".join(found))
         return found
 
-    def run_to_end(self, label: str, runs: Path | None = None) -> int:
-        run = self.h.start(runs or self.runs)
+    def run_to_end(self, label: str, runs: Path | None = None, config: str | None = None) -> int:
+        run = self.h.start(runs or self.runs, config=config)
         rc = self.h.finish(run)
         self._passed(run, rc)
         if rc != 0:
@@ -819,9 +972,11 @@ class Campaign:
         stable = checkpoint_steps(self.trunk) if self.trunk else {}
         return scratch, stable
 
-    def _finish_and_compare(self, fault: Fault, label: str, expected: tuple[int, str] | None = None) -> None:
-        """Rerun to the end, then compare; with ``expected``, main's resume point must be it."""
-        self.run_to_end(f"{label}: rerun")
+    def _finish_and_compare(self, fault: Fault, label: str, expected: tuple[int, str] | None = None,
+                            config: str | None = None) -> None:
+        """Rerun to the end (with ``config``: that config file), then compare; with ``expected``, main's resume
+        point must be it."""
+        self.run_to_end(f"{label}: rerun", config=config)
         self.compare(label)
         if expected is not None:
             got = fault.main_resume or {}
@@ -1062,6 +1217,156 @@ class Campaign:
         self._finish_and_compare(fault, kind)
         return fault
 
+    # -- kills inside a store's write, an Optuna trial, a Ray task
+
+    def _kill_when(self, kind: str, target: str, window: Callable[[], str | None], *, delay_s: float = 0.0,
+                   config: str | None = None) -> tuple[Fault, Run] | None:
+        """Reset ``target`` and the stages after it, run to the end, and once ``target`` has opened and ``delay_s``
+        has passed, kill as soon as ``window()`` names what is in progress; None when the run got past ``target``
+        (or ended) first. The fault lands in the stage in progress; one that struck while ``target``'s artifact
+        was committed but the next stage had not opened (its publish step: DuckDB rows, MLflow records) counts
+        for ``target``."""
+        reset(self.runs, self.stages[self.stages.index(target):], self.experiment)
+        run = self.h.start(self.runs, until=None, config=config)
+        after = self._after(target)
+        seen: list[str] = []
+
+        def in_window() -> bool:
+            if (what := window()) is not None:
+                seen.append(what)
+                return True
+            return after != target and run.has_opened(after)
+
+        if not wait_until(run, lambda: run.has_opened(target)) or not sleep_while_alive(run, delay_s) \
+                or not wait_until(run, in_window) or not seen:
+            if run.alive():
+                self.h.kill(run)
+            else:
+                self.h.finish(run)
+            return None
+        self.h.kill(run)
+        landed = stage_in_progress(run, self.stages)
+        where = ""
+        if landed == "between stages" and complete(self.runs, target, self.keys[target]):
+            landed, where = target, f" (in {target}'s publish step: its artifact was committed)"
+        fault = self._fault(Fault(kind, target, landed, run.kill_s(landed) if landed in self.stages else None,
+                                  detail=f"killed while {seen[-1]}{where}"))
+        return fault, run
+
+    def duckdb_write(self) -> Fault | None:
+        """Kill while the warehouse is being written (DuckDB's write-ahead log ``results.duckdb.wal`` exists),
+        in the publish step of a seeded random stage. The rerun must finish, and the warehouse rows of every
+        stage's artifact must equal the reference run's (a torn transaction is rolled back, never half-read)."""
+        target = self.rng.choice(self.stages)
+        wal = self.runs / "results.duckdb.wal"
+        got = self._kill_when("kill (DuckDB write)", target,
+                              lambda: f"writing the warehouse ({wal.name}: {wal.stat().st_size} bytes)"
+                              if wal.exists() else None)
+        if got is None:
+            return None
+        fault, _ = got
+        self._finish_and_compare(fault, fault.kind)
+        differing = warehouse_diff(self.reference_dir / "results.duckdb", self.runs / "results.duckdb", self.keys)
+        fault.detail += "; warehouse rows of the current artifacts: " + ("; ".join(differing) or "equal to the reference")
+        if differing:
+            self.problems.append(f"{fault.kind}: warehouse rows differ from the reference: " + "; ".join(differing))
+        return fault
+
+    def mlflow_logging(self) -> Fault | None:
+        """Kill while MLflow writes its store (SQLite's rollback journal ``mlflow.db-journal`` exists), at a
+        seeded random moment of a seeded random training or evaluation stage. The rerun must finish; the store
+        must pass SQLite's integrity check and hold no run left ``RUNNING`` (the killed run's are marked
+        failed)."""
+        target = self.rng.choice([s for s in ("mixture", "sweep", "ladder", "main", "branches", "cpt", "gate")
+                                  if s in self.stages] or list(self.stages))
+        journal = self.runs / "mlflow.db-journal"
+        got = self._kill_when("kill (MLflow logging)", target,
+                              lambda: "writing the tracking store (mlflow.db-journal)" if journal.exists() else None,
+                              delay_s=self.rng.random() * 0.8 * self.wall[target])
+        if got is None:
+            return None
+        fault, _ = got
+        self._finish_and_compare(fault, fault.kind)
+        verdict = tracking_store_state(self.runs / "mlflow.db")
+        fault.detail += f"; the tracking store after the rerun: {verdict['summary']}"
+        if not verdict["ok"]:
+            self.problems.append(f"{fault.kind}: {verdict['summary']}")
+        return fault
+
+    def optuna_trial(self) -> Fault | None:
+        """Kill while a sweep trial runs (the Optuna journal holds a created trial with no final state), at a
+        seeded random moment of the sweep. The rerun must finish the study with the reference trials (compared:
+        the sweep artifact)."""
+        journal = self.runs / STAGE_STATE["sweep"][0].format(experiment=self.experiment) / "optuna_journal.log"
+
+        def running() -> str | None:
+            trials = running_trials(journal)
+            return f"trial(s) {trials} ran (Optuna journal)" if trials else None
+
+        got = self._kill_when("kill (Optuna trial)", "sweep", running,
+                              delay_s=self.rng.random() * 0.8 * self.wall["sweep"])
+        if got is None:
+            return None
+        fault, _ = got
+        self._finish_and_compare(fault, fault.kind)
+        return fault
+
+    def ray_task(self) -> Fault | None:
+        """Kill the run while a Ray task of the corpus build or the tokenizer (a seeded choice) executes on a local
+        Ray cluster the harness started (``engine = "ray"`` in both execution tables; the cache keys do not
+        depend on the engine, so the reference artifacts apply). No task of the killed run may still execute
+        ``ORPHAN_GRACE_S`` later; the rerun, on the same cluster, must finish with the reference content."""
+        config = self._ray_config()
+        target = self.rng.choice([s for s in ("corpus", "tokenizer") if s in self.stages])
+
+        def busy() -> str | None:
+            tasks = ray_tasks_executing()
+            return f"Ray task(s) executed: {', '.join(sorted(set(tasks.values())))}" if tasks else None
+
+        got = self._kill_when("kill (Ray task)", target, busy, config=config,
+                              delay_s=self.rng.random() * 0.7 * self.wall[target])
+        if got is None:
+            return None
+        fault, _ = got
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while (left := ray_tasks_executing()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fault.detail += f"; Ray tasks still executing {ORPHAN_GRACE_S:.0f} s later: " + (
+            ", ".join(f"{pid} {name}" for pid, name in left.items()) or "none")
+        if left:
+            self.problems.append(f"{fault.kind}: Ray tasks of the killed run still executed {ORPHAN_GRACE_S:.0f} s "
+                                 "later: " + ", ".join(f"{pid} {name}" for pid, name in left.items()))
+        self._finish_and_compare(fault, fault.kind, config=config)
+        return fault
+
+    def _ray_config(self) -> str:
+        """The harness's config with both execution tables on the harness's Ray cluster (started on first use)."""
+        if self.ray is None:
+            self.ray = RayCluster(self.h.work)
+            self.h.extra_env.update(self.ray.env)
+        import tomllib
+
+        text = (ROOT / self.h.config).read_text()
+        cfg = tomllib.loads(text)
+        tables = []
+        for section in ("corpus", "tokenizer"):
+            if "execution" in cfg.get(section, {}):
+                raise RuntimeError(f"{self.h.config} has [{section}.execution]: the Ray fault appends its own")
+            tables.append(f'\n[{section}.execution]\nengine = "ray"\naddress = "{self.ray.address}"\nworkers = 2\n')
+        path = self.h.work / "ray.toml"
+        path.write_text(text + "".join(tables))
+        return str(path)
+
+    def close(self) -> None:
+        """Stop what the campaign started (the Ray cluster)."""
+        if self.ray is not None:
+            left = self.ray.stop()
+            self.ray = None
+            for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED"):
+                self.h.extra_env.pop(key, None)
+            if left:
+                self.problems.append(f"Ray processes outlived the harness's cluster: {left}")
+
     def _not_run(self, kind: str, target: str) -> Fault:
         fault = Fault(kind, target, "not run", outcome="not run", detail="mounting a tmpfs is not permitted here")
         self.faults.append(fault)
@@ -1079,10 +1384,13 @@ class Campaign:
         """The targeted faults in ``TARGETED``'s order; ``only``: those of these kinds (``--only``) alone."""
         saved, self.compared = self.compared, self.stages  # the targeted faults run to the end
         self.h.until = None
-        for kind, target, method, needs_tmpfs in TARGETED:
-            if only is None or kind in only:
-                inject = getattr(self, method)
-                self.attempt(kind, target, (lambda inject=inject: inject(tmpfs_ok)) if needs_tmpfs else inject)
+        try:
+            for kind, target, method, needs_tmpfs in TARGETED:
+                if only is None or kind in only:
+                    inject = getattr(self, method)
+                    self.attempt(kind, target, (lambda inject=inject: inject(tmpfs_ok)) if needs_tmpfs else inject)
+        finally:
+            self.close()
         self.compared = saved
 
 
@@ -1093,6 +1401,10 @@ TARGETED = (
     ("kill + corrupt checkpoint", "main", "corrupt_checkpoint", False),
     ("kill (artifact commit)", "main", "artifact_commit", False),
     ("SIGKILL of the run process alone", "main", "kill_run_process", False),
+    ("kill (DuckDB write)", "any", "duckdb_write", False),
+    ("kill (MLflow logging)", "any", "mlflow_logging", False),
+    ("kill (Optuna trial)", "sweep", "optuna_trial", False),
+    ("kill (Ray task)", "corpus", "ray_task", False),
     ("disk full under an artifact", "cpt", "disk_full_artifact", True),
     ("disk full under the tracking store", "main", "disk_full_runs", True),
     ("two runs at once on a fresh folder", "all", "concurrent_runs", False),

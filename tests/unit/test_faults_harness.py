@@ -145,6 +145,7 @@ def test_the_targeted_faults_run_in_order_and_only_names_one_alone():
     class Stub(faults.Campaign):
         def __init__(self):
             self.stages, self.compared, self.h = ("a", "main"), ("a",), type("H", (), {"until": "a"})()
+            self.ray = None
 
         def attempt(self, kind, target, inject):
             calls.append((kind, target, inject()))
@@ -160,3 +161,30 @@ def test_the_targeted_faults_run_in_order_and_only_names_one_alone():
     calls.clear()
     campaign.targeted(False, ["disk full under the tracking store"])
     assert calls == [("disk full under the tracking store", "main", ("disk_full_runs", False))]
+
+
+def test_optuna_journal_trials_without_a_final_state_are_running(tmp_path):
+    journal = tmp_path / "optuna_journal.log"
+    assert faults.running_trials(journal) == []  # no journal yet
+    ops = [{"op_code": 0}, {"op_code": 4}, {"op_code": 4}, {"op_code": 6, "trial_id": 0, "state": 1},
+           {"op_code": 4}, {"op_code": 6, "trial_id": 2, "state": 3}, {"op_code": 4}]
+    journal.write_text("\n".join(map(json.dumps, ops)) + '\n{"op_code": 6, "trial_id": 3, "st')  # torn last line
+    assert faults.running_trials(journal) == [1, 3]
+
+
+def test_the_warehouse_comparison_names_tables_that_differ_for_the_current_artifacts(tmp_path):
+    import duckdb
+
+    def warehouse(path, rows):
+        with duckdb.connect(str(path)) as con:
+            con.execute("CREATE TABLE removals (artifact_key VARCHAR, doc_id VARCHAR, recorded_at TIMESTAMP)")
+            con.executemany("INSERT INTO removals VALUES (?, ?, now())", rows)
+            con.execute("CREATE TABLE stage_runs (artifact_key VARCHAR, wall_s DOUBLE)")
+            con.execute("INSERT INTO stage_runs VALUES ('k1', 1.0)")
+        return path
+
+    ref = warehouse(tmp_path / "ref.duckdb", [("k1", "a"), ("k1", "b"), ("old", "z")])
+    same = warehouse(tmp_path / "same.duckdb", [("k1", "b"), ("k1", "a")])  # row order and other keys' rows aside
+    torn = warehouse(tmp_path / "torn.duckdb", [("k1", "a")])
+    assert faults.warehouse_diff(ref, same, {"corpus": "k1"}) == []
+    assert faults.warehouse_diff(ref, torn, {"corpus": "k1"}) == ["removals: 1 rows vs 2 in the reference"]
