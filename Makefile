@@ -1,6 +1,6 @@
 # pretrain — the two commands a new user needs:
 #   make demo   # venv + install + fetch the Debian demo corpus + the whole chain on CPU
-#   make test   # venv + install + the layering check + the test suite (what CI runs)
+#   make test   # venv + install + the docs site (--strict) + the layering check + the test suite (what CI runs)
 #   make coverage  # the test suite under coverage.py (line coverage of flows, tasks, models, evals, infra)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +10,7 @@ PRETRAIN := $(VENV)/bin/pretrain
 TEST_WORKERS ?= auto
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-.PHONY: install demo smoke test coverage bench clean
+.PHONY: install demo smoke docs test coverage bench clean
 
 install: $(VENV)/.installed
 
@@ -29,7 +29,11 @@ demo: install
 smoke: install
 	$(PRETRAIN) run configs/smoke.toml
 
-test: install
+# The documentation site (mkdocs.yml, docs/): a broken link or anchor, or a page missing from the nav, fails it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+test: install docs
 	$(VENV)/bin/lint-imports
 	$(PYTEST)
 
@@ -40,4 +44,4 @@ bench: install
 	$(PY) benchmarks/demo_wall_time.py
 
 clean:
-	rm -rf runs
+	rm -rf runs build/site

@@ -11,7 +11,7 @@ time by default (``--limit``), each in its own subprocess.
 Where the API lives: with ``PREFECT_API_URL`` set, the deployment is registered on that server (a team's server,
 or one started by ``prefect server start``). Without it, a local Prefect server (API, UI and scheduler) is started
 on ``127.0.0.1:<port>`` with its database in the runs folder, and stopped when serving stops. It binds to loopback
-only; README "Security" says how to reach it from another machine.
+only; docs/guide/security.md says how to reach it from another machine.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class RunsLayout:
 
     @property
     def folders(self) -> tuple[Path, ...]:
-        """Every folder the platform writes directly under the runs folder (README "Where things go"; the mixture
+        """Every folder the platform writes directly under the runs folder (docs/runs-folder.md; the mixture
         stage's proxy results go to ``cache/proxies``)."""
         return (self.root, self.mlflow_artifacts, self.artifacts, self.prefect_home, self.optuna,
                 self.root / "cache", self.source_cache, self.root / "cache" / "proxies", self.root / "scratch",
@@ -138,6 +138,6 @@ class RunsLayout:
         # The local API server starts in a subprocess; on a busy 2-core machine it can take > 20 s.
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        # Loopback only, unless the user exports another host (see README, Security): the API has no auth.
+        # Loopback only, unless the user exports another host (see docs/guide/security.md): the API has no auth.
         os.environ.setdefault("PREFECT_SERVER_API_HOST", "127.0.0.1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
