@@ -9,8 +9,13 @@ PRETRAIN := $(VENV)/bin/pretrain
 # pytest-xdist workers: one per core; each test file runs on one worker (its module fixtures are made once).
 TEST_WORKERS ?= auto
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# The DuckDB 1.x command-line shell, in a venv of its own (the project's venv keeps its own duckdb package): the
+# tests open the warehouse with it, as a user's DuckDB 1.x tools would (docs/duckdb.md, "Which DuckDB opens it").
+DUCKDB_CLI_VERSION ?= 1.5.6
+DUCKDB_CLI_VENV    ?= $(VENV)-duckdb-cli
+export PRETRAIN_DUCKDB_CLI := $(abspath $(DUCKDB_CLI_VENV))/bin/duckdb
 
-.PHONY: install demo smoke docs test coverage bench clean
+.PHONY: install duckdb-cli demo smoke docs test coverage bench clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +25,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+duckdb-cli: $(DUCKDB_CLI_VENV)/.installed-$(DUCKDB_CLI_VERSION)
+
+# The stamp names the version: changing DUCKDB_CLI_VERSION installs that one.
+$(DUCKDB_CLI_VENV)/.installed-$(DUCKDB_CLI_VERSION):
+	$(PYTHON) -m venv $(DUCKDB_CLI_VENV)
+	$(DUCKDB_CLI_VENV)/bin/python -m pip install --quiet 'duckdb-cli==$(DUCKDB_CLI_VERSION)'
 	touch $@
 
 demo: install
@@ -33,11 +46,11 @@ smoke: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
-test: install docs
+test: install duckdb-cli docs
 	$(VENV)/bin/lint-imports
 	$(PYTEST)
 
-coverage: install
+coverage: install duckdb-cli
 	$(PYTEST) --cov --cov-report=term:skip-covered --cov-report=xml
 
 bench: install

@@ -10,12 +10,18 @@ packing_report, mixture_trials, sweep_trials, heldout_loss,
 cloze_results, gates, gate_decisions, stage_runs, train_events, stability_runs, audit_crosstab, audit_extractors,
 audit_detectors, tokenizer_sources (``TABLES``, the core ones; a stage may add its own under a plain lower-case
 name).
+
+The file is written in DuckDB storage format ``STORAGE_VERSION``, which every DuckDB 1.x and later opens (the CLI,
+JDBC/ODBC drivers, DBeaver), not in the newest format the installed duckdb package would pick by default. A
+warehouse an earlier version wrote in a newer format is rewritten in this one on its first write (docs/duckdb.md).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +30,7 @@ from typing import Any, Iterator, Mapping
 import duckdb
 import pandas as pd
 
+from infra.errors import DataError
 from infra.runs import ensure_folder
 
 TABLES = (
@@ -51,6 +58,8 @@ class Warehouse:
         if not read_only:
             ensure_folder(self.path.parent)
         con = _connect_with_retry(self.path, read_only)
+        if not read_only and _newer_than_compatible(_storage_version(con)):
+            con = _rewrite_compatible(self.path, con)
         try:
             yield con
         finally:
@@ -124,18 +133,93 @@ class Warehouse:
 
 LOCK_WAIT_S = 300.0
 
+# The storage format of the files the warehouse creates. DuckDB 2.x creates files in its newest format (v2.0.0,
+# storage number 69) unless told otherwise, and no DuckDB 1.x reader opens those ("can only read versions between 64
+# and 68"). Every DuckDB from 1.0 on opens v1.0.0 (storage number 64), and duckdb>=1.1 (pyproject) can write it; the
+# newer formats made a million-row table no smaller. DuckDB applies it only when it creates the file: an existing file
+# keeps its format (``_rewrite_compatible`` converts one). A column type that needs a newer format (VARIANT, v1.5.0)
+# fails to be written, which no table of the platform's has.
+STORAGE_VERSION = "v1.0.0"
+_CREATE_CONFIG = {"storage_compatibility_version": STORAGE_VERSION}
+
 
 def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     deadline = time.monotonic() + LOCK_WAIT_S
     delay = 0.05
+    # Read-only connections pass no config: they never create the file, and DuckDB refuses a second connection to a
+    # file in one process whose config differs (so a caller's plain read-only connection can stay open meanwhile).
+    config = {} if read_only else _CREATE_CONFIG
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            return duckdb.connect(str(path), read_only=read_only, config=config)
         except duckdb.IOException as err:
             if "lock" not in str(err).lower() or time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay + random.uniform(0, delay))  # jitter: waiting writers do not retry in lockstep
             delay = min(delay * 2, 2.0)
+
+
+def _storage_version(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The storage format of ``con``'s database as DuckDB tags it (``v2.0.0+``); None when DuckDB does not say."""
+    rows = con.execute("SELECT tags FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+    tags = rows[0][0] if rows else None
+    return tags.get("storage_version") if isinstance(tags, dict) else None
+
+
+def _version_key(version: str | None) -> tuple[int, ...] | None:
+    found = re.match(r"v(\d+)\.(\d+)\.(\d+)", version or "")
+    return tuple(int(part) for part in found.groups()) if found else None
+
+
+def _newer_than_compatible(version: str | None) -> bool:
+    found = _version_key(version)
+    return found is not None and found > _version_key(STORAGE_VERSION)
+
+
+def _rewrite_compatible(path: Path, con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Rewrite the warehouse ``con`` holds open for writing in ``STORAGE_VERSION`` and return a connection to the new
+    file. Every table is copied (``COPY FROM DATABASE``) to a file beside it, the row counts are compared, and that
+    file replaces the old one while ``con`` still holds the old one's write lock, so no other process can have
+    written to it meanwhile. The old file is left untouched when anything fails.
+
+    Raises:
+        DataError: the copy failed or lost rows (the message says how to read the file meanwhile).
+    """
+    found = _storage_version(con)
+    rewrite = path.with_name(path.name + ".rewrite")
+    wal = rewrite.with_name(rewrite.name + ".wal")
+    for leftover in (rewrite, wal):
+        leftover.unlink(missing_ok=True)
+    old = '"' + con.execute("SELECT current_database()").fetchall()[0][0].replace('"', '""') + '"'
+    try:
+        con.execute(f"ATTACH {_literal(str(rewrite))} AS warehouse_rewrite "
+                    f"(STORAGE_VERSION {_literal(STORAGE_VERSION)})")
+        try:
+            con.execute(f"COPY FROM DATABASE {old} TO warehouse_rewrite")
+            tables = [r[0] for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()").fetchall()]
+            for table in tables:
+                quoted = '"' + table.replace('"', '""') + '"'
+                before = con.execute(f"SELECT count(*) FROM {old}.{quoted}").fetchall()[0][0]
+                after = con.execute(f"SELECT count(*) FROM warehouse_rewrite.{quoted}").fetchall()[0][0]
+                if before != after:
+                    raise duckdb.Error(f"table {table}: {after} of {before} rows copied")
+        finally:
+            con.execute("DETACH warehouse_rewrite")  # checkpoints the copy into its file
+        os.replace(rewrite, path)
+    except (duckdb.Error, OSError) as err:
+        con.close()
+        for leftover in (rewrite, wal):
+            leftover.unlink(missing_ok=True)
+        raise DataError(
+            f"{path} is in DuckDB storage format {found}, which DuckDB 1.x tools cannot open, and rewriting it in "
+            f"format {STORAGE_VERSION} failed: {err}. The file is unchanged. Drop or convert what the error names "
+            f"(Python's duckdb {duckdb.__version__} opens it: duckdb.connect({str(path)!r})), or move the file aside "
+            f"to start a new warehouse") from err
+    con.close()
+    print(f"warehouse: rewrote {path} from DuckDB storage format {found} to {STORAGE_VERSION}, "
+          f"which DuckDB 1.x tools open (docs/duckdb.md)", file=sys.stderr)
+    return _connect_with_retry(path, read_only=False)
 
 
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
