@@ -773,9 +773,11 @@ def plan_rounds(wanted: dict[str, int], stages: tuple[str, ...], per_round: int 
 
 def wanted_kills(trials: int, stages: tuple[str, ...], rng: random.Random, stage: str | None = None) -> dict[str, int]:
     """Kills to land per stage: ``trials`` spread evenly, the remainder on a seeded random subset, and at least one
-    in every stage (a campaign of fewer trials than stages still covers each)."""
+    in every stage (a campaign of fewer trials than stages still covers each); none for 0 trials."""
     if stage is not None:
         return {stage: trials}
+    if trials == 0:  # --only, or the targeted faults alone
+        return {s: 0 for s in stages}
     wanted = {s: trials // len(stages) for s in stages}
     for s in rng.sample(stages, trials % len(stages)):
         wanted[s] += 1

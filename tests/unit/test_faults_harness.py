@@ -89,6 +89,7 @@ def test_kills_are_spread_over_every_stage_and_replanned_where_they_did_not_land
     wanted = faults.wanted_kills(7, stages, random.Random(0))
     assert sum(wanted.values()) == 7 and min(wanted.values()) == 2
     assert faults.wanted_kills(2, stages, random.Random(0)) == {"a": 1, "b": 1, "c": 1}  # every stage, at least once
+    assert faults.wanted_kills(0, stages, random.Random(0)) == {"a": 0, "b": 0, "c": 0}  # --only: no random kills
     assert faults.plan_rounds({"a": 2, "c": 1}, stages) == [["a", "c"], ["a"]]
     assert faults.plan_rounds({"b": 5}, stages, per_round=2, stage="b") == [["b", "b"], ["b", "b"], ["b"]]
 
