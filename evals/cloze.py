@@ -39,36 +39,21 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from evals.scorings import NORMALISED_SCORINGS, SCORINGS, Scoring, check_scoring  # noqa: F401
 from infra.errors import DataError
 from infra.jsonl import jsonl_lines
 
 # Shape legend: B = options of one item, T = tokens fed to the model, V = vocabulary size.
 
-Scoring = Literal["sum", "per_token", "per_byte"]
-SCORINGS: tuple[str, ...] = ("sum", "per_token", "per_byte")
-NORMALISED_SCORINGS: tuple[str, ...] = ("per_token", "per_byte")
 # The columns of ``score_cloze`` (the frames of cloze.parquet and DuckDB cloze_results), in order.
 CLOZE_COLUMNS = ["item_id", "group", "kind", "source", "answer", "predicted", "correct", "logprob_answer", "logprobs",
                  "n_option_tokens", "boundary_shift", "n_option_bytes", "predicted_per_token", "correct_per_token",
                  "predicted_per_byte", "correct_per_byte"]
-
-
-def check_scoring(scoring: str) -> str:
-    """``scoring`` itself when it is one of ``SCORINGS``.
-
-    Raises:
-        ValueError: any other value, naming the allowed ones and what each divides by.
-    """
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring must be 'sum' (summed log-probability), 'per_token' (divided by the option's "
-                         f"tokens) or 'per_byte' (divided by its UTF-8 bytes), got {scoring!r}")
-    return scoring
 
 
 def correct_column(scoring: str) -> str:

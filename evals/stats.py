@@ -16,8 +16,8 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
 
+# scipy.stats (~1 s to import) is imported in the functions that use it: a config reads MIN_UNITS without it.
 from infra.errors import ConfigError, DataError
 
 
@@ -88,6 +88,7 @@ def paired_bootstrap_ci(a: np.ndarray, b: np.ndarray, *, weights: np.ndarray | N
     weight, non-finite values or negative weights; ConfigError
     for a confidence outside (0, 1) or n_resamples < 1.
     """
+    from scipy import stats
     _check_confidence(confidence)
     if n_resamples < 1:
         raise ConfigError(f"n_resamples must be >= 1, got {n_resamples}")
@@ -197,6 +198,7 @@ def mcnemar_exact(base_correct: np.ndarray, cand_correct: np.ndarray) -> McNemar
     ``scipy.stats.binomtest(b01, b01 + b10, 0.5)``; 1.0 when there are no discordant items. Raises DataError
     for mismatched shapes.
     """
+    from scipy import stats
     base = np.asarray(base_correct, dtype=bool)
     cand = np.asarray(cand_correct, dtype=bool)
     if base.ndim != 1 or base.shape != cand.shape:
@@ -215,6 +217,7 @@ def items_needed(p: float, half_width: float, confidence: float = 0.95) -> int:
     at least 1. ``p`` and ``half_width`` are fractions (0.043 = 4.3 points). Raises DataError for p outside
     [0, 1]; ConfigError for half_width <= 0 or confidence outside (0, 1).
     """
+    from scipy import stats
     _check_confidence(confidence)
     if not 0.0 <= p <= 1.0:
         raise DataError(f"accuracy p must be a fraction in [0, 1], got {p}")
@@ -282,6 +285,7 @@ class ClusterMeanCI(NamedTuple):
 
 
 def _t_interval(delta: float, se: float, df: float, confidence: float) -> tuple[float, float]:
+    from scipy import stats
     half = float(stats.t.ppf(0.5 + confidence / 2.0, df)) * se
     return delta - half, delta + half
 
@@ -423,6 +427,7 @@ def proportion_ci(k: int, n: int, confidence: float = 0.95) -> ProportionCI:
         DataError: n < 1 or k outside [0, n].
         ConfigError: confidence outside (0, 1).
     """
+    from scipy import stats
     _check_confidence(confidence)
     if n < 1 or not 0 <= k <= n:
         raise DataError(f"a proportion needs n >= 1 items and 0 <= k <= n, got k={k}, n={n}")
@@ -514,6 +519,7 @@ def loss_minimum_ci(x: np.ndarray, y: np.ndarray, confidence: float = 0.95,
         DataError: shapes differ, values are not finite, or fewer than degree + 2 points at degree + 1 distinct x.
         ConfigError: confidence outside (0, 1), or degree < 2.
     """
+    from scipy import stats
     import statsmodels.api as sm  # deferred: statsmodels costs ~1 s to import and only verdicts need it
 
     _check_confidence(confidence)

@@ -35,11 +35,27 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from flows.config import load_config
-from flows.preflight import preflight
 from flows.runlog import run_log_path, write_traceback
 from infra.errors import PretrainError
 from infra.runs import RUNS_ENV, TRACKING_ENV, RunsLayout
+
+# The stack (torch, MLflow, Prefect, pandas) is imported inside the commands that use it, so `--help` and a config
+# error answer at once; benchmarks/cli_latency.py measures it and tests/unit/test_cli_imports.py keeps it so.
+
+
+def load_config(path: Path):
+    """``flows.config.load_config`` (pydantic and the config sections only)."""
+    from flows.config import load_config as load
+
+    return load(path)
+
+
+def preflight(cfg, *args, **kwargs) -> None:
+    """``flows.preflight.preflight``: the checks before any stage runs (imports the stores)."""
+    from flows.preflight import preflight as check
+
+    check(cfg, *args, **kwargs)
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
 gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
@@ -160,8 +176,8 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
     tracking_uri: Optional[str] = TrackingUri,
 ) -> None:
-    """Run the pipeline: sources → quality_model → corpus → tokenizer → mixture → quality_ablation → sweep → main →
-    cpt → gate → export."""
+    """Run the pipeline: sources → quality_model → corpus → tokenizer → mixture → quality_ablation → sweep → ladder →
+    main → branches → cpt → gate → export."""
     _set_tracking(tracking_uri)
     layout = RunsLayout.resolve(runs_dir)
     log_path = run_log_path(layout)

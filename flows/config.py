@@ -14,19 +14,17 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from evals.gate import GateConfig
+from evals.gate_config import GateConfig
 from infra.errors import ConfigError
 from infra.section import Section
 from tasks.corpus.config import CorpusConfig
 from tasks.ladder.config import LadderConfig
 from tasks.mixture.config import MixtureConfig
 from tasks.sources.config import SourceConfig
-from tasks.stability.experiment import StabilityExperimentConfig
+from tasks.stability.config import StabilityExperimentConfig
 from tasks.sweep.config import SweepConfig
 from tasks.tokenizer.config import TokenizerConfig
-from tasks.train.packing import PackingConfig
-from tasks.train.samples import SampleConfig
-from tasks.train.sections import CptConfig, MainConfig, ProxyConfig
+from tasks.train.sections import CptConfig, MainConfig, PackingConfig, ProxyConfig, SampleConfig
 
 
 class ExperimentConfig(Section):
@@ -82,7 +80,7 @@ class ExperimentConfig(Section):
                 raise ValueError(f"cpt.context.target_seq_len = {context.target_seq_len} must exceed the main "
                                  f"model's seq_len = {base_len}: it is the extended window")
             if not external:
-                from evals.gate import RETRIEVAL_METRICS
+                from evals.gate_config import RETRIEVAL_METRICS
                 from evals.long_context import default_lengths
                 from models.context import extended_config
 
@@ -96,7 +94,7 @@ class ExperimentConfig(Section):
                     if c.metric in RETRIEVAL_METRICS and c.length and c.length not in lengths:
                         raise ValueError(f"gate.criteria '{c.name}': length = {c.length} is not a passkey length "
                                          f"{lengths} (cpt.context.retrieval_lengths; 0 = the longest)")
-        from evals.gate import CONTEXT_METRICS
+        from evals.gate_config import CONTEXT_METRICS
 
         context_criteria = [c.name for c in self.gate.criteria if c.metric in CONTEXT_METRICS]
         if self.cpt.kind != "context_extension" and (context_criteria or self.gate.select == "max_long_loss_reduction"):

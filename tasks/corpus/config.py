@@ -14,7 +14,7 @@ from infra.errors import ConfigError, ConfigWarning
 from infra.execution import ExecutionConfig
 from infra.languages import LID176_LABELS
 from infra.section import NOT_IN_KEY, Section
-from tasks.corpus.quality_model import QualityModelConfig
+from tasks.corpus.quality_config import QualityModelConfig
 from tasks.corpus.urls import UrlRules, compile_rules, files_digest, normal_domain, read_domain_file
 
 

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 
 from infra.errors import ConfigError, DataError
-from infra.section import Section
+from tasks.train.sections import PackingConfig  # noqa: F401  (re-exported)
 
 PackingPolicy = Literal["concat", "best_fit"]
 POLICIES: tuple[str, ...] = ("concat", "best_fit")
@@ -198,15 +198,3 @@ def _set(tree: np.ndarray, n_leaves: int, leaf: int, value: int) -> None:  # pra
     while node >= 1:
         tree[node] = max(tree[2 * node], tree[2 * node + 1])
         node //= 2
-
-class PackingConfig(Section):
-    """How token shards become training rows (docs/methods.md §8); read by every training stage's loader.
-
-    Fields:
-        policy: ``best_fit`` (Ding et al. 2024: documents cut only when longer than a row; rows padded) or
-            ``concat`` (concatenate and split: no padding, documents cut at every window edge).
-        document_mask: block-diagonal causal attention, so no token attends across a document boundary.
-    """
-
-    policy: Literal["best_fit", "concat"] = "best_fit"
-    document_mask: bool = False

@@ -16,48 +16,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
-from pydantic import Field, model_validator
 
-from infra.errors import ConfigError
 from infra.jsonl import jsonl_lines
-from models.generate import Sampling, generate
+from models.generate import generate
 from tasks.train.loop import Callback, TrainState
+from tasks.train.sections import SampleConfig  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ["run", "step", "tokens_seen", "prompt_index", "prompt", "completion", "new_tokens", "stop_reason",
            "decoding"]
-
-
-class SampleConfig(Sampling):
-    """Text samples logged at each evaluation point of the main run and of every CPT candidate (``tasks/train/samples.py``).
-
-    ``prompts`` empty (the default) turns sampling off. Decoding as in ``models.generate.Sampling``: greedy unless
-    ``temperature`` > 0, then top-k and nucleus (top-p, Holtzman et al. 2020) with a generator seeded by ``seed``.
-    Keep it cheap: each prompt costs ``max_new_tokens`` forward passes of one token per evaluation point.
-
-    Not part of any cache key: samples read the weights and never change them (their own generator, the training
-    RNG untouched), so an edit here reuses every cached stage; ``pretrain run CONFIG --refresh main`` samples anew.
-    The artifact records the prompts it was sampled with.
-
-    Raises:
-        ConfigError: an empty prompt, or a decoding value out of range (the message names the field).
-    """
-
-    prompts: list[str] = Field(default=[], description="prompts continued at each evaluation point; empty = off")
-    max_new_tokens: int = Field(default=24, description="tokens generated per prompt")
-
-    @model_validator(mode="after")
-    def _prompts_not_blank(self) -> "SampleConfig":
-        blank = [i for i, p in enumerate(self.prompts) if not p.strip()]
-        if blank:
-            raise ConfigError(f"samples.prompts: prompt(s) {blank} are empty; give text to continue")
-        return self
-
-    @property
-    def sampling(self) -> Sampling:
-        """The decoding settings alone."""
-        return Sampling(**{name: getattr(self, name) for name in Sampling.model_fields})
 
 
 class PeriodicSamples(Callback):

@@ -11,9 +11,11 @@ from typing import Annotated, Literal
 from pydantic import (Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator, model_serializer,
                       model_validator)
 
+from infra.errors import ConfigError
 from infra.section import NOT_IN_KEY, Section
 from models.config import ModelConfig
 from models.context import PositionRecipe
+from models.sampling import Sampling
 from tasks.train.schedule import decay_start, decay_steps_of
 
 
@@ -593,3 +595,47 @@ class CptConfig(Section):
         elif data.get("recovery_lr_ratio", 0.0) is None:  # unset: the floor, already in the dump as min_lr_ratio
             data.pop("recovery_lr_ratio", None)
         return data
+
+
+class SampleConfig(Sampling):
+    """Text samples logged at each evaluation point of the main run and of every CPT candidate (``tasks/train/samples.py``).
+
+    ``prompts`` empty (the default) turns sampling off. Decoding as in ``models.generate.Sampling``: greedy unless
+    ``temperature`` > 0, then top-k and nucleus (top-p, Holtzman et al. 2020) with a generator seeded by ``seed``.
+    Keep it cheap: each prompt costs ``max_new_tokens`` forward passes of one token per evaluation point.
+
+    Not part of any cache key: samples read the weights and never change them (their own generator, the training
+    RNG untouched), so an edit here reuses every cached stage; ``pretrain run CONFIG --refresh main`` samples anew.
+    The artifact records the prompts it was sampled with.
+
+    Raises:
+        ConfigError: an empty prompt, or a decoding value out of range (the message names the field).
+    """
+
+    prompts: list[str] = Field(default=[], description="prompts continued at each evaluation point; empty = off")
+    max_new_tokens: int = Field(default=24, description="tokens generated per prompt")
+
+    @model_validator(mode="after")
+    def _prompts_not_blank(self) -> "SampleConfig":
+        blank = [i for i, p in enumerate(self.prompts) if not p.strip()]
+        if blank:
+            raise ConfigError(f"samples.prompts: prompt(s) {blank} are empty; give text to continue")
+        return self
+
+    @property
+    def sampling(self) -> Sampling:
+        """The decoding settings alone."""
+        return Sampling(**{name: getattr(self, name) for name in Sampling.model_fields})
+
+
+class PackingConfig(Section):
+    """How token shards become training rows (docs/methods.md §8); read by every training stage's loader.
+
+    Fields:
+        policy: ``best_fit`` (Ding et al. 2024: documents cut only when longer than a row; rows padded) or
+            ``concat`` (concatenate and split: no padding, documents cut at every window edge).
+        document_mask: block-diagonal causal attention, so no token attends across a document boundary.
+    """
+
+    policy: Literal["best_fit", "concat"] = "best_fit"
+    document_mask: bool = False
