@@ -297,3 +297,48 @@ def test_read_slices_returns_exactly_the_rows_of_each_slice_across_row_groups_an
     assert got.doc_id.tolist() == docs.doc_id.iloc[5:23].tolist()
     assert read_slices([[b, 9, 3]], batch_rows=2).doc_id.tolist() == docs.doc_id.iloc[29:32].tolist()
     assert read_slices([]).empty
+
+
+def test_kept_and_removals_are_ordered_parts_one_per_shard_never_joined(tmp_path):
+    from tasks.readers import iter_kept, kept_files, load_kept, load_removals, removal_files
+
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 8})
+    docs = docs_frame(40)
+    result = build_corpus(docs, cfg, out=tmp_path)
+    n_shards = len(json.loads((tmp_path / "_work" / "shards.json").read_text())["shards"])
+    assert n_shards == 6
+    assert [p.name for p in kept_files(tmp_path)] == [f"part-{i:05d}.parquet" for i in range(n_shards)]
+    assert [p.name for p in removal_files(tmp_path)] == [f"part-{i:05d}.parquet" for i in range(n_shards)]
+    assert not (tmp_path / "kept.parquet").exists() and not (tmp_path / "removals.parquet").exists()
+    kept, removals = load_kept(tmp_path), load_removals(tmp_path)
+    # Corpus order in both: the input's order restricted to the kept, and to the removed, documents.
+    order = {doc_id: i for i, doc_id in enumerate(docs.doc_id)}
+    assert [order[d] for d in kept.doc_id] == sorted(order[d] for d in kept.doc_id)
+    assert [order[d] for d in removals.doc_id] == sorted(order[d] for d in removals.doc_id)
+    assert len(kept) + len(removals) == len(docs)
+    streamed = pd.concat(list(iter_kept(tmp_path, ["doc_id", "text"], batch_rows=3)), ignore_index=True)
+    pd.testing.assert_frame_equal(streamed, kept[["doc_id", "text"]])
+    pd.testing.assert_frame_equal(result.kept, kept)
+
+
+def test_an_artifact_without_parts_is_a_clear_error(tmp_path):
+    from tasks.readers import kept_files, load_removals
+
+    with pytest.raises(DataError, match=r"no parts of the kept documents.*--refresh corpus"):
+        kept_files(tmp_path)
+    with pytest.raises(DataError, match="no parts of the removal ledger"):
+        load_removals(tmp_path)
+
+
+def test_read_rejects_are_the_ledgers_first_part(tmp_path):
+    from tasks.corpus.stage import _add_rejects
+    from tasks.readers import load_removals, removal_files
+
+    build_corpus(docs_frame(20), CorpusConfig(**CFG, execution={"shard_docs": 8}), out=tmp_path / "out")
+    rejects = tmp_path / "rejects.parquet"
+    pd.DataFrame([{"doc_id": "web/bad", "source": "web", "stage": "read", "rule": "read.bad_compression",
+                   "value": float("nan"), "threshold": float("nan"), "detail": "cut stream"}]).to_parquet(rejects)
+    _add_rejects(rejects, tmp_path / "out")
+    assert removal_files(tmp_path / "out")[0].name == "rejects.parquet"
+    ledger = load_removals(tmp_path / "out")
+    assert ledger.doc_id.iloc[0] == "web/bad" and ledger.doc_id.is_unique
