@@ -10,7 +10,8 @@ positions in corpus order: no per-document Python object lives in the main proce
    order, as slices of the source files (nothing is copied); repeated ``doc_id`` values are found by DuckDB.
 2. ``filter`` (per shard): the per-document stages of :mod:`tasks.corpus.filters`, plus the document frequency of
    every line/paragraph (for boilerplate).
-3. global: units in ``boilerplate.min_docs`` documents or more, summed over shards (DuckDB).
+3. ``boilerplate`` (per hash partition of the units): units in ``boilerplate.min_docs`` documents or more,
+   counted over every shard by ``execution.partitions`` tasks, each reading only its partition of every shard.
 4. ``key`` (per shard): boilerplate cut, exact-dedup hash (xxh3-128 of the normal form), MinHash band keys
    (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
 5. global ``candidates``: exact duplicates (first in corpus order kept) and LSH candidate pairs
@@ -55,7 +56,7 @@ from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
 from tasks.corpus import minhash, near_dedup, substring
-from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
+from tasks.corpus.boilerplate import COUNT_COLUMNS, count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, OPTIONAL_COLUMNS, REMOVAL_COLUMNS,
                                   Ledger, filter_documents, sanitise)
@@ -297,7 +298,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
 
     shard_pass("filter", filter_shard, [dict(slices=json.dumps(spec), out_dir=str(work / "filtered" / name),
                                              cfg_json=cfg_json) for name, spec in zip(names, plan["shards"])])
-    n_frequent = _frequent(work, cfg, names)
+    n_frequent = _frequent(work, cfg, names, shard_pass)
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
     index.save(work / "eval_index.npz")
     model = str(quality_model) if quality_model is not None and cfg.quality_model.enabled else ""
@@ -375,34 +376,86 @@ def filter_shard(slices: str, out_dir: str, cfg_json: str) -> bool:
     return done
 
 
-def _frequent(work: Path, cfg: CorpusConfig, names: list[str]) -> int:
-    """Units in ``min_docs`` or more distinct documents over all shards, counted by DuckDB out of core; writes the
-    table (``COUNT_COLUMNS``, most frequent first) to ``work/frequent_units.parquet`` and, for each shard, the
-    frequent units its survivors contain to ``work/frequent/shard=I`` (what the shard's key pass cuts, so no worker
-    holds the corpus-wide set). Returns the number of frequent units."""
+def _frequent(work: Path, cfg: CorpusConfig, names: list[str],
+              shard_pass: Callable[[str, Callable[..., Any], list[dict[str, Any]]], None]) -> int:
+    """Units in ``min_docs`` or more distinct documents over all shards. Counted in ``execution.partitions``
+    tasks on the engine, each over the units whose hash falls in its partition, from every shard
+    (``count_partition``): no process holds the corpus-wide counts. Writes the table (``COUNT_COLUMNS``, most
+    frequent first) to ``work/frequent_units.parquet``; the tasks' ``frequent.parquet`` say which frequent units
+    each shard contains (what its key pass cuts). Returns the number of frequent units."""
     path = work / "frequent_units.parquet"
-    files = [str(f) for name in names for f in [work / "filtered" / name / "units.parquet"] if f.exists()]
-    with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
-        if not cfg.boilerplate.enabled or not files:
-            frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
-            frame.astype({"unit_hash": "uint64"}).to_parquet(path, index=False)
-            return 0
-        shard_of = {f: i for i, name in enumerate(names) for f in [str(work / "filtered" / name / "units.parquet")]}
-        con.register("_shard_of", pa.table({"filename": list(shard_of), "shard": list(shard_of.values())}))
-        con.execute("CREATE TABLE units AS SELECT s.shard, u.unit_hash, u.doc_hash "
-                    "FROM read_parquet(?, filename = true) u JOIN _shard_of s USING (filename)", [files])
-        con.execute("CREATE TABLE counts AS SELECT unit_hash, count(DISTINCT doc_hash)::BIGINT AS n_docs FROM units "
-                    "GROUP BY unit_hash HAVING count(DISTINCT doc_hash) >= ?", [cfg.boilerplate.min_docs])
-        examples = [str(work / "filtered" / name / "unit_examples.parquet") for name in names]
-        con.execute(f"COPY (SELECT c.unit_hash, c.n_docs, e.example FROM counts c JOIN ("
-                    f"  SELECT unit_hash, first(example) AS example FROM read_parquet(?) "
-                    f"  WHERE unit_hash IN (SELECT unit_hash FROM counts) GROUP BY unit_hash) e USING (unit_hash) "
-                    f"ORDER BY n_docs DESC, unit_hash) TO '{path}' (FORMAT parquet)", [examples])
-        with atomic_dir(work / "frequent", replace=True) as tmp:
-            con.execute(f"COPY (SELECT DISTINCT u.shard, u.unit_hash FROM units u SEMI JOIN counts c "
-                        f"USING (unit_hash) ORDER BY u.shard, u.unit_hash) TO '{tmp}' "
-                        f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
-        return int(con.execute("SELECT count(*) FROM counts").fetchone()[0])
+    files = [work / "filtered" / name / "units.parquet" for name in names]
+    if not cfg.boilerplate.enabled or not any(f.exists() for f in files):
+        frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
+        frame.astype({"unit_hash": "uint64"}).to_parquet(path, index=False)
+        return 0
+    folder = _partitions_folder(work, cfg)
+    n_parts = cfg.execution.partitions
+    shard_pass("boilerplate", count_partition, [dict(work=str(work), names=",".join(names), part=p, n_parts=n_parts,
+                                                     min_docs=cfg.boilerplate.min_docs,
+                                                     out_dir=str(folder / f"{p:05d}")) for p in range(n_parts)])
+    # Only the frequent units come back here: O(boilerplate units), not O(documents).
+    counts = pd.concat([pd.read_parquet(folder / f"{p:05d}" / "counts.parquet") for p in range(n_parts)],
+                       ignore_index=True)
+    counts = counts.sort_values(["n_docs", "unit_hash"], ascending=[False, True], ignore_index=True)
+    with atomic_file(path) as f:
+        counts[COUNT_COLUMNS].astype({"unit_hash": "uint64", "n_docs": "int64"}).to_parquet(f, index=False)
+    return len(counts)
+
+
+def _partitions_folder(work: Path, cfg: CorpusConfig) -> Path:
+    # The partition count names the folder: a resumed build with another count never mixes the two.
+    return Path(work) / f"boilerplate_p{cfg.execution.partitions}"
+
+
+def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: int, out_dir: str) -> bool:
+    """The global boilerplate count of one hash partition (units with ``unit_hash % n_parts == part``), read from
+    every shard's filter output: ``counts.parquet`` (``COUNT_COLUMNS``: units in ``min_docs`` or more distinct
+    documents, each with the example of its first shard in corpus order) and ``frequent.parquet`` (``shard``,
+    ``unit_hash``: which of them each shard contains, sorted by shard)."""
+
+    def write(tmp: Path) -> None:
+        units, examples = [], []
+        for shard, name in enumerate(names.split(",")):
+            folder = Path(work) / "filtered" / name
+            if not (folder / "units.parquet").exists():
+                continue
+            occ = pd.read_parquet(folder / "units.parquet")
+            occ = occ[occ.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
+            units.append(occ.assign(shard=np.int32(shard)))
+            ex = pd.read_parquet(folder / "unit_examples.parquet")
+            examples.append(ex[ex.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
+                            .assign(shard=np.int32(shard)))
+        occurrences = pd.concat(units, ignore_index=True) if units else pd.DataFrame(
+            {"unit_hash": np.zeros(0, np.uint64), "doc_hash": np.zeros(0, np.uint64), "shard": np.zeros(0, np.int32)})
+        n_docs = occurrences.drop_duplicates(["unit_hash", "doc_hash"]).groupby("unit_hash").size()
+        n_docs = n_docs[n_docs >= min_docs].rename("n_docs")
+        first = (pd.concat(examples, ignore_index=True).sort_values("shard", kind="stable")
+                 .drop_duplicates("unit_hash").set_index("unit_hash")["example"]) if examples else pd.Series(
+            dtype="string")
+        counts = n_docs.to_frame().join(first).reset_index()
+        counts = counts.astype({"unit_hash": "uint64", "n_docs": "int64", "example": "string"})[COUNT_COLUMNS]
+        counts.to_parquet(tmp / "counts.parquet", index=False)
+        frequent = occurrences[occurrences.unit_hash.isin(counts.unit_hash)][["shard", "unit_hash"]]
+        frequent = frequent.drop_duplicates().sort_values(["shard", "unit_hash"], ignore_index=True)
+        pq.write_table(pa.Table.from_pandas(frequent.astype({"shard": "int32", "unit_hash": "uint64"}),
+                                            preserve_index=False), tmp / "frequent.parquet", row_group_size=65_536)
+
+    done = _atomic_dir(Path(out_dir), write)
+    release_memory()
+    return done
+
+
+def _shard_frequent(work: Path, cfg: CorpusConfig, shard: int) -> set[int]:
+    """The frequent units shard ``shard`` contains (every partition's ``frequent.parquet``, read by row groups of
+    that shard only)."""
+    folder = _partitions_folder(work, cfg)
+    files = sorted(folder.glob("*/frequent.parquet")) if folder.is_dir() else []
+    found: set[int] = set()
+    for f in files:
+        table = pq.read_table(f, columns=["unit_hash"], filters=[("shard", "=", shard)])
+        found.update(table.column("unit_hash").to_numpy().astype(np.uint64).tolist())
+    return found
 
 
 def _by_chars(languages: Sequence[str]) -> list[bool]:
@@ -421,8 +474,7 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: 
     """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys, evaluation n-gram hits, and the quality
     classifier's score and keep decision (on the text after the boilerplate cut, the text that would be kept)."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
-    part = Path(work) / "frequent" / f"shard={shard}"
-    frequent = set(pd.read_parquet(part).unit_hash.astype("uint64").tolist()) if part.exists() else set()
+    frequent = _shard_frequent(Path(work), cfg, shard)
     index = EvalIndex.load(Path(work) / "eval_index.npz")
 
     def write(tmp: Path) -> None:

@@ -41,9 +41,10 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
     n_shards = split_sources([src / "docs" / f"{name}.parquet" for name in described], work,
                              cfg.execution.shard_docs)
     # Five shard passes (filter, key, shingle, verify, write; shingle and verify only when there are candidate
-    # pairs) and the output join.
-    total = 5 * n_shards + 1
-    with ctx.progress.task(f"corpus: {n_shards} shards × 5 passes", total) as advance:
+    # pairs), the boilerplate count's partitions and the outputs.
+    parts = cfg.execution.partitions if cfg.boilerplate.enabled else 0
+    total = 5 * n_shards + parts + 1
+    with ctx.progress.task(f"corpus: {n_shards} shards × 5 passes + {parts} partitions", total) as advance:
         shard_map = ctx.shard_map_for(cfg.execution)
         done = [0]
         result = curate(work, ctx.out, cfg, eval_items=eval_items,

@@ -59,14 +59,17 @@ def one_shard(tmp_path_factory):
     return build_corpus(docs_frame(60), cfg, out=tmp_path_factory.mktemp("one"))
 
 
-@pytest.mark.parametrize("shard_docs, workers, memory_limit", [(7, 0, "1GB"), (5, 2, "1GB"), (6, 0, "48MB")])
-def test_result_does_not_depend_on_shard_size_workers_or_memory_limit(one_shard, tmp_path, shard_docs, workers,
-                                                                        memory_limit):
+@pytest.mark.parametrize("shard_docs, workers, memory_limit, partitions",
+                         [(7, 0, "1GB", 1), (5, 2, "1GB", 16), (6, 0, "48MB", 5)])
+def test_result_does_not_depend_on_shard_size_workers_memory_limit_or_partitions(one_shard, tmp_path, shard_docs,
+                                                                                 workers, memory_limit, partitions):
     shard_map = process_map(workers) if workers else sequential_map
-    execution = {"shard_docs": shard_docs, "memory_limit": memory_limit}
+    execution = {"shard_docs": shard_docs, "memory_limit": memory_limit, "partitions": partitions}
     small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution=execution), out=tmp_path, shard_map=shard_map)
     assert len(json.loads((tmp_path / "_work" / "shards.json").read_text())["shards"]) > 8
-    for name in ("kept", "removals", "funnel", "hits"):
+    assert len(list((tmp_path / "_work" / f"boilerplate_p{partitions}").iterdir())) == partitions
+    assert small.boilerplate_units == one_shard.boilerplate_units > 0
+    for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
         pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(small, name))
     assert small.near == one_shard.near
 
@@ -342,3 +345,17 @@ def test_read_rejects_are_the_ledgers_first_part(tmp_path):
     assert removal_files(tmp_path / "out")[0].name == "rejects.parquet"
     ledger = load_removals(tmp_path / "out")
     assert ledger.doc_id.iloc[0] == "web/bad" and ledger.doc_id.is_unique
+
+
+def test_a_resume_with_another_partition_count_gives_the_same_result(one_shard, tmp_path):
+    """A build stopped after the boilerplate partitions of one count, resumed with another: the new count's
+    partitions are computed afresh (their own folder), never mixed with the old ones."""
+    first = CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 3})
+    build_corpus(docs_frame(60), first, out=tmp_path)
+    work = tmp_path / "_work"
+    for folder in ("keyed", "decisions", "kept", "removals"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    resumed = curate(work, tmp_path / "b", CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 4}))
+    assert (work / "boilerplate_p3").is_dir() and (work / "boilerplate_p4").is_dir()
+    for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
+        pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(resumed, name))
