@@ -5,6 +5,8 @@ Words are whitespace-separated for space-delimited languages; Chinese and Japane
 so there a "word" is a non-space character and the row says ``word_unit="char"``.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 from tokenizers import Tokenizer
@@ -12,6 +14,7 @@ from tokenizers import Tokenizer
 from infra.errors import ConfigError, DataError
 
 CHAR_UNIT_LANGUAGES = frozenset({"zh", "ja"})
+ENCODE_BATCH = 1024  # documents encoded per call by the reports (one progress step each)
 GROUP_COLUMNS = ("language", "source")
 REPORT_COLUMNS = ["group", "n_docs", "n_chars", "n_bytes", "n_tokens", "chars_per_token", "n_words",
                   "tokens_per_word", "word_unit"]
@@ -36,10 +39,12 @@ def tokenizer_report(tok: Tokenizer, docs: pd.DataFrame, *, by: str) -> pd.DataF
     return _grouped_report(_per_doc_counts(tok, docs), docs, by)
 
 
-def tokenizer_reports(tok: Tokenizer, docs: pd.DataFrame, bys: tuple[str, ...] = GROUP_COLUMNS) -> pd.DataFrame:
+def tokenizer_reports(tok: Tokenizer, docs: pd.DataFrame, bys: tuple[str, ...] = GROUP_COLUMNS,
+                      advance: Callable[[int], None] = lambda n: None) -> pd.DataFrame:
     """:func:`tokenizer_report` for each grouping in ``bys``, concatenated with a ``group_by`` column; the documents
-    are encoded once for all groupings."""
-    per_doc = _per_doc_counts(tok, docs)
+    are encoded once for all groupings, ``ENCODE_BATCH`` at a time, each batch counted by ``advance(n)``
+    (progress over ``len(docs)`` documents)."""
+    per_doc = _per_doc_counts(tok, docs, advance)
     return pd.concat([_grouped_report(per_doc, docs, by).assign(group_by=by) for by in bys], ignore_index=True)
 
 
@@ -94,14 +99,20 @@ def _plain(tok: Tokenizer) -> Tokenizer:
     return copy
 
 
-def _per_doc_counts(tok: Tokenizer, docs: pd.DataFrame) -> pd.DataFrame:
+def _per_doc_counts(tok: Tokenizer, docs: pd.DataFrame,
+                    advance: Callable[[int], None] = lambda n: None) -> pd.DataFrame:
     texts = docs["text"].astype(str).tolist()
     units = [word_unit(lang) for lang in docs["language"]]
-    encodings = _plain(tok).encode_batch(texts, add_special_tokens=False)
+    plain = _plain(tok)
+    n_tokens: list[int] = []
+    for start in range(0, len(texts), ENCODE_BATCH):
+        batch = texts[start:start + ENCODE_BATCH]
+        n_tokens += [len(e.ids) for e in plain.encode_batch(batch, add_special_tokens=False)]
+        advance(len(batch))
     return pd.DataFrame({
         "n_chars": [len(t) for t in texts],
         "n_bytes": [len(t.encode("utf-8")) for t in texts],
-        "n_tokens": [len(e.ids) for e in encodings],
+        "n_tokens": n_tokens,
         "n_words": [count_words(t, u) for t, u in zip(texts, units)],
         "unit": units,
     }, index=docs.index)

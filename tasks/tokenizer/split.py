@@ -7,6 +7,7 @@ same on every machine and Python process (Python's ``hash`` is salted per proces
 
 import hashlib
 import logging
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -26,12 +27,15 @@ def family_score(family_id: object, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def assign_splits(kept: pd.DataFrame, cfg: TokenizerConfig) -> pd.Series:
+def assign_splits(kept: pd.DataFrame, cfg: TokenizerConfig,
+                  advance: Callable[[int], None] = lambda n: None) -> pd.Series:
     """Label each kept document "train" or "heldout".
 
     Args:
         kept: one row per document, columns doc_id, source, family_id (near-duplicate group, docs/methods.md §7/§10).
         cfg: uses heldout_fraction (share of families), min_heldout_docs (per source) and seed.
+        advance: called with each source's document count once its documents are placed (a progress bar over
+            ``len(kept)`` documents).
 
     Returns:
         str Series named "split", aligned to ``kept.index``.
@@ -46,10 +50,19 @@ def assign_splits(kept: pd.DataFrame, cfg: TokenizerConfig) -> pd.Series:
     """
     _check_input(kept)
     families = kept["family_id"].astype(str)
-    scores = {f: family_score(f, cfg.seed) for f in families.unique()}
-    heldout = {f for f, s in scores.items() if s < cfg.heldout_fraction}
+    scores: dict[str, float] = {}
+    heldout: set[str] = set()
     for source, rows in kept.assign(family_id=families).groupby("source", sort=True):
-        _enforce_source(str(source), rows["family_id"].value_counts(), heldout, scores, cfg.min_heldout_docs)
+        docs_per_family = rows["family_id"].value_counts()
+        # A family is scored when its first source (in name order) comes up: the sources before it never saw it,
+        # so the result is the one of scoring every family first.
+        for family in docs_per_family.index:
+            if family not in scores:
+                scores[family] = family_score(family, cfg.seed)
+                if scores[family] < cfg.heldout_fraction:
+                    heldout.add(family)
+        _enforce_source(str(source), docs_per_family, heldout, scores, cfg.min_heldout_docs)
+        advance(len(rows))
     labels = np.where(families.isin(heldout), HELDOUT, TRAIN)
     return pd.Series(labels, index=kept.index, name="split")
 

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from infra.errors import ConfigError
 from infra.stage import StageContext
 from tasks.readers import load_kept, manifest_hash
-from tasks.train.heldout_overlap import decontaminate_train
+from tasks.train.heldout_overlap import decontam_documents, decontaminate_train
 from tasks.tokenizer.composition import (RULE_DECLARED, RULE_GENERAL, RULE_GENERAL_DOMAIN, default_fit_weights,
                                          source_counts)
 from tasks.tokenizer.config import TokenizerConfig
@@ -59,8 +59,15 @@ def run(ctx: StageContext, cfg: TokenizerConfig, *, general: Sequence[str] | Non
             read or has no EOS.
     """
     kept = load_kept(ctx.inputs["corpus"])
-    kept = kept.assign(split=assign_splits(kept, cfg).values)
-    kept, removals = decontaminate_train(kept, ngram=cfg.decontam_ngram, common_min_docs=cfg.decontam_common_docs)
+    with ctx.progress.task("tokenizer: held-out split (documents)", len(kept)) as advance:
+        kept = kept.assign(split=assign_splits(kept, cfg, advance).values)
+    if cfg.decontam_ngram:
+        with ctx.progress.task(f"tokenizer: held-out decontamination, {cfg.decontam_ngram}-grams (documents)",
+                               decontam_documents(kept)) as advance:
+            kept, removals = decontaminate_train(kept, ngram=cfg.decontam_ngram,
+                                                 common_min_docs=cfg.decontam_common_docs, advance=advance)
+    else:
+        kept, removals = decontaminate_train(kept, ngram=0, common_min_docs=cfg.decontam_common_docs)
     removals.to_parquet(ctx.out / "removals.parquet", index=False)
     kept[["doc_id", "source", "family_id", "split"]].to_parquet(ctx.out / "splits.parquet", index=False)
     if cfg.pretrained:
@@ -74,8 +81,9 @@ def run(ctx: StageContext, cfg: TokenizerConfig, *, general: Sequence[str] | Non
     sources = source_counts(headers, meta, roles=_roles(kept["source"].unique(), general),
                             train_chars={s: int(n) for s, n in train_chars.items()})
     sources.to_parquet(ctx.out / "sources.parquet", index=False)
-    report = pd.concat([tokenizer_reports(tok, part).assign(split=split)
-                        for split, part in kept.groupby("split", sort=True)])
+    with ctx.progress.task("tokenizer: efficiency reports (documents)", len(kept)) as advance:
+        report = pd.concat([tokenizer_reports(tok, part, advance=advance).assign(split=split)
+                            for split, part in kept.groupby("split", sort=True)])
     report.to_parquet(ctx.out / "report.parquet", index=False)
     fragmentation(tok, cfg.domain_terms).to_parquet(ctx.out / "fragmentation.parquet", index=False)
     return {**{k: v for k, v in meta.items() if k not in ("fit_sample_chars", "fit_weights", "fit_roles",

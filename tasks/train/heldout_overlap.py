@@ -8,6 +8,8 @@ logged (docs/methods.md §7 decontamination, applied to the held-out splits the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 
 from evals.contamination import EvalIndex, EvalItem
@@ -15,8 +17,18 @@ from evals.contamination import EvalIndex, EvalItem
 REMOVAL_COLUMNS = ["doc_id", "source", "stage", "rule", "value", "threshold", "detail"]
 
 
-def decontaminate_train(kept: pd.DataFrame, *, ngram: int, common_min_docs: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def decontam_documents(kept: pd.DataFrame) -> int:
+    """The documents :func:`decontaminate_train` goes through: the held-out ones it indexes and the training ones it
+    looks up."""
+    return int(kept["split"].isin(("heldout", "train")).sum())
+
+
+def decontaminate_train(kept: pd.DataFrame, *, ngram: int, common_min_docs: int,
+                        advance: Callable[[int], None] = lambda n: None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Drop training rows of ``kept`` (columns doc_id, source, text, split) that overlap a held-out document.
+
+    ``advance(1)`` is called as each held-out document is indexed and each training document is looked up: a
+    progress bar over ``decontam_documents(kept)`` documents (none when ``ngram`` is 0).
 
     Returns:
         (``kept`` without those rows, one removal row per dropped document: ``value`` = distinct shared n-grams,
@@ -26,10 +38,12 @@ def decontaminate_train(kept: pd.DataFrame, *, ngram: int, common_min_docs: int)
         return kept, pd.DataFrame(columns=REMOVAL_COLUMNS)
     heldout = kept[kept["split"] == "heldout"]
     index = EvalIndex.build((EvalItem(f"heldout:{s}", d, t) for d, s, t in
-                             zip(heldout["doc_id"], heldout["source"], heldout["text"])), ngram)
+                             zip(heldout["doc_id"], heldout["source"], heldout["text"])), ngram, advance)
     train = kept[kept["split"] == "train"]
-    hits = [(doc_id, length, h) for doc_id, text in zip(train["doc_id"], train["text"])
-            for length, h in index.hits(text)]
+    hits = []
+    for doc_id, text in zip(train["doc_id"], train["text"]):
+        hits.extend((doc_id, length, h) for length, h in index.hits(text))
+        advance(1)
     if not hits:
         return kept, pd.DataFrame(columns=REMOVAL_COLUMNS)
     table = pd.DataFrame(hits, columns=["doc_id", "length", "hash"])

@@ -199,21 +199,31 @@ def test_a_pinned_version_is_what_apt_get_downloads_and_a_cached_deb_is_reused(f
 
 @needs_dpkg
 def test_the_sources_stage_fetches_the_release_its_key_names(fake_apt, tmp_path):
+    from recording_progress import RecordingProgress
     from tasks.sources.definition import run_sources as _run_sources
 
     src = SourceConfig(name="doc", kind="deb", package=PACKAGE, include=["usr/share/doc/demo-doc/*.html"])
+    # A second source from the same package: one download serves both.
+    same = SourceConfig(name="doc2", kind="deb", package=PACKAGE, include=["usr/share/doc/demo-doc/*.html"])
     out = tmp_path / "out"
     out.mkdir()
     # The key was computed when the lists still had 1.0-1 as the candidate; they now say 1.0-2.
-    key_config = {"sources": {"doc": {**src.model_dump(exclude={"version"}),
-                                      "resolved": {"version": "1.0-1", "architecture": "all",
-                                                   "sha256": fake_apt.records[1]["SHA256"]}}}}
+    resolved = {"version": "1.0-1", "architecture": "all", "sha256": fake_apt.records[1]["SHA256"]}
+    key_config = {"sources": {name: {**cfg.model_dump(exclude={"version"}), "resolved": resolved}
+                              for name, cfg in (("doc", src), ("doc2", same))}}
+    progress = RecordingProgress()
     ctx = StageContext(out=out, inputs={}, layout=RunsLayout(tmp_path / "runs"), key="k", experiment="t",
-                       key_config=key_config)
-    _run_sources(ctx, SimpleNamespace(sources={"doc": src}))
-    described = json.loads((out / "sources.json").read_text())["doc"]
-    assert described["snapshot"] == "1.0-1" and described["release"] == key_config["sources"]["doc"]["resolved"]
+                       key_config=key_config, progress=progress)
+    _run_sources(ctx, SimpleNamespace(sources={"doc": src, "doc2": same}))
+    described = json.loads((out / "sources.json").read_text())
+    assert described["doc"]["snapshot"] == "1.0-1" and described["doc"]["release"] == resolved
+    assert described["doc2"]["docs_read"] == described["doc"]["docs_read"] == 1
     assert fake_apt.log.read_text().splitlines() == [f"download {PACKAGE}=1.0-1"]
+    # The download has a bar of its own, one step per package, done before reading starts.
+    fetching, reading = progress.bars
+    assert fetching.description == "sources: fetching 1 Debian package(s)"
+    assert (fetching.total, fetching.finished) == (1, True)
+    assert (reading.description, reading.total, reading.finished) == ("sources: reading", 2, True)
 
 
 def test_local_sources_are_keyed_by_their_bytes_not_their_mtime(tmp_path):

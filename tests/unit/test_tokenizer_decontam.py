@@ -27,3 +27,15 @@ def test_turned_off_and_common_phrases_keep_everything():
     assert len(decontaminate_train(kept, ngram=0, common_min_docs=50)[0]) == 4
     clean, removals = decontaminate_train(kept, ngram=13, common_min_docs=3)
     assert len(clean) == 4 and removals.empty
+
+
+def test_the_index_lookup_is_np_isin_over_the_sorted_n_grams():
+    import numpy as np
+
+    from evals.contamination import _member
+
+    rng = np.random.default_rng(0)
+    grams = np.unique(rng.integers(0, 2**64 - 1, 5000, dtype=np.uint64))
+    values = np.concatenate([rng.choice(grams, 300), rng.integers(0, 2**64 - 1, 300, dtype=np.uint64),
+                             np.array([0, 2**64 - 1, grams[0], grams[-1]], dtype=np.uint64)])
+    np.testing.assert_array_equal(_member(values, grams), np.isin(values, grams))
