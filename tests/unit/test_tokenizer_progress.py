@@ -31,7 +31,8 @@ def _corpus(folder: Path) -> pd.DataFrame:
                              language=language, n_chars=len(text), n_bytes=len(text.encode())))
     folder.mkdir(parents=True)
     kept = pd.DataFrame(rows)
-    kept.to_parquet(folder / "kept.parquet", index=False)
+    (folder / "kept").mkdir(parents=True, exist_ok=True)
+    kept.to_parquet(folder / "kept" / "part-00000.parquet", index=False)
     (folder / "manifest.json").write_text(json.dumps({"manifest_hash": "0" * 64}))
     return kept
 
