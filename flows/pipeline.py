@@ -248,8 +248,9 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
         record_failure(env.tracker, env.parent_run_id, err, "the pipeline")
         raise
     env.tracker.end_run(env.parent_run_id)
-    return {"experiment": cfg.name, "parent_run_id": env.parent_run_id, "cached": cached,
-            "keys": {name: a.key for name, a in upstream.items()}, "paths": {n: str(a.path) for n, a in upstream.items()}}
+    return {"experiment": cfg.name, "experiment_id": env.tracker.experiment_id, "parent_run_id": env.parent_run_id,
+            "cached": cached, "keys": {name: a.key for name, a in upstream.items()},
+            "paths": {n: str(a.path) for n, a in upstream.items()}}
 
 
 def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -> Env:
