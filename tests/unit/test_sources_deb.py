@@ -253,3 +253,36 @@ def test_real_apt_lists_resolve_python_doc():
     assert resolve_deb("python3.11-doc", release.version) == release
     with pytest.raises(SourceError, match=rf"python3\.11-doc version 0\.0-0 .*{re.escape(release.version)}"):
         resolve_deb("python3.11-doc", "0.0-0")
+
+
+@needs_dpkg
+@pytest.mark.e2e
+def test_a_run_names_the_source_whose_candidate_moved_since_the_last_run(fake_apt, tmp_path):
+    """`pretrain run` twice, an apt-get update between them moving the candidate of a Debian source: the second
+    run prints one line naming the source, both versions and the pin that keeps the old one, before it recomputes."""
+    text = (ROOT / "configs/smoke.toml").read_text()
+    local = 'kind = "local"\ninclude = ["tests/fixtures/smoke/python_doc/*.html"]'
+    assert local in text
+    config = tmp_path / "moved.toml"
+    config.write_text(text.replace(local, f'kind = "deb"\npackage = "{PACKAGE}"\n'
+                                          f'include = ["usr/share/doc/{PACKAGE}/*.html"]'))
+    records = tmp_path / "records.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PRETRAIN_TRACKING_URI")}
+
+    def run() -> str:
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), "--until", "sources",
+                               "--runs-dir", str(tmp_path / "runs")], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    first = run()  # the candidate is 1.0-2 (the first record)
+    assert "moved from" not in first
+    records.write_text(json.dumps(fake_apt.records[::-1]))  # the lists now say 1.0-1
+    second = run()
+    notices = [line for line in second.splitlines() if "moved from" in line]
+    assert notices == ["sources: python_doc moved from 1.0-2 to 1.0-1 since the last run; sources and every stage "
+                       'after it are recomputed (pin it with version = "1.0-2" in [sources.python_doc] to keep the '
+                       "old one)"], second[-3000:]
+    assert second.index(notices[0]) < second.index("sources: started")
+    # (That the record then says 1.0-1, so a third run is silent, is tests/unit/test_source_versions.py's.)
