@@ -445,9 +445,11 @@ def _outputs(out: Path, files: list[Path]) -> dict:
     import duckdb
     import pyarrow.parquet as pq
 
-    from tasks.readers import kept_files, removal_files
-
-    kept_parts, removal_parts = [str(f) for f in kept_files(out)], [str(f) for f in removal_files(out)]
+    if (out / "kept").is_dir():  # parts (tasks.readers), else a checkout that wrote one file each
+        kept_parts = [str(f) for f in sorted((out / "kept").glob("part-*.parquet"))]
+        removal_parts = [str(f) for f in sorted((out / "removals").glob("*.parquet"))]
+    else:
+        kept_parts, removal_parts = [str(out / "kept.parquet")], [str(out / "removals.parquet")]
     kept = sum(pq.ParquetFile(f).metadata.num_rows for f in kept_parts)
     labels = files[0].parent.parent / "labels.parquet"
     with duckdb.connect() as con:
