@@ -37,6 +37,7 @@ import httpx
 
 from infra.errors import ConfigError, PretrainError
 from infra.runs import RunsLayout, ensure_folder
+from flows.progress import duration
 
 LOOPBACK = "127.0.0.1"
 
@@ -266,7 +267,7 @@ class RunWatcher:
         state = run.get("state") or {}
         line = f"{label}: {state.get('name') or state.get('type', '').title()}"
         if run.get("total_run_time"):
-            line += f" after {_duration(float(run['total_run_time']))}"
+            line += f" after {duration(float(run['total_run_time']))}"
         message = " ".join(str(state.get("message") or "").split())
         if state.get("type") != "COMPLETED" and message:
             line += f": {message[:500]}"
@@ -282,13 +283,3 @@ class RunWatcher:
         if response.status_code != 200:
             return None
         return response.json()
-
-
-def _duration(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``2h07m``."""
-    seconds = max(0, int(round(seconds)))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
