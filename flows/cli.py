@@ -237,6 +237,7 @@ def serve(
     port: int = typer.Option(4200, "--port", help="port of the local Prefect server (when PREFECT_API_URL is unset)"),
     runs_dir: Optional[str] = RunsDir,
     tracking_uri: Optional[str] = TrackingUri,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="show every library's log records here too"),
 ) -> None:
     """Serve the pipeline as a scheduled Prefect deployment (pretrain-pipeline/NAME) until interrupted.
 
@@ -254,8 +255,15 @@ def serve(
         tie_to_this_process()  # the local Prefect server and the flow runs end with this process, even on SIGKILL
         layout.prepare_environment()
         _quiet_libraries()
+        import prefect.runner  # noqa: F401  Prefect configures logging on import: the capture wraps its handlers
+
+        from flows.runlog import capture
         from flows.serve import serve as serve_pipeline
 
+        _quiet_expected_failures()
+        log_path = capture(run_log_path(layout, "serve"), verbose=verbose)  # Prefect's runner's records
+        console.print(f"Serve log: {log_path}   (each flow run logs to {layout.logs}/run-*.log; --verbose shows "
+                      "every library's records here)", soft_wrap=True)
         parameters = {"until": until} if until else {}
         serve_pipeline(config, layout, name=name or cfg.name, cron=cron, interval=interval, timezone=timezone,
                        parameters=parameters, limit=limit, port=port)

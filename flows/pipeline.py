@@ -32,7 +32,7 @@ from flows.progress import PlainProgress, RichProgress, duration, make_progress
 from flows.publish import PublishTarget, publish
 from flows.registry import STAGES, downstream, get_stage, stage_names
 from flows.versions import moved_notices, write_record
-from flows.runlog import adopt_library_loggers
+from flows.runlog import adopt_library_loggers, captured_unless_active
 from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
 from infra.shard_map import RAY_CALLS_FILE, shard_map_for
@@ -225,6 +225,17 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
     Raises:
         ConfigError: unknown stage names in ``refresh`` or ``until``, or an invalid config.
     """
+    # A flow run started by a served deployment (a process of its own) logs to its own run log, as ``pretrain run``.
+    with captured_unless_active(RunsLayout.resolve(runs_dir)) as log_path:
+        result = _pipeline(config_path, runs_dir, refresh, until, seed, launch, processes, accelerate_config)
+        if log_path is not None:
+            print(f"Run log: {log_path}", flush=True)
+        return result
+
+
+def _pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None, until: StageName | None,
+              seed: int | None, launch: Literal["inprocess", "accelerate"] | None, processes: int | None,
+              accelerate_config: str | None) -> dict[str, Any]:
     overrides = {k: v for k, v in {"seed": seed, "main.distributed.launch": launch,
                                    "main.distributed.processes": processes,
                                    "main.distributed.accelerate_config": accelerate_config}.items() if v is not None}

@@ -11,11 +11,13 @@ unless the run is ``--verbose``: the terminal is the platform's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from infra.runs import RunsLayout, ensure_folder
@@ -23,9 +25,9 @@ from infra.runs import RunsLayout, ensure_folder
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def run_log_path(layout: RunsLayout) -> Path:
-    """The log file of this process's run (not created)."""
-    return layout.logs / f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}.log"
+def run_log_path(layout: RunsLayout, kind: str = "run") -> Path:
+    """The log file of this process's run, or of another ``kind`` of process (``serve``); not created."""
+    return layout.logs / f"{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}.log"
 
 
 class _WithoutTraceback(logging.Formatter):
@@ -234,6 +236,21 @@ def capture(path: Path, verbose: bool = False) -> Path:
 
     threading.excepthook = log_thread_exception
     return path
+
+
+@contextlib.contextmanager
+def captured_unless_active(layout: RunsLayout) -> Iterator[Path | None]:
+    """``capture`` to a new run log of ``layout`` for the block, unless this process captures already (``pretrain
+    run`` does before it calls the flow): a flow run that a served deployment starts in a process of its own gets
+    its run log and a quiet terminal too. Yields the log's path, or None when the capture was already there."""
+    if _active is not None:
+        yield None
+        return
+    path = capture(run_log_path(layout))
+    try:
+        yield path
+    finally:
+        release()
 
 
 def write_traceback(path: Path, err: BaseException) -> bool:

@@ -18,7 +18,9 @@ ephemeral API server of its own in this process, on the same database).
 What the serving terminal shows: one line when serving starts (the deployment, its schedule, the UI and how to
 trigger a run), each flow run's own output (its stage lines and progress lines: the run's subprocess writes to this
 process's output), a line when a run starts and when it ends with its final state (``RunWatcher``, which follows
-the deployment's runs through the API), and ``serving stopped`` when serving ends (Ctrl-C or SIGTERM).
+the deployment's runs through the API), and ``serving stopped`` when serving ends (Ctrl-C or SIGTERM). Prefect's
+own records go to the serve log (``pretrain serve`` captures them, ``flows.runlog``), and each flow run's library
+records to that run's log (``flows.pipeline.pipeline``).
 """
 
 from __future__ import annotations

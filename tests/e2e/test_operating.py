@@ -7,6 +7,7 @@ Each test works on a copy of the session's completed smoke runs folder, so only 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -124,6 +125,13 @@ def test_served_deployment_has_its_schedule_and_a_triggered_run_completes(smoke_
     # The triggered run's own output reached the serving terminal: its stage lines, then its final state.
     assert "[1/13] sources: cached" in text and "[4/13] tokenizer: cached" in text, text[-4000:]
     assert f"pretrain-pipeline/smoke run '{run_name}': Completed after " in text
+    # The terminal is the platform's: the runner's and the flow run's library records went to their logs.
+    (serve_log,) = [line.split()[2] for line in lines if line.startswith("Serve log: ")]
+    (run_log,) = [line.split()[2] for line in lines if line.startswith("Run log: ")]
+    assert Path(serve_log).is_file() and "ephemeral docs site" not in text
+    assert "great_expectations" in Path(run_log).read_text(), text[-3000:]
+    library = [line for line in lines if re.match(r"^\S* ?\d\d:\d\d:\d\d\.\d+ \| (INFO|WARNING) +\| ", line)]
+    assert not library, text[-3000:]
     # SIGTERM stops serving with one line.
     assert lines[-1] == ("serving stopped: pretrain-pipeline/smoke no longer runs on its schedule; the local Prefect "
                          "server is stopped"), text[-2000:]
