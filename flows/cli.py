@@ -175,6 +175,8 @@ def run(
     until: Optional[str] = typer.Option(None, "--until", help="stop after this stage (e.g. tokenizer)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
     tracking_uri: Optional[str] = TrackingUri,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="show other libraries' log records and progress "
+                                 "bars too (Prefect, MLflow, Optuna, transformers); they always go to the run log"),
 ) -> None:
     """Run the pipeline: sources → quality_model → corpus → tokenizer → mixture → quality_ablation → sweep → ladder →
     main → branches → cpt → gate → export."""
@@ -197,8 +199,7 @@ def run(
 
         tie_to_this_process()  # the Prefect API server and every worker end with this process, even on SIGKILL
         threads = thread_policy(cfg.torch_threads)
-        console.print(f"CPU threads: {threads.torch_threads} ({threads.threads_source}), OMP_WAIT_POLICY "
-                      f"{threads.omp_wait_policy} ({threads.wait_policy_source})")
+        threads.announce()
         layout.prepare_environment()
         _quiet_libraries()
         from flows.pipeline import pipeline
@@ -207,7 +208,7 @@ def run(
         from infra.stores import open_stores
 
         _quiet_expected_failures()
-        capture(log_path)
+        capture(log_path, verbose=verbose)
         abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda: console.print(
             "another run is creating this runs folder's stores (MLflow, DuckDB, Prefect); waiting for it"))
         if abandoned:
@@ -215,6 +216,8 @@ def run(
                           "that has ended")
         result = pipeline(str(config.resolve()), str(layout.root), list(refresh), until)
         print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs, cfg=cfg)
+        console.print(f"Run log:     {log_path}   (every library's records; --verbose shows them here too)",
+                      soft_wrap=True)
     except KeyboardInterrupt as err:
         from flows.interrupt import interrupted_line
 

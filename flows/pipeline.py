@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from prefect.context import get_run_context
 
 from flows.config import ExperimentConfig, load_config
@@ -28,9 +28,11 @@ from flows.forecasts import after_stage
 from flows.gates import record_gate
 from flows.keys import StageKey, chain_keys
 from flows.preflight import preflight
-from flows.progress import RichProgress
+from flows.progress import PlainProgress, RichProgress, duration, make_progress
 from flows.publish import PublishTarget, publish
 from flows.registry import STAGES, downstream, get_stage, stage_names
+from flows.versions import moved_notices, write_record
+from flows.runlog import adopt_library_loggers
 from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
 from infra.shard_map import RAY_CALLS_FILE, shard_map_for
@@ -57,7 +59,7 @@ class Env:
     parent_run_id: str
     flow_run_id: str
     refresh: set[str] = field(default_factory=set)
-    progress: RichProgress = field(default_factory=RichProgress)
+    progress: RichProgress | PlainProgress = field(default_factory=make_progress)
     threads: ThreadPolicy = field(default_factory=lambda: thread_policy(None))
 
     @property
@@ -90,8 +92,8 @@ def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], m
     if existing is not None and name not in env.refresh:
         return {"key": key, "path": str(existing.path), "computed": False}
     asked = time.time()
-    with env.store.computing(name, key, on_wait=lambda: get_run_logger().warning(
-            "stage %s: another run is computing artifact %s; waiting for it", name, key)):
+    with env.store.computing(name, key, on_wait=lambda: env.progress.say(
+            f"{name}: another run is computing artifact {key}; waiting for it")):
         # Another run of the same config may have finished this artifact while we waited: a fresh one is reused
         # (even under --refresh, since it was computed after this run asked).
         existing = env.store.get(name, key)
@@ -104,7 +106,7 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
     stage = get_stage(name)
     note = _interrupted_attempt(name, key, env)
     if note:
-        print(note)
+        env.progress.say(note)
     tmp = env.store.begin(name, key)
     ctx = StageContext(
         out=tmp, inputs=input_paths, layout=env.layout, key=key, key_config=meta["config"], experiment=env.cfg.name,
@@ -175,6 +177,12 @@ def run_stage(stage: Stage, stage_key: StageKey, env: Env, upstream: dict[str, A
         name=f"stage-{stage.name}", refresh_cache=must_run, cache_key_fn=lambda _ctx, _params: cache_token)
     meta = {"config": config, "input_keys": input_keys, "code_version": version, "mlflow_run_id": run_id,
             "prefect_flow_run_id": env.flow_run_id}
+    position = f"[{stage_names().index(stage.name) + 1}/{len(STAGES)}]"
+    started = time.perf_counter()
+    if must_run:
+        env.progress.say(f"{position} {stage.name}: started (key {key})")
+    env.progress.activity(stage.name)
+    adopt_library_loggers()  # a library the previous stage imported logs to the run log, not over the progress
     try:
         state = prefect_task(stage.name, key, env, {n: upstream[n].path for n in stage.inputs}, meta,
                              return_state=True)
@@ -185,9 +193,13 @@ def run_stage(stage: Stage, stage_key: StageKey, env: Env, upstream: dict[str, A
         cached = state.name == "Cached" or not outcome["computed"]
         publish(stage, artifact, {n: upstream[n] for n in stage.inputs}, env.cfg, env.target, run_id, cached=cached)
     except BaseException as err:
+        env.progress.activity(None)
         record_failure(env.tracker, run_id, err, f"stage {stage.name}")
         raise
+    env.progress.activity(None)
     env.tracker.end_run(run_id)
+    env.progress.say(f"{position} {stage.name}: " + (f"cached (key {key})" if cached else
+                                                     f"ran in {duration(time.perf_counter() - started)}"))
     return artifact, cached
 
 
@@ -244,11 +256,19 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
         POSITION.done.clear()
         POSITION.running = POSITION.key = None
         with env.progress:
+            # A Debian source whose candidate version moved since this experiment's last run is named before the
+            # recomputation it causes starts.
+            sources = keys["sources"]
+            for line in moved_notices(cfg, sources.config, layout,
+                                      artifact_exists=env.store.get("sources", sources.key) is not None):
+                env.progress.say(line)
             for stage in STAGES[:len(keys)]:
                 POSITION.running, POSITION.key = stage.name, keys[stage.name].key
                 upstream[stage.name], cached[stage.name] = run_stage(stage, keys[stage.name], env, upstream)
                 POSITION.done.append(stage.name)
                 POSITION.running = POSITION.key = None
+                if stage.name == "sources":
+                    write_record(cfg, sources.config, layout)
                 # The ladder's forecast goes on record before main starts, and is checked once main exists.
                 after_stage(stage.name, upstream, keys["main"].key if "main" in keys else None, env.target,
                             env.store)
@@ -256,8 +276,9 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
         record_failure(env.tracker, env.parent_run_id, err, "the pipeline")
         raise
     env.tracker.end_run(env.parent_run_id)
-    return {"experiment": cfg.name, "parent_run_id": env.parent_run_id, "cached": cached,
-            "keys": {name: a.key for name, a in upstream.items()}, "paths": {n: str(a.path) for n, a in upstream.items()}}
+    return {"experiment": cfg.name, "experiment_id": env.tracker.experiment_id, "parent_run_id": env.parent_run_id,
+            "cached": cached, "keys": {name: a.key for name, a in upstream.items()},
+            "paths": {n: str(a.path) for n, a in upstream.items()}}
 
 
 def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -> Env:
@@ -267,8 +288,7 @@ def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -
     flow_run_id = str(get_run_context().flow_run.id)
     parent = tracker.start_run("pipeline", tags={"prefect_flow_run_id": flow_run_id, "git_commit": _git_commit()})
     tracker.log_params(parent, {"config": cfg.name, "seed": cfg.seed, **threads.params()})
-    print(f"CPU threads: {threads.torch_threads} ({threads.threads_source}), OMP_WAIT_POLICY "
-          f"{threads.omp_wait_policy} ({threads.wait_policy_source})")
+    threads.announce()
     return Env(cfg=cfg, layout=layout, store=ArtifactStore(layout.artifacts), tracker=tracker,
                warehouse=Warehouse(layout.duckdb), parent_run_id=parent, flow_run_id=flow_run_id, refresh=refresh,
                threads=threads)

@@ -5,6 +5,8 @@ local Prefect API server go to this file. ``capture`` attaches it to Python logg
 logging (Prefect replaces the root logger's handlers when it is imported): every record reaches the file with its
 traceback, the terminal's handlers show a record's message without it, and the records Prefect writes about the
 failed run itself, and every record that says a disk is full, are left to the ``error:`` line the command prints.
+Other libraries' records (Prefect's, Great Expectations', Optuna's trial lines, transformers') reach the file only,
+unless the run is ``--verbose``: the terminal is the platform's.
 """
 
 from __future__ import annotations
@@ -104,28 +106,135 @@ def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
     return [h for h in logger.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
 
 
-def capture(path: Path) -> Path:
+# The platform's own loggers (``getLogger(__name__)`` in its packages, and "pretrain"): their records reach the
+# terminal; every other library's go to the run log only, unless the run is verbose.
+PLATFORM_LOGGERS = ("pretrain", "flows", "tasks", "infra", "evals", "models")
+# Python warnings of the platform's own categories are the user's to act on; other libraries' go to the log.
+_PLATFORM_WARNINGS = ("ConfigWarning",)
+
+
+class _PlatformOnly(logging.Filter):
+    """Passes, on the terminal, the platform's records only (``PLATFORM_LOGGERS``, and Python warnings of its own
+    categories); the run log keeps every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if name == "py.warnings":
+            try:
+                return any(kind in record.getMessage() for kind in _PLATFORM_WARNINGS)
+            except Exception:
+                return True
+        return name.split(".", 1)[0] in PLATFORM_LOGGERS
+
+
+class _Capture:
+    """What ``capture`` installed, so that ``adopt_library_loggers`` can extend it to loggers made later."""
+
+    def __init__(self, to_file: logging.Handler, verbose: bool):
+        self.to_file = to_file
+        self.filters: list[logging.Filter] = [_RunFailureRecords(), _FullDiskRecords()]
+        if not verbose:
+            self.filters.append(_PlatformOnly())
+        self.handlers: dict[logging.Handler, logging.Formatter | None] = {}  # adopted → its formatter before
+        self.loggers: list[logging.Logger] = []
+        self.excepthook = threading.excepthook
+
+    def adopt(self, logger: logging.Logger) -> None:
+        for handler in _terminal_handlers(logger):
+            if handler not in self.handlers:
+                self.handlers[handler] = handler.formatter
+            if not isinstance(handler.formatter, _WithoutTraceback):
+                handler.setFormatter(_WithoutTraceback(handler.formatter))
+            for each in self.filters:
+                if each not in handler.filters:
+                    handler.addFilter(each)
+        if self.to_file not in logger.handlers:
+            logger.addHandler(self.to_file)
+            self.loggers.append(logger)
+
+    def release(self) -> None:
+        for handler, formatter in self.handlers.items():
+            for each in self.filters:
+                handler.removeFilter(each)
+            handler.setFormatter(formatter)
+        for logger in self.loggers:
+            logger.removeHandler(self.to_file)
+        self.to_file.close()
+        logging.captureWarnings(False)
+        threading.excepthook = self.excepthook
+
+
+_active: _Capture | None = None
+
+
+def _own_handler_loggers() -> list[logging.Logger]:
+    """The root logger and every logger that does not propagate and has handlers of its own (Prefect's console,
+    MLflow's, Optuna's and transformers' default handlers)."""
+    return [logging.getLogger()] + [
+        logger for logger in list(logging.Logger.manager.loggerDict.values())
+        if isinstance(logger, logging.Logger) and not logger.propagate and logger.handlers]
+
+
+def _route_library_defaults(bars: bool) -> None:
+    """Libraries that print through a handler of their own by default send their records through logging instead
+    (Optuna's per-trial lines; transformers' warnings). Unless ``bars``, transformers and huggingface_hub draw no
+    tqdm bars (``HF_HUB_DISABLE_PROGRESS_BARS``, unless the user exported it): the run's own bars and lines are the
+    progress."""
+    if not bars:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        import optuna
+
+        optuna.logging.disable_default_handler()
+        optuna.logging.enable_propagation()
+    except ImportError:
+        pass
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_default_handler()
+        hf_logging.enable_propagation()
+        if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "") not in ("", "0", "false", "False"):
+            hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def adopt_library_loggers() -> None:
+    """Extend ``capture`` to the loggers made since (a library imported by a stage): their records reach the run log
+    and, unless verbose, not the terminal. A no-op before ``capture``."""
+    if _active is not None:
+        for logger in _own_handler_loggers():
+            _active.adopt(logger)
+
+
+def release() -> None:
+    """Undo ``capture`` (handlers, filters, warnings, the thread hook): for a process that goes on after its run."""
+    global _active
+    if _active is not None:
+        _active.release()
+        _active = None
+
+
+def capture(path: Path, verbose: bool = False) -> Path:
     """Send logging to the file ``path`` (created with its folder) and keep tracebacks off the terminal: see the
-    module's docstring. Uncaught exceptions of threads are logged too. Returns ``path``.
+    module's docstring. Unless ``verbose``, the terminal shows only the platform's records (``PLATFORM_LOGGERS``);
+    other libraries' records, Python warnings and transformers' progress bars go to the file. Uncaught exceptions of
+    threads are logged too. Returns ``path``.
 
     Raises:
         RunsFolderError: a file is in the way of the log's folder.
         OSError: the file cannot be opened.
     """
+    global _active
+    release()
     ensure_folder(path.parent)
     to_file = _RunLogHandler(path, encoding="utf-8")
     to_file.setFormatter(logging.Formatter(_FORMAT))
-    failures, full_disk = _RunFailureRecords(), _FullDiskRecords()
-    loggers = [logging.getLogger()] + [
-        logger for logger in logging.Logger.manager.loggerDict.values()
-        if isinstance(logger, logging.Logger) and not logger.propagate and logger.handlers]
-    for logger in loggers:
-        for handler in _terminal_handlers(logger):
-            if not isinstance(handler.formatter, _WithoutTraceback):
-                handler.setFormatter(_WithoutTraceback(handler.formatter))
-                handler.addFilter(failures)
-                handler.addFilter(full_disk)
-        logger.addHandler(to_file)
+    _active = _Capture(to_file, verbose)
+    logging.captureWarnings(True)  # warnings to the file; on the terminal the platform's own (or all, verbose)
+    _route_library_defaults(bars=verbose)
+    adopt_library_loggers()
 
     def log_thread_exception(args: threading.ExceptHookArgs) -> None:
         logging.getLogger("pretrain").error("uncaught exception in thread %s",

@@ -34,6 +34,13 @@ class ProgressReporter:
     def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
         yield lambda advance=1: None
 
+    def say(self, line: str) -> None:
+        """A line for the user (a stage's start or end, a resume note); printed as is."""
+        print(line, flush=True)
+
+    def activity(self, what: str | None) -> None:
+        """What runs now without a bar of its own (None: nothing); a reporter may name it while it lasts."""
+
 
 @dataclass
 class StageContext:

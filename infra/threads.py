@@ -28,6 +28,9 @@ _EXPORTED_MARK = "PRETRAIN_OMP_WAIT_POLICY_SOURCE"  # set alongside our default 
 _THREADS_MARK = "PRETRAIN_OMP_NUM_THREADS_SOURCE"  # OMP_NUM_THREADS set by a launcher, not exported by the user
 
 
+_ANNOUNCED: set[str] = set()  # thread lines this process printed
+
+
 @dataclass(frozen=True)
 class ThreadPolicy:
     """The threads one process trains with.
@@ -52,6 +55,18 @@ class ThreadPolicy:
             return self
         return ThreadPolicy(max(1, self.torch_threads // processes), self.threads_source, self.omp_wait_policy,
                             self.wait_policy_source)
+
+    def line(self) -> str:
+        """One line for the user: the threads, the wait policy and where each came from."""
+        return (f"CPU threads: {self.torch_threads} ({self.threads_source}), OMP_WAIT_POLICY {self.omp_wait_policy} "
+                f"({self.wait_policy_source})")
+
+    def announce(self) -> None:
+        """Print ``line()`` unless this process printed the same line already (the CLI prints it before the
+        pipeline flow starts; a served deployment's flow prints it itself)."""
+        if self.line() not in _ANNOUNCED:
+            _ANNOUNCED.add(self.line())
+            print(self.line(), flush=True)
 
     def params(self) -> dict[str, str | int]:
         """The policy as run parameters (MLflow params, ``meta.json``)."""

@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from conftest import pretrain as _pretrain, stage_status as _stage_status
 from flows.registry import stage_names
+from tasks.readers import load_kept
 
 STAGE_NAMES = stage_names()
 
@@ -85,6 +86,27 @@ def test_first_run_computes_every_stage_and_second_is_cached(smoke_runs):
     assert _stage_status(smoke_runs["first"].stdout) == {name: "ran" for name in STAGE_NAMES}
     assert _stage_status(smoke_runs["second"].stdout) == {name: "cached" for name in STAGE_NAMES}
     assert "mlflow ui --backend-store-uri sqlite:///" in smoke_runs["first"].stdout
+
+
+def test_the_output_is_the_platforms_own_with_a_line_as_each_stage_starts_and_ends(smoke_runs):
+    """Not a terminal (captured): plain progress lines, no other library's records, bars or warnings; those go to the
+    run log, which the summary names."""
+    n = len(STAGE_NAMES)
+    for run in ("first", "second"):
+        out = smoke_runs[run].stdout + smoke_runs[run].stderr
+        assert not re.search(r"^\d\d:\d\d:\d\d\.\d{3} \| ", out, re.M), "a Prefect-formatted record of a library"
+        for foreign in ("great_expectations", "[I 20", "[W 20", "it/s]", "Writing model shards", "Loading weights",
+                        "Warning:", "Traceback"):
+            assert foreign not in out, f"{foreign!r} in the {run} run's output"
+        logs = re.findall(r"^Run log: +(\S+)", out, re.M)
+        assert len(logs) == 1 and Path(logs[0]).is_file()
+    first, second = smoke_runs["first"].stdout, smoke_runs["second"].stdout
+    for i, name in enumerate(STAGE_NAMES, 1):
+        assert re.search(rf"^\[{i}/{n}\] {name}: started \(key \w+\)$", first, re.M), name
+        assert re.search(rf"^\[{i}/{n}\] {name}: ran in \d", first, re.M), name
+        assert re.search(rf"^\[{i}/{n}\] {name}: cached \(key \w+\)$", second, re.M), name
+    assert re.search(r"^main: training steps: started, \d+ to do$", first, re.M)
+    assert re.search(r"^main: training steps: (\d+)/\1 done in ", first, re.M)
 
 
 @pytest.mark.parametrize("table", ["manifest", "removals", "heldout_loss", "cloze_results", "mixture_trials",
@@ -319,7 +341,7 @@ def test_quality_classifier_is_trained_scored_audited_and_recorded(smoke_runs):
     assert metrics["enabled"] and metrics["kind"] == "naive_bayes" and 0.5 < metrics["roc_auc"] <= 1.0
     assert metrics["origins"]["negative.junk"] == 40  # 20 pages for each of the two languages
     (corpus_dir,) = (runs / "artifacts" / "corpus").iterdir()
-    kept = pd.read_parquet(corpus_dir / "kept.parquet", columns=["quality_score"])
+    kept = load_kept(corpus_dir, ["quality_score"])
     assert kept.quality_score.between(0.5, 1.0).all()  # threshold 0.5
     manifest = json.loads((corpus_dir / "manifest.json").read_text())["quality_model"]
     assert manifest["enabled"] and {g["verdict"] for g in manifest["groups"]} == {"within"}

@@ -26,6 +26,7 @@ import pytest
 from conftest import ROOT, stage_status
 from flows.registry import stage_names
 from infra.lifetime import run_processes
+from tasks.readers import load_kept
 
 pytestmark = pytest.mark.e2e
 
@@ -176,8 +177,8 @@ def test_ctrl_c_in_a_stage_stops_within_seconds_with_one_line_and_the_named_comm
         assert "corpus: resuming after an interrupted attempt" in resumed.stdout, resumed.stdout[-4000:]
     assert {s for s, v in stage_status(resumed.stdout).items() if v == "ran"} == set(FROM_CORPUS)
     assert _complete_keys(runs, STAGES) == _complete_keys(smoke_runs["runs"], STAGES)
-    corpus = f"artifacts/corpus/{_complete_keys(runs, ['corpus'])['corpus']}/kept.parquet"
-    pd.testing.assert_frame_equal(pd.read_parquet(runs / corpus), pd.read_parquet(smoke_runs["runs"] / corpus))
+    corpus = f"artifacts/corpus/{_complete_keys(runs, ['corpus'])['corpus']}"
+    pd.testing.assert_frame_equal(load_kept(runs / corpus), load_kept(smoke_runs["runs"] / corpus))
 
 
 def test_sigterm_in_a_stage_unwinds_like_ctrl_c_and_exits_143(smoke_runs, tmp_path, run_guard):

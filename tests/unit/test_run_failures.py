@@ -131,7 +131,7 @@ FULL_DISK_RECORDS = textwrap.dedent("""
     from pathlib import Path
     from flows.runlog import capture
 
-    logger = logging.getLogger("quiet")
+    logger = logging.getLogger("pretrain.quiet")  # the platform's own: its other records reach the terminal
     logger.propagate = False
     logger.addHandler(logging.StreamHandler(sys.stdout))
     capture(Path(sys.argv[1]))

@@ -2,11 +2,14 @@
 say a disk is full stay off the terminal; an uncaught exception in a thread reaches the log with its traceback."""
 
 import logging
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from flows.runlog import _FullDiskRecords, _RunFailureRecords, capture, write_traceback
+from flows.runlog import _FullDiskRecords, _PlatformOnly, _RunFailureRecords, capture, release, write_traceback
 
 
 def _record(name: str, message: str, *args, exc: BaseException | None = None, **extra) -> logging.LogRecord:
@@ -47,14 +50,10 @@ def test_a_record_whose_arguments_do_not_format_is_left_to_logging():
 
 @pytest.fixture
 def restored_logging():
-    root = logging.getLogger()
-    saved = list(root.handlers), threading.excepthook
+    saved = threading.excepthook
     yield
-    for handler in root.handlers[:]:
-        if handler not in saved[0]:
-            root.removeHandler(handler)
-            handler.close()
-    threading.excepthook = saved[1]
+    release()
+    assert threading.excepthook is saved
 
 
 def test_an_uncaught_exception_in_a_thread_reaches_the_run_log_with_its_traceback(tmp_path, restored_logging):
@@ -79,3 +78,55 @@ def test_a_traceback_that_cannot_be_written_is_reported_as_not_written(tmp_path)
         assert not write_traceback(tmp_path / "file" / "run.log", err)
         assert write_traceback(tmp_path / "logs" / "run.log", err)
     assert "ValueError: cause" in (tmp_path / "logs" / "run.log").read_text()
+
+
+def test_only_the_platforms_records_and_warnings_pass_to_the_terminal():
+    keep = _PlatformOnly()
+    for name in ("pretrain", "flows.pipeline", "tasks.corpus.build", "infra.stores", "evals.gate", "models.hf"):
+        assert keep.filter(_record(name, "ours"))
+    for name in ("great_expectations.data_context.types.base", "optuna.study", "prefect.flow_runs", "transformers",
+                 "mlflow.store", "flowsheet", "tasksmith"):
+        assert not keep.filter(_record(name, "theirs"))
+    assert keep.filter(_record("py.warnings", "config.toml:1: ConfigWarning: near_dedup is off"))
+    assert not keep.filter(_record("py.warnings", "x.py:3: DeprecationWarning: old API"))
+
+
+# A run's process as the CLI leaves it: a terminal handler on stdout (as Prefect installs one), then capture().
+CHILD = r"""
+import logging, sys, warnings
+from pathlib import Path
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s: %(message)s", force=True)
+from flows.runlog import adopt_library_loggers, capture
+from infra.errors import ConfigWarning
+capture(Path(sys.argv[1]), verbose=sys.argv[2] == "verbose")
+logging.getLogger("great_expectations.data_context.types.base").info("Created temporary directory for docs")
+import optuna
+optuna.logging.get_logger("optuna.study").info("Trial 3 finished with value: 5.9")
+late = logging.getLogger("late_library")  # a library imported by a stage after capture, with its own handler
+late.propagate = False
+late.addHandler(logging.StreamHandler(sys.stdout))
+late.setLevel(logging.INFO)
+adopt_library_loggers()
+late.info("late library line")
+logging.getLogger("tasks.corpus").warning("our own warning")
+warnings.warn("an old API", DeprecationWarning)
+warnings.warn("near_dedup is off", ConfigWarning)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_other_libraries_records_reach_the_run_log_and_the_terminal_only_when_verbose(tmp_path, verbose):
+    log = tmp_path / "run.log"
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", CHILD, str(log), "verbose" if verbose else "quiet"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = ("Created temporary directory for docs", "Trial 3 finished", "late library line", "an old API")
+    ours = ("our own warning", "near_dedup is off")
+    text = log.read_text()
+    for line in theirs + ours:
+        assert line in text, f"{line!r} not in the run log"
+    shown = proc.stdout + proc.stderr
+    for line in ours:
+        assert line in shown
+    for line in theirs:
+        assert (line in shown) == verbose, f"{line!r} on the terminal: {shown}"

@@ -4,7 +4,6 @@ the stage, and the line the command prints (``flows.interrupt``)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess

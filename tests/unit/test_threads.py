@@ -49,8 +49,10 @@ def test_workers_share_the_run_threads_unless_the_user_set_them_per_process():
 
 
 def test_the_policy_is_in_place_before_torch_loads():
-    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: importing the CLI package must set it first."""
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: importing the CLI package must set it first (the
+    CLI itself imports torch only in the commands that need it)."""
     code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import flows.cli; "
+            "assert 'torch' not in sys.modules; import flows.pipeline; "
             "print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)")
     probe = ("import os, sys, builtins\n"
              "real = builtins.__import__\n"
