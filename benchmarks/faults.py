@@ -127,7 +127,7 @@ ZIP_SUFFIXES = {".npz", ".pt", ".skops", ".zip"}
 ZIP_NOT_CONTENT = ("serialization_id",)  # torch.save writes a fresh id into every archive
 
 # A rerun's line that says what it resumed from (the product's wording; the interrupt notice is not one).
-RESUME_LINE = re.compile(r"^(?!interrupted:).*\b(resum|reus)\w*\b.*$", re.IGNORECASE | re.MULTILINE)
+RESUME_LINE = re.compile(r"^(?!interrupted\b).*\b(resum|reus)\w*\b.*$", re.IGNORECASE | re.MULTILINE)
 
 
 def registry_stages(python: str = sys.executable) -> tuple[str, ...]:

@@ -183,6 +183,9 @@ def run(
     _set_tracking(tracking_uri)
     layout = RunsLayout.resolve(runs_dir)
     log_path = run_log_path(layout)
+    from infra.lifetime import StopSignals
+
+    stop = StopSignals()  # SIGINT and SIGTERM unwind the run as KeyboardInterrupt; the old handlers come back after
     try:
         cfg = load_config(config)
         from infra.warehouse import Warehouse
@@ -215,14 +218,22 @@ def run(
         print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs, cfg=cfg)
         console.print(f"Run log:     {log_path}   (every library's records; --verbose shows them here too)",
                       soft_wrap=True)
-    except KeyboardInterrupt:
-        console.print("[bold yellow]interrupted:[/] completed stages are kept and an unfinished one resumes from its "
-                      "last checkpoint; run the same command again to continue")
-        raise typer.Exit(code=130) from None
+    except KeyboardInterrupt as err:
+        from flows.interrupt import interrupted_line
+
+        if log_path.parent.is_dir():
+            write_traceback(log_path, err)
+        console.print(f"[bold yellow]interrupted[/] {escape(interrupted_line(stop.name, layout, log_path))}",
+                      soft_wrap=True)
+        stop.before_exit()
+        raise typer.Exit(code=stop.exit_code) from None
     except typer.Exit:
         raise
     except Exception as err:
+        stop.before_exit()
         _fail_run(err, log_path, layout.root)
+    finally:
+        stop.restore()
 
 
 @app.command()

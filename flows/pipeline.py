@@ -67,6 +67,20 @@ class Env:
         return PublishTarget(self.tracker, self.warehouse, self.cfg.name, self.parent_run_id, self.flow_run_id)
 
 
+@dataclass
+class Position:
+    """Where this process's pipeline run is: the stages whose artifacts it has (computed or reused), in order, and
+    the stage running now with its artifact key (None between stages). ``pretrain run`` says it when interrupted
+    (``flows.interrupt``)."""
+
+    done: list[str] = field(default_factory=list)
+    running: str | None = None
+    key: str | None = None
+
+
+POSITION = Position()
+
+
 @task(persist_result=True)
 def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: dict[str, Any]) -> dict:
     """Compute a stage's artifact unless a complete one exists; returns {key, path, computed}.
@@ -250,6 +264,8 @@ def _pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None, 
         # candidate trains (marked when CPT evidence of the experiment exists already).
         record_gate(cfg, env.warehouse, env.tracker, env.parent_run_id)
         keys = chain_keys(cfg, until)
+        POSITION.done.clear()
+        POSITION.running = POSITION.key = None
         with env.progress:
             # A Debian source whose candidate version moved since this experiment's last run is named before the
             # recomputation it causes starts.
@@ -258,7 +274,10 @@ def _pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None, 
                                       artifact_exists=env.store.get("sources", sources.key) is not None):
                 env.progress.say(line)
             for stage in STAGES[:len(keys)]:
+                POSITION.running, POSITION.key = stage.name, keys[stage.name].key
                 upstream[stage.name], cached[stage.name] = run_stage(stage, keys[stage.name], env, upstream)
+                POSITION.done.append(stage.name)
+                POSITION.running = POSITION.key = None
                 if stage.name == "sources":
                     write_record(cfg, sources.config, layout)
                 # The ladder's forecast goes on record before main starts, and is checked once main exists.

@@ -49,7 +49,14 @@ class _WithoutTraceback(logging.Formatter):
 class _RunFailureRecords(logging.Filter):
     """Drops, on the terminal, Prefect's records of a flow or task run that failed: the traceback record and the run's
     later ``Finished in state Failed(...)`` record, which repeats the message (matched by the run's id). The command
-    prints the failure once, as its ``error:`` line."""
+    prints the failure once, as its ``error:`` line.
+
+    Also the records of a run that crashed: the ERROR ``Crash detected! Execution was aborted by an interrupt
+    signal.`` (or ``... by a termination signal.``) that Prefect's engines log when a ``BaseException`` leaves the
+    run (``handle_crash`` in ``prefect/flow_engine.py`` and ``prefect/task_engine.py``), and the ``Finished in state
+    Crashed(...)`` after it. Prefect still marks the runs Crashed, and the records reach the run log; on the
+    terminal, an interrupted run is reported by the command's ``interrupted`` line, any other crash by its
+    ``error:`` line."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -62,6 +69,8 @@ class _RunFailureRecords(logging.Filter):
         if record.exc_info:
             if run is not None:
                 self._failed_runs.add(str(run))
+            return False
+        if record.getMessage().startswith(("Crash detected!", "Finished in state Crashed(")):
             return False
         if run is not None and str(run) in self._failed_runs and record.getMessage().startswith(
                 "Finished in state Failed"):

@@ -50,3 +50,8 @@ class TrainingError(PretrainError):
 class DiskFullError(PretrainError, OSError):
     """The disk (or a file-size limit) ran out while a stage wrote its artifact; nothing was committed. An OSError
     too, so callers that catch the raw error keep working."""
+
+
+class RayHeadLostError(PretrainError):
+    """The head of the Ray cluster a stage ran its shard calls on stopped answering (its GCS is gone): names the
+    address and what to do."""

@@ -9,6 +9,13 @@ process whose environment carries the token: SIGTERM, then SIGKILL after ``GRACE
 (a ``fork`` process pool) keep the parent's startup environment, which has no token; they are bound to their parent
 with ``PR_SET_PDEATHSIG`` when forked.
 
+How a run stops when asked (``StopSignals``): SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the run's main
+thread, so the run unwinds (an unfinished stage keeps its checkpoints) and the command exits with 128 + the signal's
+number. Ctrl-C sends SIGINT to the terminal's whole foreground process group, not only to the run; the run's helper
+processes are started inside ``shielded_from_terminal_interrupts()`` (SIGINT blocked in the calling thread; a
+child inherits the mask across fork and exec, as Ray does for its own processes), so the Prefect API server stays up
+while the run records how it ended, and pool workers print no traceback of their own. They end with the run.
+
 Also the identity of a process that outlives reuse of its PID: ``owner_tags`` / ``owner_gone`` (host, PID and start
 time), which MLflow runs carry so that a run left RUNNING by a dead process can be recognised.
 
@@ -17,7 +24,9 @@ This file runs as the supervisor with ``python -I -S``: it imports the standard 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import gc
 import os
 import select
 import signal
@@ -26,7 +35,9 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 TOKEN_ENV = "PRETRAIN_RUN_TOKEN"
 GRACE_S = 3.0  # between SIGTERM and SIGKILL: the Prefect server and training workers stop in well under a second
@@ -150,6 +161,70 @@ def _supervise(parent: int, token: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _wait_for_exit(parent)
     stop_run_processes(token)
+
+
+class StopSignals:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread until ``restore()`` puts the earlier
+    handlers back; ``signum`` is the first of them received (None: none yet), ``exit_code`` 128 + its number (130
+    when a ``KeyboardInterrupt`` came without one of these signals).
+
+    A second signal while the run is already unwinding ends the process at once (``os._exit``): the supervisor
+    stops the run's other processes, and the next run resumes as after a kill. Prefect replaces the SIGTERM handler
+    while a flow runs and sends the signal again once the flow has ended (``prefect.utilities.engine
+    .capture_sigterm``); that second delivery is this class's first.
+
+    Must be made in the main thread.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum or signal.SIGINT).name
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            os._exit(128 + signum)
+        self.signum = signum
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    @staticmethod
+    def before_exit() -> None:
+        """Spare this process's shutdown its full garbage collections, which take seconds once a stage has loaded
+        its data: the process is about to end and the system frees its memory. Nothing changes until the process
+        exits (an in-process caller, a test, keeps its collector); then the collector is off for the ``atexit``
+        handlers and the interpreter's finalisation (objects are still finalised as their modules are cleared)."""
+        atexit.unregister(_skip_final_collections)
+        atexit.register(_skip_final_collections)  # registered last, so it runs first
+
+
+def _skip_final_collections() -> None:
+    gc.disable()
+    gc.freeze()
+
+
+@contextmanager
+def shielded_from_terminal_interrupts() -> Iterator[None]:
+    """Block SIGINT in the calling thread while inside: a process started meanwhile inherits the blocked signal
+    (across fork and exec), so the terminal's Ctrl-C, which reaches its whole foreground process group, does not
+    reach it. A SIGINT that arrives meanwhile is delivered to this thread on the way out."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -29,11 +29,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, RayHeadLostError
 from infra.execution import ENGINES, RAY_INSTALL_HINT, ExecutionConfig
 from infra.threads import thread_policy, worker_environment
 
@@ -65,11 +66,39 @@ def process_pool(workers: int, fn: Callable[..., Any]) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes started by a forkserver that preloads ``fn``'s module.
 
     forkserver, not fork: the submitting process runs Prefect's event-loop threads; the preloaded server makes each
-    worker start in milliseconds.
+    worker start in milliseconds. The server is started shielded from the terminal's Ctrl-C, and so is every worker
+    it forks (``infra.lifetime.shielded_from_terminal_interrupts``): an interrupted run stops its workers itself
+    (``RecyclingPool.terminate``) rather than have each print a ``KeyboardInterrupt`` traceback.
     """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([fn.__module__])
+    _start_forkserver()
     return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+
+def _start_forkserver() -> None:
+    """Start this process's forkserver now (a no-op when it runs), with SIGINT blocked in its mask."""
+    from multiprocessing import forkserver, resource_tracker
+
+    from infra.lifetime import shielded_from_terminal_interrupts
+
+    resource_tracker.ensure_running()  # first: starting it unblocks SIGINT in this thread (bpo-33613)
+    with shielded_from_terminal_interrupts():
+        forkserver.ensure_running()
+
+
+def _terminate_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop ``pool``'s worker processes now (SIGTERM) and cancel its queued calls: their futures fail with
+    ``BrokenProcessPool``."""
+    stop = getattr(pool, "terminate_workers", None)  # Python 3.14+
+    if stop is not None:
+        with suppress(Exception):
+            stop()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        with suppress(Exception):
+            process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 class RecyclingPool:
@@ -91,12 +120,15 @@ class RecyclingPool:
         self._pool = process_pool(workers, fn)
         self._retired: list[ProcessPoolExecutor] = []
         self._submitted = 0
+        self._terminated = False
         self.pools_started = 1
 
     def submit(self, f: Callable[..., Any], /, **kwargs: Any) -> Future:
         self._slots.acquire()
         try:
             with self._lock:
+                if self._terminated:
+                    raise BrokenProcessPool("the pool was terminated: the run is stopping")
                 if self.recycle_after and self._submitted >= self.recycle_after * self.workers:
                     self._pool.shutdown(wait=False)  # its running calls finish; then its processes exit
                     self._retired.append(self._pool)
@@ -117,6 +149,14 @@ class RecyclingPool:
                 pool.shutdown(wait=wait)
             self._retired = []
 
+    def terminate(self) -> None:
+        """Stop every worker process now, without waiting for the calls they run (an interrupted run): those calls
+        and the queued ones fail with ``BrokenProcessPool``, and later submits raise it."""
+        with self._lock:
+            self._terminated = True
+            for pool in [*self._retired, self._pool]:
+                _terminate_workers(pool)
+
     def __enter__(self) -> "RecyclingPool":
         return self
 
@@ -131,8 +171,13 @@ def process_map(workers: int, recycle_after: int = 0) -> ShardMap:
         if not calls:
             return []
         with RecyclingPool(workers, fn, recycle_after) as pool:
-            futures = [pool.submit(fn, **kwargs) for kwargs in calls]
-            return [future.result() for future in futures]
+            try:
+                futures = [pool.submit(fn, **kwargs) for kwargs in calls]
+                return [future.result() for future in futures]
+            except BaseException as err:
+                if not isinstance(err, Exception):  # interrupted: stop the workers rather than wait for them
+                    pool.terminate()
+                raise
     return run
 
 
@@ -173,17 +218,24 @@ def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | Non
             body = (lambda f, kw: _run_in(pool, f, kw)) if pool is not None else _run_here
             shard_task = task(body, name=label, cache_policy=NO_CACHE, persist_result=False)
             with _task_runner(kind, workers) as runner:
-                futures = [runner.submit(shard_task.with_options(task_run_name=f"{label}-{i}"),
-                                         {"f": fn, "kw": kwargs}) for i, kwargs in enumerate(calls)]
-                results, first_error = [], None
-                for future in futures:
-                    try:
-                        results.append(future.result())
-                    except Exception as err:  # wait for the others so no shard is left half-written
-                        first_error = first_error or err
-                        results.append(None)
-                    if on_done:
-                        on_done()
+                try:
+                    futures = [runner.submit(shard_task.with_options(task_run_name=f"{label}-{i}"),
+                                             {"f": fn, "kw": kwargs}) for i, kwargs in enumerate(calls)]
+                    results, first_error = [], None
+                    for future in futures:
+                        try:
+                            results.append(future.result())
+                        except Exception as err:  # wait for the others so no shard is left half-written
+                            first_error = first_error or err
+                            results.append(None)
+                        if on_done:
+                            on_done()
+                except BaseException as err:
+                    # Interrupted (Ctrl-C, SIGTERM): stop the workers before the runner waits for its threads,
+                    # which wait for them. A shard cut short is redone by the next run (its work folder says so).
+                    if pool is not None and not isinstance(err, Exception):
+                        pool.terminate()
+                    raise
             if first_error is not None:
                 raise first_error
             return results
@@ -199,6 +251,16 @@ def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | Non
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the folder holding the flows/, tasks/ and infra/ packages
 RAY_CALLS_FILE = "ray_calls.jsonl"
 log = logging.getLogger(__name__)
+
+# How long a driver keeps retrying a GCS that does not answer before Ray ends the process (std::_Exit(1), after an
+# ERROR line; Ray's default is 60 s). Ray reads it from this environment variable (documented with GCS fault
+# tolerance); a shard map sets it to RAY_HEAD_TIMEOUT_S unless it is exported. The shard map itself gives the head up
+# after a third of it (HEAD_LOST_FRACTION): it then fails the stage with a RayHeadLostError and leaves Ray the rest
+# of the time to shut down, so the run ends with its own error line and cleanup.
+RAY_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+RAY_HEAD_TIMEOUT_S = 30
+HEAD_LOST_FRACTION = 1 / 3
+HEAD_POLL_S = 1.0  # how often a waiting shard map checks that the head still answers
 
 
 def ray_worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -237,6 +299,7 @@ def _connect(address: str, workers: int) -> bool:
 
     if ray.is_initialized():
         return False
+    os.environ.setdefault(RAY_RECONNECT_ENV, str(RAY_HEAD_TIMEOUT_S))  # read by the driver that ray.init starts
     try:
         if address == "local":
             ray.init(address="local", num_cpus=workers or None, include_dashboard=False,
@@ -282,6 +345,66 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
         raise ConnectionError(f"nothing answers at {resolved}: {err}") from None
 
 
+def head_timeout_s() -> float:
+    """Seconds a Ray driver of this process retries an unanswering GCS before Ray ends it (``RAY_RECONNECT_ENV``)."""
+    try:
+        return max(1.0, float(os.environ.get(RAY_RECONNECT_ENV, RAY_HEAD_TIMEOUT_S)))
+    except ValueError:
+        return float(RAY_HEAD_TIMEOUT_S)
+
+
+class HeadWatch:
+    """Whether the Ray head (its GCS at ``address``, ``HOST:PORT``) still accepts connections; ``check`` raises
+    ``RayHeadLostError`` once it has refused them (or not answered) for ``lost_after_s`` seconds in a row.
+
+    A TCP connection is all it asks: a GCS that was killed, or whose machine is gone, refuses it or times out, while
+    any other question to the GCS would be retried by Ray for up to ``head_timeout_s()``."""
+
+    def __init__(self, address: str, label: str, lost_after_s: float | None = None, poll_s: float = HEAD_POLL_S):
+        self.address, self.label, self.poll_s = address, label, poll_s
+        self.lost_after_s = head_timeout_s() * HEAD_LOST_FRACTION if lost_after_s is None else lost_after_s
+        self._checked = float("-inf")
+        self._since: float | None = None
+
+    def answers(self) -> bool:
+        if not self.address:  # unknown (a Ray client connection): left to Ray
+            return True
+        host, _, port = self.address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=min(2.0, self.poll_s * 2)).close()
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self.poll_s:
+            return
+        self._checked = now
+        if self.answers():
+            self._since = None
+            return
+        self._since = self._since if self._since is not None else now
+        if now - self._since >= self.lost_after_s:
+            raise RayHeadLostError(
+                f"lost the Ray head at {self.address}: its GCS has not answered for {now - self._since:.0f} s while "
+                f"{self.label} ran on the cluster, and the calls in flight cannot finish. Check the head node "
+                f"(`ray status --address {self.address}`; its gcs_server.out log), start the cluster again "
+                "(`ray start --head ...`, then the other nodes), or run this stage locally (engine = \"processes\" "
+                "in its [<stage>.execution]); then run the same command again: the completed stages are kept and "
+                "the finished shards are reused")
+
+    def confirm(self) -> None:
+        """Return once the head answers; raise ``RayHeadLostError`` if it stays silent for ``lost_after_s``."""
+        self._checked = float("-inf")
+        while True:
+            self.check()
+            if self._since is None:
+                return
+            time.sleep(self.poll_s)
+            self._checked = float("-inf")
+
+
 def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], None] | None = None,
                   record: Path | None = None, recycle_after: int = 0) -> ShardMap:
     """A shard map running each call as a Ray task (``num_cpus=1``) with at most ``workers`` in flight.
@@ -305,6 +428,8 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
         Exception: the first failed call's own exception (in call order), raised after every submitted call has
             finished; no further calls are submitted after a failure. The Ray error with the remote traceback is
             its ``__cause__``.
+        RayHeadLostError: the head's GCS stopped answering for ``HeadWatch.lost_after_s`` while calls were in
+            flight (the calls are not cancelled: the cluster is gone).
     """
 
     def run(fn: Callable[..., Any], calls: list[dict[str, Any]], label: str) -> list[Any]:
@@ -317,14 +442,21 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
         main = threading.current_thread() is threading.main_thread()
         sigterm = signal.getsignal(signal.SIGTERM) if main else None
         started = False
+
+        def restore_sigterm() -> None:
+            # ray.init installs a SIGTERM handler that calls sys.exit: SIGTERM must keep unwinding the run as the
+            # caller's handler does (a KeyboardInterrupt in `pretrain run`, Prefect's TerminationSignal in a flow).
+            if main and signal.getsignal(signal.SIGTERM) is not sigterm:
+                signal.signal(signal.SIGTERM, sigterm)
+
         try:
             started = _connect(address, workers)
+            restore_sigterm()
             return _run_tasks(ray, fn, calls, label, workers, on_done, record, recycle_after)
         finally:
             if started:
                 ray.shutdown()
-            if main and signal.getsignal(signal.SIGTERM) is not sigterm:  # ray.init installs one that exits
-                signal.signal(signal.SIGTERM, sigterm)
+            restore_sigterm()
 
     return run
 
@@ -341,20 +473,30 @@ def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], la
     nodes: Counter[str] = Counter()
     submitted = 0
     try:
+        gcs = ray.get_runtime_context().gcs_address
+    except Exception:  # a Ray client (ray://) connection has none to give
+        gcs = ""
+    head = HeadWatch(gcs, label)
+    try:
         while pending or (submitted < len(calls) and not failures):
             while submitted < len(calls) and len(pending) < limit and not failures:
                 ref = task.options(num_cpus=1, runtime_env=runtime_env,
                                    name=f"{label}-{submitted}").remote(fn, calls[submitted])
                 pending[ref] = submitted
                 submitted += 1
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEAD_POLL_S)
+            if not ready:  # nothing finished meanwhile: is the head still there?
+                head.check()
+                continue
+            ref = ready[0]
             i = pending.pop(ref)
             try:
                 results[i], where = ray.get(ref)
             except ray.exceptions.RayTaskError as err:
                 cause = err.cause if isinstance(err.cause, BaseException) else err
                 failures[i] = (cause, err)
-            except ray.exceptions.RayError as err:  # the worker or its node died
+            except ray.exceptions.RayError as err:  # the worker or its node died: with the head?
+                head.confirm()
                 failures[i] = (err, err)
             else:
                 nodes[where["node_id"]] += 1
@@ -362,6 +504,8 @@ def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], la
                     _append(record, {"label": label, "call": i, **where})
             if on_done:
                 on_done()
+    except RayHeadLostError:
+        raise  # nothing to cancel on a cluster that is gone
     except BaseException:
         for ref in pending:  # interrupted: do not leave the cluster writing shards nobody waits for
             with suppress(Exception):

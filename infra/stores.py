@@ -51,7 +51,9 @@ def open_stores(layout: RunsLayout, experiment: str, *, server_log: Path,
     ids. Must run after ``layout.prepare_environment()``.
 
     The local API server is Prefect's own (``SubprocessASGIServer``, the one its client would start on first use);
-    its output goes to ``server_log``, not to the terminal.
+    its output goes to ``server_log``, not to the terminal, and the terminal's Ctrl-C does not reach it
+    (``infra.lifetime.shielded_from_terminal_interrupts``): the run still records how it ended when interrupted,
+    and the server ends with the run.
 
     Raises:
         RunsFolderError: a file is in the way of the lock's folder.
@@ -76,6 +78,8 @@ def _start_prefect_server(server_log: Path) -> None:
         return
     from prefect.server.api.server import SubprocessASGIServer
 
+    from infra.lifetime import shielded_from_terminal_interrupts
+
     # Prefect's client reuses this instance (one per port; None = any free port).
     server = SubprocessASGIServer()
     if server.running:
@@ -90,7 +94,8 @@ def _start_prefect_server(server_log: Path) -> None:
         try:
             os.dup2(out.fileno(), 1)
             os.dup2(out.fileno(), 2)
-            server.start()
+            with shielded_from_terminal_interrupts():  # Ctrl-C stops the run, which then stops the server
+                server.start()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -19,6 +19,7 @@ SLOW_FIRST = (
     "unit/test_train_stage.py",
     "e2e/test_context_extension.py",
     "e2e/test_operating.py",
+    "e2e/test_stops.py",
     "e2e/test_predeclaration_run.py",
     "e2e/test_launched_main.py",
     "e2e/test_ray.py",

@@ -108,6 +108,8 @@ def test_the_rerun_line_and_error_lines_are_read_from_the_console_output():
     assert faults.resume_line("x\nmain: resuming from step 8 (step_00000008)\ny") == \
         "main: resuming from step 8 (step_00000008)"
     assert faults.resume_line("interrupted: an unfinished one resumes from its last checkpoint") is None
+    assert faults.resume_line("interrupted (SIGINT) during stage main: the completed stages are kept (sources) and "
+                              "main resumes from its last checkpoint (scratch/main/k); to resume, run ...") is None
     output = "ok\nerror: DiskFullError: stage main ran out\nof space.\n\nerror: other"
     assert faults.error_lines(output) == ["error: DiskFullError: stage main ran out of space.", "error: other"]
 

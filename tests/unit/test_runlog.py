@@ -30,6 +30,17 @@ def test_a_failed_prefect_run_shows_neither_its_traceback_nor_its_final_state_bu
     assert not keep.filter(_record("prefect.flow_runs", "Crashed", exc=RuntimeError("y")))  # no run id: dropped
 
 
+def test_prefect_s_records_of_a_crashed_run_stay_off_the_terminal():
+    # What Prefect's engines log when Ctrl-C or SIGTERM leaves a task or flow run (handle_crash); the command says it
+    # in its own `interrupted` line.
+    keep = _RunFailureRecords()
+    for name, run in (("prefect.task_runs", {"task_run_id": "t"}), ("prefect.flow_runs", {"flow_run_id": "f"})):
+        assert not keep.filter(_record(name, "Crash detected! Execution was aborted by an interrupt signal.", **run))
+        assert not keep.filter(_record(name, "Finished in state Crashed('Execution was aborted by a termination "
+                                             "signal.')", **run))
+    assert keep.filter(_record("pretrain", "Crash detected! (not Prefect's)"))
+
+
 def test_a_record_whose_arguments_do_not_format_is_left_to_logging():
     bad = _record("mlflow", "%d rows", "not a number")
     assert _FullDiskRecords().filter(bad)
