@@ -445,11 +445,16 @@ def _outputs(out: Path, files: list[Path]) -> dict:
     import duckdb
     import pyarrow.parquet as pq
 
-    kept = pq.ParquetFile(out / "kept.parquet").metadata.num_rows
+    if (out / "kept").is_dir():  # parts (tasks.readers), else a checkout that wrote one file each
+        kept_parts = [str(f) for f in sorted((out / "kept").glob("part-*.parquet"))]
+        removal_parts = [str(f) for f in sorted((out / "removals").glob("*.parquet"))]
+    else:
+        kept_parts, removal_parts = [str(out / "kept.parquet")], [str(out / "removals.parquet")]
+    kept = sum(pq.ParquetFile(f).metadata.num_rows for f in kept_parts)
     labels = files[0].parent.parent / "labels.parquet"
     with duckdb.connect() as con:
         stages = dict(con.execute("SELECT stage, count(*) FROM read_parquet(?) GROUP BY stage ORDER BY stage",
-                                  [str(out / "removals.parquet")]).fetchall())
+                                  [removal_parts]).fetchall())
         fates: dict[str, dict[str, int]] = {}
         if labels.exists():
             for kind, stage, n in con.execute(
@@ -461,8 +466,7 @@ def _outputs(out: Path, files: list[Path]) -> dict:
                     "LEFT JOIN read_parquet(?) o ON o.doc_id = l.origin_id "
                     "LEFT JOIN (SELECT doc_id, lines_dropped FROM read_parquet(?)) k USING (doc_id) "
                     "GROUP BY ALL ORDER BY ALL",
-                    [str(labels), str(out / "removals.parquet"), str(out / "removals.parquet"),
-                     str(out / "kept.parquet")]).fetchall():
+                    [str(labels), removal_parts, removal_parts, kept_parts]).fetchall():
                 fates.setdefault(kind, {})[stage] = n
     return {"kept": kept, "removed_by_stage": stages, "fate_by_kind": fates}
 

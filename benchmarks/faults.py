@@ -691,8 +691,10 @@ def documents_lost(runs: Path, keys: dict[str, str]) -> dict[str, int]:
     corpus = runs / "artifacts" / "corpus" / keys["corpus"]
     sources = runs / "artifacts" / "sources" / keys["sources"]
     manifest = json.loads((corpus / "manifest.json").read_text())["sources"]
-    kept = pd.read_parquet(corpus / "kept.parquet", columns=["source", "doc_id"])
-    removed = pd.read_parquet(corpus / "removals.parquet", columns=["source", "doc_id"])
+    from tasks.readers import load_kept, load_removals
+
+    kept = load_kept(corpus, ["source", "doc_id"])
+    removed = load_removals(corpus, ["source", "doc_id"])
     lost = {}
     for name, entry in manifest.items():
         by_count = entry["docs_in"] - entry["docs_out"] - sum(entry["removed_by_rule"].values())

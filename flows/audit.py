@@ -41,6 +41,7 @@ from infra.warehouse import Warehouse
 from tasks.audit.config import AuditConfig
 from tasks.audit.review import review_corpus_removals
 from tasks.audit.run import load_documents, load_pages, run_audit, write_audit
+from tasks.readers import load_removals
 
 AUDIT_CODE = "tasks.audit.run"  # the audit is keyed by the import closure of its entry, as stages are
 
@@ -97,7 +98,7 @@ def review_corpus(cfg: ExperimentConfig, source: str, layout: RunsLayout, k: int
     if artifact is None:
         return {"found": False, "note": f"no corpus artifact of experiment {cfg.name!r} under {layout.artifacts}; "
                                         f"run `pretrain run` first to review real removals"}
-    removals = pd.read_parquet(artifact.path / "removals.parquet")
+    removals = load_removals(artifact.path)
     docs_path = _sources_docs(store, artifact, source)
     docs = pd.read_parquet(docs_path) if docs_path else pd.DataFrame(columns=["doc_id", "content", "content_type"])
     review = review_corpus_removals(removals, docs, source, k, cfg.seed, cfg.corpus.extractor)

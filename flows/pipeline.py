@@ -31,6 +31,7 @@ from flows.preflight import preflight
 from flows.progress import PlainProgress, RichProgress, duration, make_progress
 from flows.publish import PublishTarget, publish
 from flows.registry import STAGES, downstream, get_stage, stage_names
+from flows.versions import moved_notices, write_record
 from flows.runlog import adopt_library_loggers
 from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
@@ -239,8 +240,16 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
         record_gate(cfg, env.warehouse, env.tracker, env.parent_run_id)
         keys = chain_keys(cfg, until)
         with env.progress:
+            # A Debian source whose candidate version moved since this experiment's last run is named before the
+            # recomputation it causes starts.
+            sources = keys["sources"]
+            for line in moved_notices(cfg, sources.config, layout,
+                                      artifact_exists=env.store.get("sources", sources.key) is not None):
+                env.progress.say(line)
             for stage in STAGES[:len(keys)]:
                 upstream[stage.name], cached[stage.name] = run_stage(stage, keys[stage.name], env, upstream)
+                if stage.name == "sources":
+                    write_record(cfg, sources.config, layout)
                 # The ladder's forecast goes on record before main starts, and is checked once main exists.
                 after_stage(stage.name, upstream, keys["main"].key if "main" in keys else None, env.target,
                             env.store)
@@ -248,8 +257,9 @@ def pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None = 
         record_failure(env.tracker, env.parent_run_id, err, "the pipeline")
         raise
     env.tracker.end_run(env.parent_run_id)
-    return {"experiment": cfg.name, "parent_run_id": env.parent_run_id, "cached": cached,
-            "keys": {name: a.key for name, a in upstream.items()}, "paths": {n: str(a.path) for n, a in upstream.items()}}
+    return {"experiment": cfg.name, "experiment_id": env.tracker.experiment_id, "parent_run_id": env.parent_run_id,
+            "cached": cached, "keys": {name: a.key for name, a in upstream.items()},
+            "paths": {n: str(a.path) for n, a in upstream.items()}}
 
 
 def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -> Env:

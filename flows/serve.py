@@ -11,7 +11,14 @@ time by default (``--limit``), each in its own subprocess.
 Where the API lives: with ``PREFECT_API_URL`` set, the deployment is registered on that server (a team's server,
 or one started by ``prefect server start``). Without it, a local Prefect server (API, UI and scheduler) is started
 on ``127.0.0.1:<port>`` with its database in the runs folder, and stopped when serving stops. It binds to loopback
-only; docs/guide/security.md says how to reach it from another machine.
+only; docs/guide/security.md says how to reach it from another machine. Prefect's settings are pointed at that
+server before the runner exists, so the runner and its flow runs talk to it (Prefect would otherwise start an
+ephemeral API server of its own in this process, on the same database).
+
+What the serving terminal shows: one line when serving starts (the deployment, its schedule, the UI and how to
+trigger a run), each flow run's own output (its stage lines and progress lines: the run's subprocess writes to this
+process's output), a line when a run starts and when it ends with its final state (``RunWatcher``, which follows
+the deployment's runs through the API), and ``serving stopped`` when serving ends (Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,14 +28,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
 from infra.errors import ConfigError, PretrainError
 from infra.runs import RunsLayout, ensure_folder
+from flows.progress import duration
 
 LOOPBACK = "127.0.0.1"
 
@@ -98,7 +107,8 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 def serve(config: Path, layout: RunsLayout, *, name: str, cron: str | None, interval: int | None,
           timezone: str | None, parameters: dict[str, Any], limit: int | None, port: int) -> None:
-    """Serve the pipeline with a schedule until interrupted (Ctrl-C / SIGTERM).
+    """Serve the pipeline with a schedule until interrupted (Ctrl-C / SIGTERM); see the module's docstring for
+    what the terminal shows.
 
     Must run after ``layout.prepare_environment()``. ``parameters`` are the flow's defaults for scheduled runs.
 
@@ -110,6 +120,8 @@ def serve(config: Path, layout: RunsLayout, *, name: str, cron: str | None, inte
         raise ConfigError("give exactly one schedule: --cron 'MIN HOUR DOM MON DOW' or --interval SECONDS")
     if interval is not None and interval <= 0:
         raise ConfigError(f"--interval {interval}: must be a positive number of seconds")
+    local = not os.environ.get("PREFECT_API_URL")
+    api = f"http://{LOOPBACK}:{port}/api" if local else os.environ["PREFECT_API_URL"]
     from prefect.client.schemas.schedules import construct_schedule
 
     try:  # before any server starts: a bad cron or time zone is a one-line error, not a traceback
@@ -118,25 +130,156 @@ def serve(config: Path, layout: RunsLayout, *, name: str, cron: str | None, inte
         reason = err.errors()[0]["msg"] if hasattr(err, "errors") else str(err)
         raise ConfigError(f"schedule --cron {cron!r} --timezone {timezone or 'UTC'!r}: {reason}; give a five-field "
                           "cron string such as '0 3 * * *' and an IANA time zone such as Europe/Paris") from None
-    # SIGTERM (systemd, kill, a container stop) unwinds like Ctrl-C, so the local server is stopped with us.
+    # SIGTERM (systemd, kill, a container stop) before the runner starts unwinds like Ctrl-C, so the local server is
+    # stopped with us; once started, the runner's own SIGTERM handler stops it gracefully.
     signal.signal(signal.SIGTERM, _interrupt)
     server = None
-    if not os.environ.get("PREFECT_API_URL"):
+    if local:
+        print(f"starting a local Prefect server on http://{LOOPBACK}:{port} (database in {layout.prefect_home})",
+              flush=True)
         server = start_local_server(layout, port)
-        os.environ["PREFECT_API_URL"] = f"http://{LOOPBACK}:{port}/api"
-        print(f"Prefect server on http://{LOOPBACK}:{port} (UI), database in {layout.prefect_home}\n"
-              f"trigger a run from another shell: PREFECT_API_URL=http://{LOOPBACK}:{port}/api "
-              f"prefect deployment run 'pretrain-pipeline/{name}'", flush=True)
+        os.environ["PREFECT_API_URL"] = api  # for the processes started from here on
+    deployment = f"pretrain-pipeline/{name}"
+    watcher: RunWatcher | None = None
     try:
         from prefect.deployments.runner import EntrypointType
+        from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
         from flows.pipeline import pipeline
 
-        # Module entrypoint: runs load ``flows.pipeline`` from the installed package, whatever the working directory.
-        pipeline.serve(name=name, schedule=schedule, parameters={"config_path": str(config.resolve()),
-                                                                 "runs_dir": str(layout.root), **parameters},
-                       limit=limit, tags=["pretrain", name], entrypoint_type=EntrypointType.MODULE_PATH,
-                       description=f"pretrain pipeline for {config} (runs folder {layout.root})")
+        # The URL in the settings Prefect reads now (they may have been loaded before it was exported), so the
+        # runner registers, polls and hands its flow runs this server, never an ephemeral one.
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            ui = PREFECT_UI_URL.value() or api.removesuffix("/api")
+
+            def started(deployment_id: Any) -> None:
+                nonlocal watcher
+                print(serving_line(deployment, describe_schedule(cron, interval, timezone), ui, api, deployment_id),
+                      flush=True)
+                watcher = RunWatcher(api, str(deployment_id), deployment)
+                watcher.start()
+
+            # Module entrypoint: runs load ``flows.pipeline`` from the installed package, whatever the directory.
+            run_runner(pipeline, name=name, schedule=schedule, limit=limit, tags=["pretrain", name],
+                       parameters={"config_path": str(config.resolve()), "runs_dir": str(layout.root), **parameters},
+                       description=f"pretrain pipeline for {config} (runs folder {layout.root})",
+                       entrypoint_type=EntrypointType.MODULE_PATH, on_registered=started)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the runner took over
+        pass
     finally:
+        if watcher is not None:
+            watcher.stop()
         if server is not None:
             stop_local_server(server)
+    print(f"serving stopped: {deployment} no longer runs on its schedule"
+          + ("; the local Prefect server is stopped" if server is not None else ""), flush=True)
+
+
+def run_runner(flow: Any, *, name: str, on_registered: Callable[[Any], None], limit: int | None,
+               **deployment: Any) -> None:
+    """What ``flow.serve`` does, with ``on_registered(deployment_id)`` called once the deployment exists and before
+    the runner polls, in place of Prefect's starting message; returns when the runner stops (Ctrl-C, SIGTERM)."""
+    import asyncio
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
+
+    runner = Runner(name=name, pause_on_shutdown=True, limit=limit)
+    deployment_id = runner.add_flow(flow, name=name, **deployment)
+    on_registered(deployment_id)
+    try:
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal):
+        pass
+
+
+def describe_schedule(cron: str | None, interval: int | None, timezone: str | None) -> str:
+    """``cron '0 3 * * *' (UTC)`` or ``every 86400 s``."""
+    if cron is not None:
+        return f"cron {cron!r} ({timezone or 'UTC'})"
+    return f"every {interval} s"
+
+
+def serving_line(deployment: str, schedule: str, ui: str, api: str, deployment_id: Any) -> str:
+    """The one line printed when serving starts."""
+    return (f"serving {deployment} ({schedule}); Prefect UI {ui}/deployments/deployment/{deployment_id}; trigger a "
+            f"run there or with: PREFECT_API_URL={api} prefect deployment run '{deployment}'; Ctrl-C stops serving")
+
+
+TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+class RunWatcher:
+    """Follows the deployment's flow runs through the API (a thread polling every ``every_s`` seconds) and prints a
+    line when one starts running and when it ends: its final state, how long it ran, and the state's message when
+    it did not complete. Runs that existed before serving started are not reported; an API that does not answer
+    (a busy server) is asked again at the next poll."""
+
+    def __init__(self, api: str, deployment_id: str, deployment: str, every_s: float = 3.0,
+                 write: Callable[[str], None] | None = None):
+        self.api, self.deployment_id, self.deployment, self.every_s = api, deployment_id, deployment, every_s
+        self._write = write or (lambda line: print(line, flush=True))
+        self._seen: dict[str, str] | None = None  # run id → state type reported; None until the first poll
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="served-runs", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling, after one last poll (a run that ended as serving stopped is still reported)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.poll()
+
+    def _loop(self) -> None:
+        while True:
+            self.poll()
+            if self._stop.wait(self.every_s):
+                return
+
+    def poll(self) -> None:
+        """Report the changes since the last poll (the first poll only takes note of the runs that exist)."""
+        runs = self._runs()
+        if runs is None:
+            return
+        first = self._seen is None
+        seen = self._seen if self._seen is not None else {}
+        for run in sorted(runs, key=lambda r: r.get("expected_start_time") or ""):
+            state = (run.get("state") or {}).get("type") or ""
+            before = seen.get(run["id"])
+            if before == state:
+                continue
+            seen[run["id"]] = state
+            if first or before in TERMINAL:
+                continue
+            label = f"{self.deployment} run '{run.get('name')}'"
+            if state == "RUNNING":
+                self._write(f"{label}: started")
+            elif state in TERMINAL:
+                self._write(self._ended(label, run))
+        self._seen = seen
+
+    def _ended(self, label: str, run: dict[str, Any]) -> str:
+        state = run.get("state") or {}
+        line = f"{label}: {state.get('name') or state.get('type', '').title()}"
+        if run.get("total_run_time"):
+            line += f" after {duration(float(run['total_run_time']))}"
+        message = " ".join(str(state.get("message") or "").split())
+        if state.get("type") != "COMPLETED" and message:
+            line += f": {message[:500]}"
+        return line
+
+    def _runs(self) -> list[dict[str, Any]] | None:
+        try:
+            response = httpx.post(f"{self.api}/flow_runs/filter", timeout=10.0, json={
+                "deployments": {"id": {"any_": [self.deployment_id]}}, "sort": "EXPECTED_START_TIME_DESC",
+                "limit": 50})
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return response.json()

@@ -19,6 +19,7 @@ from evals.decision import DecisionRecord
 from flows.registry import STAGES
 from infra.runs import RunsLayout
 from infra.stage import SummaryContext
+from infra.tracking import DEFAULT_UI, runs_page_url
 
 
 def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console | None = None, *,
@@ -26,7 +27,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     """Print the per-stage evidence and the pointers to MLflow, DuckDB and the artifacts.
 
     Args:
-        result: the pipeline's result (``experiment``, ``paths`` and ``cached`` by stage).
+        result: the pipeline's result (``experiment``, ``experiment_id``, ``paths`` and ``cached`` by stage).
         layout: the runs folder.
         console: where to print; a new ``Console`` when None.
         max_epochs: the config's ``mixture.max_epochs``: sources the main run repeats more often get a warning.
@@ -58,6 +59,9 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         console.print(f"MLflow UI:   {layout.tracking_uri}")
     else:
         console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
+    if result.get("experiment_id"):  # the training runs, not the GenAI overview MLflow 3.17's UI opens on by default
+        base = layout.tracking_uri if layout.remote_tracking else DEFAULT_UI
+        console.print(f"Runs:        {runs_page_url(result['experiment_id'], base)}", soft_wrap=True)
     console.print(f"DuckDB:      {layout.duckdb}   (tables, columns and example queries: docs/duckdb.md)")
     console.print(f"Artifacts:   {layout.artifacts}")
 

@@ -68,19 +68,27 @@ def _summarise(result: Any) -> dict[str, Any]:
 
 BATCH_ROWS = 262_144  # rows per Great Expectations batch when a table is validated from its Parquet file
 
+# A table to validate: a frame, a Parquet file, or the ordered Parquet parts of one dataset (read as one table).
+Table = pd.DataFrame | Path | Sequence[Path]
 
-def _batches(table: pd.DataFrame | Path, columns: list[str]) -> Iterator[pd.DataFrame]:
-    """The table itself, or its Parquet file read ``BATCH_ROWS`` rows at a time (bounded memory)."""
+
+def _files(table: Path | Sequence[Path]) -> list[str]:
+    return [str(table)] if isinstance(table, (str, Path)) else [str(f) for f in table]
+
+
+def _batches(table: Table, columns: list[str]) -> Iterator[pd.DataFrame]:
+    """The table itself, or its Parquet file(s) read ``BATCH_ROWS`` rows at a time (bounded memory)."""
     if isinstance(table, pd.DataFrame):
         yield table[columns]
         return
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(table).iter_batches(batch_size=BATCH_ROWS, columns=columns):
-        yield batch.to_pandas()
+    for path in _files(table):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            yield batch.to_pandas()
 
 
-def _repeated(table: pd.DataFrame | Path, column: str) -> tuple[int, list]:
+def _repeated(table: Table, column: str) -> tuple[int, list]:
     """How many values of ``column`` occur more than once, and a few of them, counted by DuckDB out of core."""
     import duckdb
 
@@ -88,23 +96,23 @@ def _repeated(table: pd.DataFrame | Path, column: str) -> tuple[int, list]:
         if isinstance(table, pd.DataFrame):
             con.register("t", table[[column]])
         else:
-            con.register("t", con.read_parquet(str(table)))
+            con.register("t", con.read_parquet(_files(table), union_by_name=True))
         rows = con.execute(f'SELECT "{column}" FROM t GROUP BY ALL HAVING count(*) > 1 ORDER BY 1').fetchall()
     return len(rows), [r[0] for r in rows[:3]]
 
 
-def _distinct(table: pd.DataFrame | Path, column: str) -> set:
+def _distinct(table: Table, column: str) -> set:
     import duckdb
 
     with duckdb.connect() as con:
         if isinstance(table, pd.DataFrame):
             con.register("t", table[[column]])
         else:
-            con.register("t", con.read_parquet(str(table)))
+            con.register("t", con.read_parquet(_files(table), union_by_name=True))
         return {r[0] for r in con.execute(f'SELECT DISTINCT "{column}" FROM t').fetchall()}
 
 
-def _validate_batches(name: str, table: pd.DataFrame | Path, columns: list[str], expectations: Sequence[Any],
+def _validate_batches(name: str, table: Table, columns: list[str], expectations: Sequence[Any],
                       unique: str | None = None) -> SuiteResult:
     """``validate_frame`` on each batch of ``table`` (a frame, or a Parquet file read in batches); ``unique`` names
     a column whose values must be unique across the whole table, checked by DuckDB beside the batches.
@@ -130,11 +138,11 @@ def _validate_batches(name: str, table: pd.DataFrame | Path, columns: list[str],
     return SuiteResult(name, True, results)
 
 
-def check_kept_corpus(kept: pd.DataFrame | Path, sources: Sequence[str], languages: Sequence[str],
+def check_kept_corpus(kept: Table, sources: Sequence[str], languages: Sequence[str],
                       why_removed: dict[str, str] | None = None) -> SuiteResult:
     """Kept-corpus suite: every source non-empty, no empty text, only configured languages, unique ids.
 
-    ``kept``: a frame or the kept Parquet file (validated in batches of ``BATCH_ROWS``, with the source and id
+    ``kept``: a frame, or the kept Parquet file or parts (validated in batches of ``BATCH_ROWS``, with the source and id
     checks over the whole file by DuckDB); it needs columns doc_id, source, language and n_chars (the text itself
     is not loaded). ``why_removed`` maps a source to its removal counts by rule, quoted when that source kept
     nothing.
@@ -159,12 +167,12 @@ def check_kept_corpus(kept: pd.DataFrame | Path, sources: Sequence[str], languag
     ], unique="doc_id")
 
 
-def check_ledger(per_source: pd.DataFrame, removals: pd.DataFrame | Path) -> SuiteResult:
+def check_ledger(per_source: pd.DataFrame, removals: Table) -> SuiteResult:
     """Removal-ledger suite: per source, documents in = kept + removed; one removal row per removed document,
     each naming its stage and rule.
 
     ``per_source``: columns source, docs_in, docs_out, removed (one row per source). ``removals``: a frame or the
-    ledger's Parquet file (validated in batches, ids checked for repeats over the whole file by DuckDB).
+    ledger's Parquet file or parts (validated in batches, ids checked for repeats over the whole file by DuckDB).
 
     Raises:
         DataError: an expectation fails.
@@ -183,7 +191,7 @@ def check_ledger(per_source: pd.DataFrame, removals: pd.DataFrame | Path) -> Sui
     if not isinstance(removals, pd.DataFrame):
         import pyarrow.parquet as pq
 
-        if not pq.ParquetFile(removals).metadata.num_rows:
+        if not sum(pq.ParquetFile(f).metadata.num_rows for f in _files(removals)):
             return SuiteResult("removals", True, [])
     return _validate_batches("removals", removals, ["doc_id", "stage", "rule"], [
         E.ExpectColumnValuesToBeUnique(column="doc_id"),

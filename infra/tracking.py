@@ -2,7 +2,8 @@
 
 Uses ``MlflowClient`` with explicit run ids (no global active run), so a stage can log from any thread and
 the parent/child structure is explicit (``mlflow.parentRunId`` tag). The store is a SQLite file and a local
-artifact root under the runs folder; ``mlflow ui --backend-store-uri sqlite:///<runs>/mlflow.db --host 127.0.0.1`` shows it.
+artifact root under the runs folder; ``mlflow ui --backend-store-uri sqlite:///<runs>/mlflow.db --host 127.0.0.1`` shows
+it, and :func:`runs_page_url` is the address of an experiment's training runs in that UI.
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ from infra.runs import ensure_folder
 
 _MAX_PARAM_LEN = 6000
 MAX_DIGEST_CHARS = 36  # MLflow's dataset digest column (String(36) in its SQL store)
+# MLflow's experiment kind: "custom_model_development" is the UI's "Machine learning" kind (runs, metrics, models),
+# "genai_development" its "GenAI apps & agents" kind (traces, evaluations).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+DEFAULT_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` / ``mlflow server`` listen by default
+
+
+def runs_page_url(experiment_id: str, base: str = DEFAULT_UI) -> str:
+    """The MLflow UI's page of an experiment's training runs (its "Runs" tab, in the "Model training" workflow).
+
+    MLflow 3.17's UI chooses an experiment's view by its workflow type, not by the experiment's tags: the
+    ``workflowType`` query parameter (``genai`` or ``machine_learning``), else the browser's last choice in the
+    sidebar's GenAI / Model training switch, which starts at GenAI and so lands on the empty traces "Overview". This
+    address names ``machine_learning``, so it shows the runs table, whose chart view and run pages hold the metrics.
+    """
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def _json_number(value: Any) -> Any:
@@ -49,6 +66,10 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 class Tracker:
     """Writes the pipeline's runs to a local MLflow store.
 
+    The experiment carries MLflow's experiment kind ``mlflow.experimentKind = custom_model_development`` (model
+    training rather than a GenAI app), set when it is created and added to an existing one that lacks it; MLflow 3.17's
+    UI picks its view from the URL instead (:func:`runs_page_url`).
+
     Args:
         tracking_uri: e.g. ``sqlite:////abs/runs/mlflow.db``, or ``http://127.0.0.1:5000`` for ``mlflow server``.
         artifact_root: folder for run artifacts of a local store (created if missing); a server keeps its own.
@@ -59,14 +80,15 @@ class Tracker:
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
+        kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
         if found is None and tracking_uri.startswith(("http://", "https://")):
             # A tracking server stores artifacts itself (proxied ``mlflow-artifacts:``); a local path would only
             # work on the server's own machine.
-            self.experiment_id = self.client.create_experiment(experiment)
+            self.experiment_id = self.client.create_experiment(experiment, tags=kind)
         elif found is None:
             ensure_folder(artifact_root)
             try:
-                self.experiment_id = self.client.create_experiment(experiment,
+                self.experiment_id = self.client.create_experiment(experiment, tags=kind,
                                                                    artifact_location=artifact_root.as_uri())
             except MlflowException as err:  # another process created it since the lookup
                 if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
@@ -74,6 +96,9 @@ class Tracker:
                 self.experiment_id = self.client.get_experiment_by_name(experiment).experiment_id
         else:
             self.experiment_id = found.experiment_id
+            # Made before the tag was set; a kind chosen in the UI is kept. A deleted experiment takes no tags.
+            if EXPERIMENT_KIND_TAG not in found.tags and found.lifecycle_stage == "active":
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
     def start_run(self, name: str, *, parent_id: str | None = None, tags: Mapping[str, str] | None = None) -> str:
         """Create a run (nested under ``parent_id`` if given) and return its id. The run is tagged with this

@@ -65,20 +65,21 @@ class Warehouse:
         finally:
             con.close()
 
-    def replace(self, table: str, frame: pd.DataFrame | Path, artifact_key: str) -> int:
+    def replace(self, table: str, frame: pd.DataFrame | Path | list[Path], artifact_key: str) -> int:
         """Replace the rows of ``table`` written from ``artifact_key`` with ``frame``; returns rows written.
 
-        ``frame`` is a DataFrame, or the path of a Parquet file that DuckDB reads itself (out of core: a corpus's
-        removal ledger never has to fit in memory).
+        ``frame`` is a DataFrame, or the path of a Parquet file (or a list of parts of one table) that DuckDB reads
+        itself (out of core: a corpus's removal ledger never has to fit in memory).
 
         Raises:
             ValueError: ``table`` is not a plain lower-case identifier.
         """
         _check_table(table)
         with self.connect() as con:
-            if isinstance(frame, Path):
+            if isinstance(frame, (Path, list)):
+                files = ", ".join(_literal(str(f)) for f in (frame if isinstance(frame, list) else [frame]))
                 con.execute("CREATE TEMP VIEW frame AS SELECT *, " + _literal(artifact_key) + " AS artifact_key "
-                            "FROM read_parquet(" + _literal(str(frame)) + ")")
+                            "FROM read_parquet([" + files + "], union_by_name = true)")
             else:
                 con.register("frame", frame.assign(artifact_key=artifact_key))
             _ensure_table(con, table)

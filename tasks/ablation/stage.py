@@ -47,6 +47,7 @@ from tasks.train.data import MixtureSampler, TokenStream
 from tasks.train.heldout_overlap import decontaminate_train
 from tasks.train.runner import build_model, run_training
 from tasks.train.shards import encode_documents, join_shards, read_shard, text_bytes, write_shard
+from tasks.readers import kept_files
 
 ARMS = ("with_classifier", "without_classifier")
 ABLATION_COLUMNS = ["source", "role", "in_training", "weight", "removed_docs", "readded_docs", "readded_tokens",
@@ -131,7 +132,7 @@ def _readded_documents(ctx: StageContext, cfg: Any, corpus_dir: Path, tokenized:
         heldout = con.execute(
             "SELECT k.doc_id, k.source, k.text FROM read_parquet(?) k JOIN read_parquet(?) s USING (doc_id) "
             "WHERE s.split = 'heldout' ORDER BY k.doc_id",
-            [str(corpus_dir / "kept.parquet"), str(tokenized.path / "splits.parquet")]).df()
+            [[str(f) for f in kept_files(corpus_dir)], str(tokenized.path / "splits.parquet")]).df()
     frame = pd.concat([heldout.assign(split="heldout"), removed.assign(split="train")], ignore_index=True)
     clean, decontam = decontaminate_train(frame, ngram=cfg.tokenizer.decontam_ngram,
                                           common_min_docs=cfg.tokenizer.decontam_common_docs)

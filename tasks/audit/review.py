@@ -41,7 +41,7 @@ def review_corpus_removals(removals: pd.DataFrame, docs: pd.DataFrame, source: s
     """Up to ``k`` removed documents of ``source`` per rule from a corpus artifact, with excerpts.
 
     Args:
-        removals: the artifact's ``removals.parquet`` (doc_id, source, stage, rule, value, threshold, detail).
+        removals: the artifact's removal ledger (``tasks.readers.load_removals``: doc_id, source, stage, rule, value, threshold, detail).
         docs: the raw documents of its sources artifact (doc_id, content, content_type); HTML is reduced to its
             main text by ``extractor`` for the excerpt, and a page with no main text shows its raw opening.
 

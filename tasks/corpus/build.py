@@ -10,7 +10,8 @@ positions in corpus order: no per-document Python object lives in the main proce
    order, as slices of the source files (nothing is copied); repeated ``doc_id`` values are found by DuckDB.
 2. ``filter`` (per shard): the per-document stages of :mod:`tasks.corpus.filters`, plus the document frequency of
    every line/paragraph (for boilerplate).
-3. global: units in ``boilerplate.min_docs`` documents or more, summed over shards (DuckDB).
+3. ``boilerplate`` (per hash partition of the units): units in ``boilerplate.min_docs`` documents or more,
+   counted over every shard by ``execution.partitions`` tasks, each reading only its partition of every shard.
 4. ``key`` (per shard): boilerplate cut, exact-dedup hash (xxh3-128 of the normal form), MinHash band keys
    (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
 5. global ``candidates``: exact duplicates (first in corpus order kept) and LSH candidate pairs
@@ -25,8 +26,9 @@ positions in corpus order: no per-document Python object lives in the main proce
 9. ``substring`` (opt-in, ``[corpus.substring_dedup]``): the survivors are planned into partitions (DuckDB); per
    partition, repeated spans are found with a suffix array (:mod:`tasks.corpus.substring`); global: the cuts and
    the documents left too short, partitioned by shard.
-10. ``write`` (per shard): the shard's kept documents (with the substring cuts applied); then the parts are joined
-   into ``kept.parquet`` and the removal rows streamed into ``removals.parquet``.
+10. ``write`` (per shard): the shard's kept documents (with the substring cuts applied) and its removal rows, each
+   in corpus order: the shard's parts of the artifact's ``kept/`` and ``removals/`` datasets, linked into place,
+   never joined (``tasks.readers`` reads them).
 
 Invariants: per source, documents in = kept + removed (one ledger row per removed document); the result does not
 depend on the shard size, the engine or the number of workers.
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -58,13 +59,14 @@ from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
 from tasks.corpus import minhash, near_dedup, substring
-from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
+from tasks.corpus.boilerplate import COUNT_COLUMNS, count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, OPTIONAL_COLUMNS, REMOVAL_COLUMNS,
                                   Ledger, filter_documents, sanitise)
 from tasks.corpus.normalise import normal_form
 from tasks.corpus.quality import CHARACTER_LANGUAGES, Reason, cjk_count
 from tasks.corpus.urls import url_host
+from tasks.readers import KEPT_DIR, REMOVALS_DIR, load_kept, load_removals
 
 __all__ = ["build_corpus", "curate", "CorpusResult", "CURATION_STEPS", "KEPT_COLUMNS"]
 
@@ -90,8 +92,9 @@ ShardProgress = Callable[[str, int, int], None]
 class CorpusResult:
     """Paths and summaries of a finished build (all files under ``out``).
 
-    ``kept``: kept.parquet (``KEPT_COLUMNS``); ``removals``: removals.parquet (``REMOVAL_COLUMNS``, exactly one row per
-    removed document); ``funnel``: funnel.parquet (docs and characters in/out per source and stage);
+    ``kept``: the parts ``kept/part-NNNNN.parquet`` (``KEPT_COLUMNS``, one per input shard, in corpus order);
+    ``removals``: the parts ``removals/part-NNNNN.parquet`` (``REMOVAL_COLUMNS``, exactly one row per removed document,
+    in corpus order); ``funnel``: funnel.parquet (docs and characters in/out per source and stage);
     ``boilerplate``: boilerplate.parquet, the frequent units cut (``COUNT_COLUMNS``, ``boilerplate_units`` rows);
     ``hits``: decontamination hits (``HIT_COLUMNS``); ``near``: near-dedup statistics per source. The frames are read
     from disk on access: a large corpus's ``kept`` does not fit memory, so callers that aggregate should query the
@@ -109,11 +112,11 @@ class CorpusResult:
 
     @property
     def kept(self) -> pd.DataFrame:
-        return pd.read_parquet(self.out / "kept.parquet")
+        return load_kept(self.out)
 
     @property
     def removals(self) -> pd.DataFrame:
-        return pd.read_parquet(self.out / "removals.parquet")
+        return load_removals(self.out)
 
     @property
     def funnel(self) -> pd.DataFrame:
@@ -302,7 +305,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
 
     shard_pass("filter", filter_shard, [dict(slices=json.dumps(spec), out_dir=str(work / "filtered" / name),
                                              cfg_json=cfg_json) for name, spec in zip(names, plan["shards"])])
-    n_frequent = _frequent(work, cfg, names)
+    n_frequent = _frequent(work, cfg, names, shard_pass)
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
     index.save(work / "eval_index.npz")
     model = str(quality_model) if quality_model is not None and cfg.quality_model.enabled else ""
@@ -336,11 +339,13 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
     substring_stats = _substring_pass(work, names, cfg, shard_pass) if sub_on else {}
     shard_pass("write", write_shard, [dict(keyed_dir=str(work / "keyed" / name),
                                            decisions=str(work / "decisions"), shard=i,
-                                           out_path=str(work / "kept" / f"{name}.parquet"),
-                                           substring=str(work / "substring") if sub_on else "")
-                                      for i, name in enumerate(names)])
+                                           out_path=str(work / KEPT_DIR / f"{name}.parquet"),
+                                           substring=str(work / "substring") if sub_on else "",
+                                           filtered_dir=str(work / "filtered" / name), slices=json.dumps(spec),
+                                           removals_path=str(work / REMOVALS_DIR / f"{name}.parquet"))
+                                      for i, (name, spec) in enumerate(zip(names, plan["shards"]))])
     out.mkdir(parents=True, exist_ok=True)
-    _write_outputs(work, names, out, cfg.execution.memory_limit, substring=sub_on)
+    _write_outputs(work, names, out, substring=sub_on)
     shutil.copyfile(work / "frequent_units.parquet", out / "boilerplate.parquet")
     return CorpusResult(out=out, near=near_stats, boilerplate_units=n_frequent, substring=substring_stats)
 
@@ -378,34 +383,86 @@ def filter_shard(slices: str, out_dir: str, cfg_json: str) -> bool:
     return done
 
 
-def _frequent(work: Path, cfg: CorpusConfig, names: list[str]) -> int:
-    """Units in ``min_docs`` or more distinct documents over all shards, counted by DuckDB out of core; writes the
-    table (``COUNT_COLUMNS``, most frequent first) to ``work/frequent_units.parquet`` and, for each shard, the
-    frequent units its survivors contain to ``work/frequent/shard=I`` (what the shard's key pass cuts, so no worker
-    holds the corpus-wide set). Returns the number of frequent units."""
+def _frequent(work: Path, cfg: CorpusConfig, names: list[str],
+              shard_pass: Callable[[str, Callable[..., Any], list[dict[str, Any]]], None]) -> int:
+    """Units in ``min_docs`` or more distinct documents over all shards. Counted in ``execution.partitions``
+    tasks on the engine, each over the units whose hash falls in its partition, from every shard
+    (``count_partition``): no process holds the corpus-wide counts. Writes the table (``COUNT_COLUMNS``, most
+    frequent first) to ``work/frequent_units.parquet``; the tasks' ``frequent.parquet`` say which frequent units
+    each shard contains (what its key pass cuts). Returns the number of frequent units."""
     path = work / "frequent_units.parquet"
-    files = [str(f) for name in names for f in [work / "filtered" / name / "units.parquet"] if f.exists()]
-    with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
-        if not cfg.boilerplate.enabled or not files:
-            frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
-            frame.astype({"unit_hash": "uint64"}).to_parquet(path, index=False)
-            return 0
-        shard_of = {f: i for i, name in enumerate(names) for f in [str(work / "filtered" / name / "units.parquet")]}
-        con.register("_shard_of", pa.table({"filename": list(shard_of), "shard": list(shard_of.values())}))
-        con.execute("CREATE TABLE units AS SELECT s.shard, u.unit_hash, u.doc_hash "
-                    "FROM read_parquet(?, filename = true) u JOIN _shard_of s USING (filename)", [files])
-        con.execute("CREATE TABLE counts AS SELECT unit_hash, count(DISTINCT doc_hash)::BIGINT AS n_docs FROM units "
-                    "GROUP BY unit_hash HAVING count(DISTINCT doc_hash) >= ?", [cfg.boilerplate.min_docs])
-        examples = [str(work / "filtered" / name / "unit_examples.parquet") for name in names]
-        con.execute(f"COPY (SELECT c.unit_hash, c.n_docs, e.example FROM counts c JOIN ("
-                    f"  SELECT unit_hash, first(example) AS example FROM read_parquet(?) "
-                    f"  WHERE unit_hash IN (SELECT unit_hash FROM counts) GROUP BY unit_hash) e USING (unit_hash) "
-                    f"ORDER BY n_docs DESC, unit_hash) TO '{path}' (FORMAT parquet)", [examples])
-        with atomic_dir(work / "frequent", replace=True) as tmp:
-            con.execute(f"COPY (SELECT DISTINCT u.shard, u.unit_hash FROM units u SEMI JOIN counts c "
-                        f"USING (unit_hash) ORDER BY u.shard, u.unit_hash) TO '{tmp}' "
-                        f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
-        return int(con.execute("SELECT count(*) FROM counts").fetchone()[0])
+    files = [work / "filtered" / name / "units.parquet" for name in names]
+    if not cfg.boilerplate.enabled or not any(f.exists() for f in files):
+        frame = frequent_units(*count_units([], cfg.boilerplate.min_chars), cfg.boilerplate.min_docs)
+        frame.astype({"unit_hash": "uint64"}).to_parquet(path, index=False)
+        return 0
+    folder = _partitions_folder(work, cfg)
+    n_parts = cfg.execution.partitions
+    shard_pass("boilerplate", count_partition, [dict(work=str(work), names=",".join(names), part=p, n_parts=n_parts,
+                                                     min_docs=cfg.boilerplate.min_docs,
+                                                     out_dir=str(folder / f"{p:05d}")) for p in range(n_parts)])
+    # Only the frequent units come back here: O(boilerplate units), not O(documents).
+    counts = pd.concat([pd.read_parquet(folder / f"{p:05d}" / "counts.parquet") for p in range(n_parts)],
+                       ignore_index=True)
+    counts = counts.sort_values(["n_docs", "unit_hash"], ascending=[False, True], ignore_index=True)
+    with atomic_file(path) as f:
+        counts[COUNT_COLUMNS].astype({"unit_hash": "uint64", "n_docs": "int64"}).to_parquet(f, index=False)
+    return len(counts)
+
+
+def _partitions_folder(work: Path, cfg: CorpusConfig) -> Path:
+    # The partition count names the folder: a resumed build with another count never mixes the two.
+    return Path(work) / f"boilerplate_p{cfg.execution.partitions}"
+
+
+def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: int, out_dir: str) -> bool:
+    """The global boilerplate count of one hash partition (units with ``unit_hash % n_parts == part``), read from
+    every shard's filter output: ``counts.parquet`` (``COUNT_COLUMNS``: units in ``min_docs`` or more distinct
+    documents, each with the example of its first shard in corpus order) and ``frequent.parquet`` (``shard``,
+    ``unit_hash``: which of them each shard contains, sorted by shard)."""
+
+    def write(tmp: Path) -> None:
+        units, examples = [], []
+        for shard, name in enumerate(names.split(",")):
+            folder = Path(work) / "filtered" / name
+            if not (folder / "units.parquet").exists():
+                continue
+            occ = pd.read_parquet(folder / "units.parquet")
+            occ = occ[occ.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
+            units.append(occ.assign(shard=np.int32(shard)))
+            ex = pd.read_parquet(folder / "unit_examples.parquet")
+            examples.append(ex[ex.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
+                            .assign(shard=np.int32(shard)))
+        occurrences = pd.concat(units, ignore_index=True) if units else pd.DataFrame(
+            {"unit_hash": np.zeros(0, np.uint64), "doc_hash": np.zeros(0, np.uint64), "shard": np.zeros(0, np.int32)})
+        n_docs = occurrences.drop_duplicates(["unit_hash", "doc_hash"]).groupby("unit_hash").size()
+        n_docs = n_docs[n_docs >= min_docs].rename("n_docs")
+        first = (pd.concat(examples, ignore_index=True).sort_values("shard", kind="stable")
+                 .drop_duplicates("unit_hash").set_index("unit_hash")["example"]) if examples else pd.Series(
+            dtype="string")
+        counts = n_docs.to_frame().join(first).reset_index()
+        counts = counts.astype({"unit_hash": "uint64", "n_docs": "int64", "example": "string"})[COUNT_COLUMNS]
+        counts.to_parquet(tmp / "counts.parquet", index=False)
+        frequent = occurrences[occurrences.unit_hash.isin(counts.unit_hash)][["shard", "unit_hash"]]
+        frequent = frequent.drop_duplicates().sort_values(["shard", "unit_hash"], ignore_index=True)
+        pq.write_table(pa.Table.from_pandas(frequent.astype({"shard": "int32", "unit_hash": "uint64"}),
+                                            preserve_index=False), tmp / "frequent.parquet", row_group_size=65_536)
+
+    done = _atomic_dir(Path(out_dir), write)
+    release_memory()
+    return done
+
+
+def _shard_frequent(work: Path, cfg: CorpusConfig, shard: int) -> set[int]:
+    """The frequent units shard ``shard`` contains (every partition's ``frequent.parquet``, read by row groups of
+    that shard only)."""
+    folder = _partitions_folder(work, cfg)
+    files = sorted(folder.glob("*/frequent.parquet")) if folder.is_dir() else []
+    found: set[int] = set()
+    for f in files:
+        table = pq.read_table(f, columns=["unit_hash"], filters=[("shard", "=", shard)])
+        found.update(table.column("unit_hash").to_numpy().astype(np.uint64).tolist())
+    return found
 
 
 def _by_chars(languages: Sequence[str]) -> list[bool]:
@@ -424,8 +481,7 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: 
     """Pass 4 on one shard: boilerplate cut, exact hash, MinHash band keys, evaluation n-gram hits, and the quality
     classifier's score and keep decision (on the text after the boilerplate cut, the text that would be kept)."""
     cfg = CorpusConfig.model_validate_json(cfg_json)
-    part = Path(work) / "frequent" / f"shard={shard}"
-    frequent = set(pd.read_parquet(part).unit_hash.astype("uint64").tolist()) if part.exists() else set()
+    frequent = _shard_frequent(Path(work), cfg, shard)
     index = EvalIndex.load(Path(work) / "eval_index.npz")
 
     def write(tmp: Path) -> None:
@@ -697,10 +753,10 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
         con.execute(f"COPY (SELECT k.shard, k.row, f.family_id FROM families f JOIN keys k USING (pos)) TO "
                     f"'{tmp / 'families'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
         stage = "CASE r.step " + " ".join(f"WHEN {i} THEN '{name}'" for i, name in enumerate(GLOBAL_STEPS)) + " END"
-        con.execute(f"COPY (SELECT k.doc_id, k.source, {stage} AS stage, "
+        con.execute(f"COPY (SELECT k.shard, k.doc_id, k.source, {stage} AS stage, "
                     f"r.rule, r.value, r.threshold, r.detail "
-                    f"FROM removed r JOIN keys k USING (pos) ORDER BY r.step, r.pos) TO '{tmp / 'removals.parquet'}' "
-                    f"(FORMAT parquet)")
+                    f"FROM removed r JOIN keys k USING (pos)) TO '{tmp / 'removals'}' "
+                    f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
         hits.astype(_HIT_TYPES).to_parquet(tmp / "decontamination.parquet", index=False)
     return near_stats
@@ -792,8 +848,8 @@ def substring_partition(plan: str, part: int, work: str, names: str, out_dir: st
 def _substring_decide(con: duckdb.DuckDBPyConnection, work: Path, cfg: CorpusConfig,
                       n_parts: int) -> dict[str, dict[str, Any]]:
     """The substring step's decisions in ``work/substring``: ``removed`` and ``cuts`` partitioned by shard (the
-    write pass applies them), ``removals.parquet`` (rule ``dedup.substring``: a touched document left with fewer
-    than ``min_doc_bytes`` bytes), ``funnel.parquet`` and ``spans.parquet`` (``SPAN_COLUMNS``). Returns per
+    write pass applies them), ``removals/`` (rule ``dedup.substring``: a touched document left with fewer
+    than ``min_doc_bytes`` bytes; partitioned by shard), ``funnel.parquet`` and ``spans.parquet`` (``SPAN_COLUMNS``). Returns per
     source: documents and bytes in, documents touched and removed, spans cut, bytes cut from spans and bytes of
     the removed documents' remainders; and ``_all``: the partitions and the settings."""
     sd = cfg.substring_dedup
@@ -836,14 +892,15 @@ def _substring_decide(con: duckdb.DuckDBPyConnection, work: Path, cfg: CorpusCon
                     f"WHERE s.pos NOT IN (SELECT pos FROM sub_gone)) TO '{tmp / 'cuts'}' "
                     f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
         con.execute(f"""COPY (
-            SELECT k.doc_id, k.source, '{SUBSTRING_STEP}' AS stage, 'dedup.substring' AS rule,
+            SELECT k.shard, k.doc_id, k.source, '{SUBSTRING_STEP}' AS stage, 'dedup.substring' AS rule,
                    d.left_bytes::DOUBLE AS value, {sd.min_doc_bytes}::DOUBLE AS threshold,
                    d.n_spans || ' repeated spans of >= {sd.min_repeat_bytes} bytes cut (' || d.bytes_cut || ' of '
                    || d.bytes_before || ' bytes), the first a repeat of ' || f.doc_id || '; ' || d.left_bytes
                    || ' bytes left < {sd.min_doc_bytes}' AS detail
             FROM sub_docs d JOIN sub_gone g USING (pos) JOIN keys k ON k.pos = d.pos
             JOIN (SELECT pos, arg_min(first_pos, start) AS first_pos FROM sub_spans GROUP BY pos) s ON s.pos = d.pos
-            JOIN keys f ON f.pos = s.first_pos ORDER BY d.pos) TO '{tmp / 'removals.parquet'}' (FORMAT parquet)""")
+            JOIN keys f ON f.pos = s.first_pos) TO '{tmp / 'removals'}'
+            (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)""")
         con.execute(f"""COPY (
             SELECT k.doc_id, k.source, s.start, s."end", s."end" - s.start AS n_bytes, f.doc_id AS first_doc_id,
                    s.first_start, s.pos IN (SELECT pos FROM sub_gone) AS doc_removed
@@ -1053,15 +1110,20 @@ def _global_funnel(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return frame[FUNNEL_COLUMNS]
 
 
-def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str, substring: str = "") -> bool:
-    """Pass 10 on one shard: its kept documents (``KEPT_COLUMNS``) with their family ids; with ``substring`` (the
-    substring step's decisions folder) its removals too and its cuts applied to the kept texts."""
-    out = Path(out_path)
-    if out.exists():
+def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str, substring: str = "",
+                filtered_dir: str = "", slices: str = "", removals_path: str = "") -> bool:
+    """Pass 10 on one shard: its kept documents (``KEPT_COLUMNS``, in corpus order) with their family ids into
+    ``out_path``, and every removal row of its documents (``REMOVAL_COLUMNS``, one per removed document, in corpus
+    order: the filter and key passes', the global decisions' and, with ``substring``, the substring step's, whose
+    cuts are applied to the kept texts) into ``removals_path``. The two files are this shard's parts of the
+    artifact's ``kept/`` and ``removals/``: nothing joins them later."""
+    out, removals_out = Path(out_path), Path(removals_path)
+    if out.exists() and removals_out.exists():
         return False
     docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet")
     keep = np.ones(len(docs), dtype=bool)
-    for folder in [Path(decisions)] + ([Path(substring)] if substring else []):
+    folders = [Path(decisions)] + ([Path(substring)] if substring else [])
+    for folder in folders:
         gone = _read_partition(folder / "removed" / f"shard={shard}", ["row"])
         if gone is not None:
             keep[gone.row.to_numpy(dtype=np.int64)] = False
@@ -1072,25 +1134,37 @@ def write_shard(keyed_dir: str, decisions: str, shard: int, out_path: str, subst
     if fams is not None:
         family_ids[fams.row.to_numpy(dtype=np.int64)] = fams.family_id.to_numpy(dtype=object)
     kept = _kept_frame(docs[keep].reset_index(drop=True), family_ids[keep])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out) as f:
-        pq.write_table(pa.Table.from_pandas(kept, schema=_KEPT_SCHEMA, preserve_index=False), f)
-    del docs, kept
+    del docs
+    rows = [pd.read_parquet(Path(filtered_dir) / "removals.parquet"), pd.read_parquet(Path(keyed_dir) / "removals.parquet")]
+    rows += [part for folder in folders
+             if (part := _read_partition(folder / "removals" / f"shard={shard}", REMOVAL_COLUMNS)) is not None]
+    removals = pd.concat([r[REMOVAL_COLUMNS] for r in rows if len(r)] or [rows[0][REMOVAL_COLUMNS]], ignore_index=True)
+    # Corpus order, as the kept part: the parts of any shard size then concatenate to the same ledger.
+    order = pd.Series(np.arange(0, dtype=np.int64))
+    if len(removals):
+        ids = read_slices(json.loads(slices), columns=["doc_id"]).doc_id
+        order = pd.Series(np.arange(len(ids), dtype=np.int64), index=ids.astype(str).to_numpy())
+        removals = removals.iloc[np.argsort(order.loc[removals.doc_id.astype(str)].to_numpy(), kind="stable")]
+    for path, frame, schema in ((out, kept, _KEPT_SCHEMA), (removals_out, removals, _REMOVAL_SCHEMA)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as f:
+            pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), f)
+    del kept, removals, order
     release_memory()
     return True
 
 
-def _write_outputs(work: Path, names: list[str], out: Path, memory_limit: str, substring: bool = False) -> None:
-    """kept.parquet joined from the shards' parts row group by row group (corpus order); removals.parquet sorted by
-    curation step, then by input position (so it does not depend on the shard size); the funnel summed over every
-    pass; the decontamination hits; with ``substring``, the substring step's rows and its spans."""
-    with _ParquetStream(out / "kept.parquet", _KEPT_SCHEMA) as kept_out:
-        for name in names:
-            part = pq.ParquetFile(work / "kept" / f"{name}.parquet")
-            for group in range(part.num_row_groups):
-                kept_out.write_table(part.read_row_group(group))
-            release_memory()
-    _write_removals(work, names, out / "removals.parquet", memory_limit, substring)
+def _write_outputs(work: Path, names: list[str], out: Path, substring: bool = False) -> None:
+    """The shards' parts into ``out/kept/part-NNNNN.parquet`` and ``out/removals/part-NNNNN.parquet`` (hard links
+    where the filesystem allows, else copies: O(shards), no document is read), an empty part when there are no
+    shards; the funnel summed over every pass; the decontamination hits; with ``substring``, its spans."""
+    for folder in (KEPT_DIR, REMOVALS_DIR):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(names):
+            _link_or_copy(work / folder / f"{name}.parquet", out / folder / f"part-{i:05d}.parquet")
+    if not names:
+        pq.write_table(_KEPT_SCHEMA.empty_table(), out / KEPT_DIR / "part-00000.parquet")
+        pq.write_table(_REMOVAL_SCHEMA.empty_table(), out / REMOVALS_DIR / "part-00000.parquet")
     funnels = [pd.read_parquet(work / pass_ / name / "funnel.parquet")
                for name in names for pass_ in ("filtered", "keyed")]
     funnels.append(pd.read_parquet(work / "decisions" / "funnel.parquet"))
@@ -1105,32 +1179,12 @@ def _write_outputs(work: Path, names: list[str], out: Path, memory_limit: str, s
     shutil.copyfile(work / "decisions" / "decontamination.parquet", out / "decontamination.parquet")
 
 
-def _write_removals(work: Path, names: list[str], path: Path, memory_limit: str, substring: bool = False) -> None:
-    """Every removal row of every pass, one per removed document, sorted out of core by DuckDB."""
-    plan = json.loads((work / "shards.json").read_text())
-    inputs = [Path(f) for f in plan["files"]]
-    parts = [str(f) for name in names for f in (work / "filtered" / name / "removals.parquet",
-                                                 work / "keyed" / name / "removals.parquet")
-             if pq.ParquetFile(f).metadata.num_rows]
-    parts.append(str(work / "decisions" / "removals.parquet"))
-    if substring:
-        parts.append(str(work / "substring" / "removals.parquet"))
-    starts = np.concatenate([[0], np.cumsum(plan["rows"])])[:-1]
-    with _duckdb(work, memory_limit=memory_limit) as con:
-        con.register("_inputs", pa.table({"filename": [str(f) for f in inputs], "start": starts.astype(np.int64)}))
-        con.register("_steps", pa.table({"stage": ALL_STEPS, "step": np.arange(len(ALL_STEPS))}))
-        if not inputs:
-            pq.write_table(_REMOVAL_SCHEMA.empty_table(), path)
-            return
-        con.execute("CREATE TABLE ids AS SELECT i.doc_id, o.start + i.file_row_number AS in_pos FROM "
-                    "read_parquet(?, filename = true, file_row_number = true) i JOIN _inputs o USING (filename)",
-                    [[str(f) for f in inputs]])
-        con.execute(f"""COPY (SELECT r.doc_id::VARCHAR AS doc_id, r.source::VARCHAR AS source,
-                                     r.stage::VARCHAR AS stage, r.rule::VARCHAR AS rule, r.value::DOUBLE AS value,
-                                     r.threshold::DOUBLE AS threshold, r.detail::VARCHAR AS detail
-                              FROM read_parquet(?, union_by_name = true) r JOIN ids USING (doc_id)
-                              JOIN _steps USING (stage) ORDER BY _steps.step, ids.in_pos)
-                        TO '{path}' (FORMAT parquet)""", [parts])
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)  # the work folder keeps its copy until the artifact is committed
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 class _ParquetStream:

@@ -389,10 +389,13 @@ class UrlConfig(Section):
 class CorpusExecutionConfig(ExecutionConfig):
     """How the corpus build is executed (``engine``, ``workers``, ``address``, ``recycle_after``: see
     ``infra.execution``); never part of the cache key (results do not depend on it). ``shard_docs``: documents per
-    shard (a worker's memory is bounded by it, not by the corpus size). ``memory_limit``: what the main process's DuckDB (the global passes)
+    shard (a worker's memory is bounded by it, not by the corpus size). ``partitions``: hash partitions of the
+    global passes run as tasks (the boilerplate unit counts: each task reads its partition of every shard's units,
+    so a task's memory is bounded by the corpus's units ÷ ``partitions``). ``memory_limit``: what the main process's DuckDB (the global passes)
     may hold in memory before it spills to the scratch folder, in DuckDB's notation ("1GB", "512MB")."""
 
     shard_docs: int = Field(default=2000, ge=1)
+    partitions: int = Field(default=16, ge=1)
     memory_limit: str = Field(default="1GB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 
 

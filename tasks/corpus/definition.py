@@ -45,6 +45,7 @@ def check_corpus(out: Path, cfg: Any) -> None:
     import duckdb
 
     from infra.expectations import check_kept_corpus, check_ledger
+    from tasks.readers import kept_files, removal_files
     from tasks.corpus.stage import manifest_rows
 
     from tasks.corpus.quality_stage import check_budget
@@ -54,7 +55,7 @@ def check_corpus(out: Path, cfg: Any) -> None:
     languages = cfg.corpus.languages + (["unknown"] if cfg.corpus.unknown_language == "keep" else [])
     with duckdb.connect() as con:
         counts = con.execute("SELECT source, rule, count(*) AS n FROM read_parquet(?) GROUP BY source, rule "
-                             "ORDER BY source, n DESC, rule", [str(out / "removals.parquet")]).fetchall()
+                             "ORDER BY source, n DESC, rule", [[str(f) for f in removal_files(out)]]).fetchall()
     why: dict[str, list[str]] = {}
     removed: dict[str, int] = {}
     by_classifier: set[str] = set()
@@ -64,16 +65,16 @@ def check_corpus(out: Path, cfg: Any) -> None:
         if rule == CLASSIFIER_RULE:
             by_classifier.add(str(source))
     why_removed = {src: "removed by " + ", ".join(rules[:4]) for src, rules in why.items()}
-    _check_classifier_emptied(out / "kept.parquet", list(cfg.sources), why_removed, by_classifier)
-    check_kept_corpus(out / "kept.parquet", list(cfg.sources), languages, why_removed)
+    _check_classifier_emptied(kept_files(out), list(cfg.sources), why_removed, by_classifier)
+    check_kept_corpus(kept_files(out), list(cfg.sources), languages, why_removed)
     rows = manifest_rows(json.loads((out / "manifest.json").read_text()))
-    check_ledger(rows.assign(removed=[removed.get(s, 0) for s in rows["source"]]), out / "removals.parquet")
+    check_ledger(rows.assign(removed=[removed.get(s, 0) for s in rows["source"]]), removal_files(out))
 
 
 CLASSIFIER_RULE = "quality_model.low_score"
 
 
-def _check_classifier_emptied(kept: Path, sources: list[str], why_removed: dict[str, str],
+def _check_classifier_emptied(kept: list[Path], sources: list[str], why_removed: dict[str, str],
                               by_classifier: set[str]) -> None:
     """The kept-corpus expectation's failure when the quality classifier removed documents of a source that kept
     none: its advice names the classifier's settings, not the rules' ``source_overrides``; sources emptied by the
@@ -88,7 +89,7 @@ def _check_classifier_emptied(kept: Path, sources: list[str], why_removed: dict[
 
     with duckdb.connect() as con:
         kept_sources = {r[0] for r in con.execute("SELECT DISTINCT source FROM read_parquet(?)",
-                                                  [str(kept)]).fetchall()}
+                                                  [[str(f) for f in kept]]).fetchall()}
     empty = [s for s in sources if s not in kept_sources]
     classified = [s for s in empty if s in by_classifier]
     if not classified:

@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 
 from infra.figures import save_figure  # noqa: E402
 from tasks.corpus.config import lsh_candidate_probability, lsh_threshold  # noqa: E402
+from tasks.readers import load_removals  # noqa: E402
 
 
 def s_curve_grid(bands: int, rows: int, points: int = 201) -> tuple[np.ndarray, np.ndarray]:
@@ -91,5 +92,5 @@ def corpus_figures(artifact: Path, out: Path, history: Any = None) -> list[Path]
     manifest = json.loads((artifact / "manifest.json").read_text())
     kept = pd.Series({name: int(info["docs_out"]) for name, info in manifest["sources"].items()})
     near = json.loads((artifact / "meta.json").read_text())["config"]["corpus"]["near_dedup"]
-    return [plot_funnel(funnel_counts(pd.read_parquet(artifact / "removals.parquet"), kept), out / "funnel.png"),
+    return [plot_funnel(funnel_counts(load_removals(artifact, ["source", "rule"]), kept), out / "funnel.png"),
             plot_s_curve(near["bands"], near["rows"], near["jaccard_threshold"], out / "s_curve.png")]

@@ -10,6 +10,7 @@ import pandas as pd
 
 from infra.stage import Dataset, PublishContext, Published
 from tasks.corpus.stage import manifest_rows
+from tasks.readers import KEPT_DIR, kept_files, removal_files
 
 
 def publish(ctx: PublishContext) -> Published:
@@ -18,12 +19,12 @@ def publish(ctx: PublishContext) -> Published:
     manifest = manifest_rows(body).assign(experiment=ctx.cfg.name, tokens=pd.NA).astype({"tokens": "Int64"})
     near = body["near_dedup"]
     return Published(
-        tables={"manifest": manifest, "removals": path / "removals.parquet",  # read by DuckDB, out of core
+        tables={"manifest": manifest, "removals": removal_files(path),  # read by DuckDB, out of core
                 "funnel": pd.read_parquet(path / "funnel.parquet"),
                 "decontamination": pd.read_parquet(path / "decontamination.parquet"),
                 "boilerplate": pd.read_parquet(path / "boilerplate.parquet").astype({"unit_hash": "string"}),
                 **_quality_tables(path), **_substring_tables(path)},
-        datasets=source_datasets(path / "kept.parquet", body),
+        datasets=source_datasets(path, body),
         tags={"manifest_hash": body["manifest_hash"]},
         params={"near_dedup.implied_threshold": round(near["implied_threshold"], 4)},
         # The LSH S-curve: P(candidate) at Jaccard s, with step = round(100·s) (step unit: Jaccard percent).
@@ -33,8 +34,9 @@ def publish(ctx: PublishContext) -> Published:
         metrics=_quality_metrics(body))
 
 
-def source_datasets(kept: Path, manifest: dict) -> list[Dataset]:
-    """One MLflow dataset input per source, ``corpus/<source>``, read from the kept corpus ``kept``.
+def source_datasets(corpus: Path, manifest: dict) -> list[Dataset]:
+    """One MLflow dataset input per source, ``corpus/<source>``, read from the kept parts of the corpus artifact
+    ``corpus`` (``tasks.readers.kept_files``); the dataset's source is the artifact's ``kept/`` folder.
 
     Digest: the XOR over the source's kept documents of MD5(UTF-8 of doc_id NUL text) read as a little-endian
     128-bit integer (DuckDB ``md5_number``), as 32 hex digits: a multiset hash (Bellare & Micciancio 1997, XHASH),
@@ -46,14 +48,16 @@ def source_datasets(kept: Path, manifest: dict) -> list[Dataset]:
 
     with duckdb.connect() as con:
         rows = con.execute("SELECT source, count(*), bit_xor(md5_number(doc_id || chr(0) || text)) "
-                           "FROM read_parquet(?) GROUP BY source ORDER BY source", [str(kept)]).fetchall()
+                           "FROM read_parquet(?) GROUP BY source ORDER BY source",
+                           [[str(f) for f in kept_files(corpus)]]).fetchall()
     datasets = []
     for source, n_docs, digest in rows:
         info = manifest["sources"].get(source, {})
         profile = {"source": source, "docs": int(n_docs), "chars": int(info.get("n_chars", 0)),
                    "bytes": int(info.get("n_bytes", 0)), "words": int(info.get("n_words", 0)),
                    "role": info.get("role", ""), "snapshot": info.get("snapshot", "")}
-        datasets.append(Dataset(f"corpus/{source}", f"{int(digest):032x}", kept, "training", profile))
+        datasets.append(Dataset(f"corpus/{source}", f"{int(digest):032x}", Path(corpus) / KEPT_DIR, "training",
+                                profile))
     return datasets
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import glob
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 import pandas as pd
@@ -139,11 +139,19 @@ def junk_pages(survivors: pd.DataFrame, n: int, seed: int) -> list[tuple[str, st
     return pages
 
 
-def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], dict[str, int], dict[str, list]]:
+def gather_steps(qm: Any) -> int:
+    """How many origins :func:`gather_examples` draws from (its progress steps): declared sources and files of each
+    class, the negative corpus sample and the junk pages, those configured."""
+    return (bool(qm.positive.sources) + bool(qm.positive.files) + bool(qm.negative.sources)
+            + bool(qm.negative.files) + bool(qm.negative.corpus_sample) + bool(qm.negative.junk))
+
+
+def gather_examples(src: Path, corpus_cfg: Any, advance: Callable[[int], None] = lambda n: None
+                    ) -> tuple[list[str], list[str], dict[str, int], dict[str, list]]:
     """(positive texts, negative texts, examples per origin, provenance) for ``corpus_cfg.quality_model`` (module
     docstring). ``provenance["positive"]`` and ``["negative"]`` hold, for each text of that class in order,
     (origin, doc_id, source): origin as in the counts, doc_id and source as in ``examples.parquet`` (source None
-    for files and junk).
+    for files and junk). ``advance(1)`` is called as each origin is drawn (:func:`gather_steps` in all).
 
     Raises:
         ConfigError: a declared source is not in the sources artifact.
@@ -167,6 +175,7 @@ def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], d
             origins[f"{label}.sources"] = len(got)
             texts += got
             where += ids
+            advance(1)
         if examples.files:
             got = load_example_files(list(examples.files))
             named = file_example_ids(list(examples.files))
@@ -176,6 +185,7 @@ def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], d
             origins[f"{label}.files"] = len(got)
             texts += got
             where += [(f"{label}.files", doc_id, None) for doc_id, _ in named]
+            advance(1)
         pool = [name for name in described if name not in set(qm.positive.sources)]
         if label == "negative" and examples.corpus_sample:
             got, ids = _source_examples(sample_sources(src, pool, want, qm.seed + 1), corpus_cfg,
@@ -183,6 +193,7 @@ def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], d
             origins["negative.corpus_sample"] = len(got)
             texts += got
             where += ids
+            advance(1)
         if label == "negative" and examples.junk:
             # Material from every source: junk that borrowed only the non-reference sources' words would teach
             # the classifier those sources' vocabulary rather than the junk's structure.
@@ -190,6 +201,7 @@ def gather_examples(src: Path, corpus_cfg: Any) -> tuple[list[str], list[str], d
             origins["negative.junk"] = len(pages)
             texts += [text for _, text in pages]
             where += [("negative.junk", f"junk:{kind}:{i}", None) for i, (kind, _) in enumerate(pages)]
+            advance(1)
         classes[label] = texts
         provenance[label] = where
     small = {label: len(texts) for label, texts in classes.items() if len(texts) < 10}
@@ -256,9 +268,12 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     if not qm.enabled:
         (out / METRICS).write_text(json.dumps({"enabled": False}))
         return {"enabled": False}
-    with ctx.progress.task(f"quality model: {qm.kind} on declared examples", None):
-        positives, negatives, origins, provenance = gather_examples(ctx.inputs["sources"], cfg.corpus)
+    steps = gather_steps(qm)
+    with ctx.progress.task(f"quality model: {qm.kind}: gathering examples ({steps} origin(s)), then training",
+                           steps + 1) as advance:
+        positives, negatives, origins, provenance = gather_examples(ctx.inputs["sources"], cfg.corpus, advance)
         model = train(positives, negatives, qm)
+        advance(1)
     # A classifier at chance, inverted or without spread would remove documents by noise: fail before the corpus
     # build scores anything with it.
     check_heldout(model.metrics, qm)

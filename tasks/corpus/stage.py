@@ -1,7 +1,8 @@
 """Corpus stage: curate the raw documents into the kept corpus, the removal ledger and the manifest.
 
-Outputs: ``kept.parquet`` (one row per kept document), ``removals.parquet`` (exactly one row per removed
-document, including read rejects), ``funnel.parquet`` (documents and characters in/out per source and stage),
+Outputs: ``kept/part-NNNNN.parquet`` (one row per kept document, in corpus order, one part per input shard),
+``removals/`` (exactly one row per removed document: ``rejects.parquet``, the documents the sources stage could not
+read, then ``part-NNNNN.parquet`` in corpus order; ``tasks.readers`` lists them), ``funnel.parquet`` (documents and characters in/out per source and stage),
 ``boilerplate.parquet`` (lines/paragraphs cut as cross-document boilerplate), ``decontamination.parquet`` (every
 evaluation n-gram hit), ``substring_spans.parquet`` (the spans exact-substring dedup cut, only when it is enabled)
 and ``manifest.json`` (per source: snapshot, licence, filters with thresholds, counts per
@@ -27,6 +28,7 @@ from tasks.corpus.build import curate, curation_steps, split_sources
 from tasks.corpus.config import CorpusConfig
 from evals.contamination import EvalItem
 from tasks.corpus.minhash import s_curve
+from tasks.readers import READ_REJECTS, REMOVALS_DIR, kept_files, removal_files
 
 MANIFEST_VERSION = 2
 
@@ -39,25 +41,26 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
     n_shards = split_sources([src / "docs" / f"{name}.parquet" for name in described], work,
                              cfg.execution.shard_docs)
     # Five shard passes (filter, key, shingle, verify, write; shingle and verify only when there are candidate
-    # pairs) and the output join.
-    total = 5 * n_shards + 1
-    with ctx.progress.task(f"corpus: {n_shards} shards × 5 passes", total) as advance:
+    # pairs), the boilerplate count's partitions and the outputs.
+    parts = cfg.execution.partitions if cfg.boilerplate.enabled else 0
+    total = 5 * n_shards + parts + 1
+    with ctx.progress.task(f"corpus: {n_shards} shards × 5 passes + {parts} partitions", total) as advance:
         shard_map = ctx.shard_map_for(cfg.execution)
         done = [0]
         result = curate(work, ctx.out, cfg, eval_items=eval_items,
                         shard_map=_counting(shard_map, advance, done), quality_model=_quality_model(ctx))
         advance(max(total - done[0], 0))  # the substring pass (opt-in) adds partitions
     rejects_path = src / "rejects.parquet"
-    _prepend_rejects(rejects_path, ctx.out / "removals.parquet")
+    _add_rejects(rejects_path, ctx.out)
     docs_paths = [src / "docs" / f"{name}.parquet" for name in described]
-    kept_path, removals_path = ctx.out / "kept.parquet", ctx.out / "removals.parquet"
-    reconcile(docs_paths, [rejects_path], [kept_path], [result.out / "removals.parquet"])
-    manifest = build_manifest(described, docs_paths, [rejects_path], [kept_path], [removals_path], result, cfg,
+    kept_paths, removal_paths = kept_files(ctx.out), removal_files(ctx.out)
+    reconcile(docs_paths, [rejects_path], kept_paths, removal_paths)
+    manifest = build_manifest(described, docs_paths, [rejects_path], kept_paths, removal_paths, result, cfg,
                               eval_items)
     (ctx.out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     warnings = [w for s in manifest["sources"].values() for w in s["warnings"]]
     n_docs = sum(_rows(f) for f in docs_paths) + _rows(rejects_path)
-    return {"docs_in": int(n_docs), "docs_out": _rows(kept_path), "removed": _rows(removals_path),
+    return {"docs_in": int(n_docs), "docs_out": sum(map(_rows, kept_paths)), "removed": sum(map(_rows, removal_paths)),
             "shards": n_shards, "manifest_hash": manifest["manifest_hash"], "warnings": warnings}
 
 
@@ -82,15 +85,14 @@ def _rows(path: Path) -> int:
     return int(pq.ParquetFile(path).metadata.num_rows)
 
 
-def _prepend_rejects(rejects: Path, removals: Path) -> None:
-    """The sources stage's rejects first, then the build's removals, streamed into one ledger file."""
+def _add_rejects(rejects: Path, out: Path) -> None:
+    """The sources stage's rejects as the removal ledger's first part (``removals/rejects.parquet``), in the schema
+    of the build's parts."""
     if not _rows(rejects):
         return
-    ledger = pq.ParquetFile(removals)
-    with atomic_file(removals) as f, pq.ParquetWriter(f, ledger.schema_arrow) as out:
-        out.write_table(pq.read_table(rejects).select(ledger.schema_arrow.names).cast(ledger.schema_arrow))
-        for group in range(ledger.num_row_groups):
-            out.write_table(ledger.read_row_group(group))
+    schema = pq.ParquetFile(removal_files(out)[-1]).schema_arrow
+    with atomic_file(out / REMOVALS_DIR / READ_REJECTS) as f:
+        pq.write_table(pq.read_table(rejects).select(schema.names).cast(schema), f)
 
 
 Table = pd.DataFrame | Sequence[Path]

@@ -11,6 +11,7 @@ import pandas as pd
 
 from infra.report_blocks import Block, Figure, Heading, TableBlock, Text, rich_table
 from infra.stage import ReportContext, SummaryContext
+from tasks.readers import load_removals
 
 
 def funnel_frame(corpus: Path) -> pd.DataFrame:
@@ -18,12 +19,12 @@ def funnel_frame(corpus: Path) -> pd.DataFrame:
     removal rules (``rule count, ...``).
 
     Raises:
-        OSError: ``manifest.json`` or ``removals.parquet`` cannot be read.
+        OSError: ``manifest.json`` or the removal ledger cannot be read.
     """
     from tasks.corpus.stage import manifest_rows
 
     manifest = manifest_rows(json.loads((corpus / "manifest.json").read_text()))
-    removals = pd.read_parquet(corpus / "removals.parquet")
+    removals = load_removals(corpus, ["source", "rule"])
     top = (removals.groupby(["source", "rule"]).size().rename("n").reset_index()
            .sort_values("n", ascending=False).groupby("source").head(3))
     reasons = top.groupby("source").apply(lambda g: ", ".join(f"{r} {n:,}" for r, n in zip(g["rule"], g["n"])),
@@ -66,7 +67,7 @@ def report(ctx: ReportContext) -> list[Block]:
                     f"boilerplate units cut {manifest['boilerplate_units']:,}"))
     out.append(TableBlock("Documents per source (tokens: train + held-out after tokenization)", funnel))
     kept = pd.Series({name: int(info["docs_out"]) for name, info in manifest["sources"].items()})
-    by_rule = funnel_counts(pd.read_parquet(path / "removals.parquet"), kept)
+    by_rule = funnel_counts(load_removals(path, ["source", "rule"]), kept)
     out.append(TableBlock("Documents kept and removed by rule, per source",
                           by_rule.reset_index().rename(columns={"index": "source"})))
     figures = {p.name: p for p in corpus_figures(path, ctx.plots_dir)}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from infra.atomic import atomic_dir, atomic_write_text
 from infra.errors import CheckpointError, ConfigError, DataError
@@ -38,6 +38,7 @@ SAMPLE_TEXTS = (
     "  leading spaces,\ttabs and\nnew lines  ",
 )
 PROBE_ROWS, PROBE_LENGTH, PROBE_SEED, MAX_NEW_TOKENS = 2, 16, 0, 8
+EXPORT_STEPS = 4  # progress steps of export_checkpoint: load and check, write, reload, compare
 
 
 def _tokenizer_files(tokenizer: Path) -> tuple[Any, dict, Path]:
@@ -112,8 +113,11 @@ def _prompts(exported: Any, seq_len: int) -> tuple[list[list[int]], int]:
     return prompts, max(1, min(MAX_NEW_TOKENS, seq_len - max(map(len, prompts))))
 
 
-def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
+def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path,
+                      advance: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
     """Write the checkpoint and tokenizer as a Hugging Face folder at ``out_dir`` (module docstring), verified.
+    ``advance(1)`` is called after each of its ``EXPORT_STEPS`` steps: the checkpoint loaded and checked, the folder
+    written, the folder reloaded through ``transformers``, the comparison done.
 
     Verification reloads the written folder through ``transformers`` (``AutoModelForCausalLM``, ``AutoTokenizer``)
     and compares it with the checkpoint's ``Decoder`` in fp32: logits on a fixed probe batch (``models.hf.probe_ids``,
@@ -160,6 +164,7 @@ def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path) 
         raise CheckpointError(f"{checkpoint_dir} has {model.cfg.vocab_size} embedding rows, the tokenizer in "
                               f"{tokenizer_dir} {project.get_vocab_size()} tokens (padded to {vocab})")
     eos_id, pad_id = int(meta["eos_id"]), int(meta.get("pad_id", meta["eos_id"]))
+    advance(1)
     theirs = to_hf_model(model, bos_id=None, eos_id=eos_id, pad_id=pad_id)
     theirs.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
     tokenizer = hf_tokenizer(tokenizer_dir, model_max_length=model.cfg.seq_len)
@@ -171,15 +176,18 @@ def export_checkpoint(checkpoint_dir: Path, tokenizer_dir: Path, out_dir: Path) 
         # keeps the tokenizer's hash, so the export is recognised as the checkpoint's tokenizer.
         shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")
         del theirs
+        advance(1)
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
         reloaded_tokenizer = AutoTokenizer.from_pretrained(tmp)
         _check_ids(project, reloaded_tokenizer, out_dir)
+        advance(1)
         prompts, new_tokens = _prompts(reloaded_tokenizer, model.cfg.seq_len)
         probe = probe_ids(model.cfg.vocab_size, model.cfg.seq_len, rows=PROBE_ROWS, length=PROBE_LENGTH,
                           seed=PROBE_SEED)
         result = verify(model, reloaded, probe, prompts=prompts, max_new_tokens=new_tokens,
                         eos_id=reloaded.generation_config.eos_token_id,
                         pad_id=reloaded.generation_config.pad_token_id, tolerance=LOGIT_TOLERANCE)
+        advance(1)
         if not result.passed:
             raise DataError(f"export of {checkpoint_dir} failed its verification against transformers: "
                             f"{result.describe()}; nothing was written to {out_dir}")

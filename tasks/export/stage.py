@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.stage import StageContext
-from tasks.export.hf import export_checkpoint
+from tasks.export.hf import EXPORT_STEPS, export_checkpoint
 
 DECISION = "decision.json"  # gate: the kept candidate and its checkpoint path
 MODEL_DIR = "model"  # the Hugging Face folder inside the artifact: the registered version's source
@@ -26,7 +26,9 @@ def kept_model(gate_dir: Path) -> dict[str, Any]:
 def run(ctx: StageContext) -> dict[str, Any]:
     """Export and verify the kept checkpoint; returns the verification's headline figures."""
     decision = kept_model(ctx.inputs["gate"])
-    with ctx.progress.task("export: writing and verifying the Hugging Face folder", None):
-        record = export_checkpoint(Path(decision["kept_checkpoint"]), ctx.inputs["tokenizer"], ctx.out / MODEL_DIR)
+    with ctx.progress.task("export: load, write, reload and verify the Hugging Face folder (steps)",
+                           EXPORT_STEPS) as advance:
+        record = export_checkpoint(Path(decision["kept_checkpoint"]), ctx.inputs["tokenizer"], ctx.out / MODEL_DIR,
+                                   advance=advance)
     return {"kept": decision["kept"], "architecture": record["architecture"],
             "max_abs_logit_diff": record["max_abs_logit_diff"], "greedy_equal": record["greedy_equal"]}

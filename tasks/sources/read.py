@@ -78,7 +78,7 @@ from infra.errors import SourceError
 from infra.jsonl import jsonl_file_lines
 from infra.runs import ensure_folder
 from tasks.sources.config import SourceConfig
-from tasks.sources.deb import DebRelease, fetch_deb
+from tasks.sources.deb import DebPackage, DebRelease, fetch_deb
 from tasks.sources.encoding import Decoded, Rejected, decode_html, scrub
 from tasks.sources.warc import WarcPage, WarcProblem, is_warc, iter_warc
 
@@ -293,7 +293,7 @@ class _Acc:
 
 
 def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: RowWriter,
-                release: DebRelease | None = None) -> SourceRead:
+                release: DebRelease | None = None, package: DebPackage | None = None) -> SourceRead:
     """Read every file ``cfg.include`` matches into documents, written to ``docs_path`` as Parquet (``DOC_COLUMNS``,
     ``doc_schema``, row groups as ``RowWriter``); reject rows go to ``rejects`` (a ``RowWriter`` with
     ``REJECT_SCHEMA``, which may be shared by several sources).
@@ -307,7 +307,8 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
     ``local_files_digest`` (the matched files' paths, sizes and bytes). Files are read in sorted relative-path
     order, so ``max_docs`` keeps a deterministic prefix: reading stops at the ``max_docs``-th document, and the
     inputs after it give neither documents nor rejects. A Debian source fetches ``release`` when given (the one its
-    artifact key names), else ``cfg.version`` or the candidate resolved now.
+    artifact key names), else ``cfg.version`` or the candidate resolved now; ``package``, when given, is that release
+    already fetched and unpacked (``fetch_deb``), read as it is.
 
     ``url_invalid`` counts the ``url_field`` values that are not URLs (module docstring), read as no URL.
 
@@ -321,7 +322,7 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
         RunsFolderError: a file is in the way of ``cache_dir`` or of the archive cache under it.
     """
     if cfg.kind == "deb":
-        pkg = fetch_deb(cfg.package, cache_dir, cfg.version, release=release)
+        pkg = package if package is not None else fetch_deb(cfg.package, cache_dir, cfg.version, release=release)
         files = match_files(cfg.include, pkg.root)
         snapshot, licence = pkg.version, pkg.licence
     else:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from infra.stage import StageContext
 from tasks.sources.config import SourceConfig
-from tasks.sources.deb import DebRelease, resolve_debs
+from tasks.sources.deb import DebPackage, DebRelease, fetch_deb, resolve_debs
 from tasks.sources.read import REJECT_SCHEMA, RowWriter, read_source
 
 
@@ -38,12 +38,14 @@ def run(ctx: StageContext, sources: Mapping[str, SourceConfig],
     if missing:
         resolved = resolve_debs(missing.values(), update_lists=True)
         releases.update({name: resolved[want] for name, want in missing.items()})
+    packages = fetch_packages(ctx, [releases[name] for name, cfg in sources.items() if cfg.kind == "deb"])
     described = {}
     with (ctx.progress.task("sources: reading", len(sources)) as advance,
           RowWriter(ctx.out / "rejects.parquet", REJECT_SCHEMA) as rejects):
         for name, cfg in sources.items():
+            release = releases.get(name)
             read = read_source(cfg, ctx.layout.source_cache, ctx.out / "docs" / f"{name}.parquet", rejects,
-                               release=releases.get(name))
+                               release=release, package=packages.get(release) if release is not None else None)
             described[name] = {
                 "kind": cfg.kind, "package": cfg.package, "role": cfg.role, "language": cfg.language,
                 "snapshot": read.snapshot, "licence": read.licence,
@@ -58,6 +60,24 @@ def run(ctx: StageContext, sources: Mapping[str, SourceConfig],
             advance(1)
     (ctx.out / "sources.json").write_text(json.dumps(described, indent=2))
     return {"docs_read": {k: v["docs_read"] for k, v in described.items()}}
+
+
+def fetch_packages(ctx: StageContext, releases: list[DebRelease]) -> dict[DebRelease, DebPackage]:
+    """Download (or reuse from the source cache) and unpack each distinct release, one progress step per package,
+    before any source is read: downloads are the slow part on a fresh machine, and get a bar of their own.
+
+    Raises:
+        SourceError: as ``fetch_deb``.
+    """
+    distinct = list(dict.fromkeys(releases))
+    packages: dict[DebRelease, DebPackage] = {}
+    if not distinct:
+        return packages
+    with ctx.progress.task(f"sources: fetching {len(distinct)} Debian package(s)", len(distinct)) as advance:
+        for release in distinct:
+            packages[release] = fetch_deb(release.package, ctx.layout.source_cache, release=release)
+            advance(1)
+    return packages
 
 
 def load_docs(path) -> pd.DataFrame:

@@ -16,12 +16,14 @@ NUM_BYTE_TOKENS = 256  # byte-level BPE starts from every byte value (docs/metho
 
 
 class TokenizerExecutionConfig(ExecutionConfig):
-    """Where the tokenizer stage encodes its shards (``engine``, ``workers``, ``address``, ``recycle_after``: see
-    ``infra.execution``); never part of the cache key (the shards are byte-identical whatever these settings).
-    ``part_docs``: documents per encode call; each (source, split) is cut into parts of this many documents,
-    encoded as shard-map calls, then joined in order into one shard, so memory per call is bounded by the part.
-    The calls read ``tokenizer.json`` from the artifact being written and their documents from the stage's
-    scratch folder, so with ``ray`` every node must see the runs folder at the same path."""
+    """Where the tokenizer stage runs its per-part work: the held-out decontamination's index and lookups and the
+    encoding of the shards (``engine``, ``workers``, ``address``, ``recycle_after``: see ``infra.execution``);
+    never part of the cache key (the artifact is the same whatever these settings). ``part_docs``: documents per
+    encode call at most; each kept part of the corpus is cut into calls of this many documents, each encoding
+    every (source, split) it holds, and the part shards are then joined in corpus order into one shard per
+    (source, split), so memory per call is bounded by the call. The calls read the corpus artifact's kept parts,
+    ``tokenizer.json`` from the artifact being written and the per-document labels and held-out index from the
+    stage's scratch folder, so with ``ray`` every node must see the runs folder at the same path."""
 
     part_docs: int = Field(default=10_000, ge=1)
 

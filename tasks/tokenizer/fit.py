@@ -38,6 +38,49 @@ class FitSample(NamedTuple):
     chars_by_source: dict[str, int]
 
 
+class Draw(NamedTuple):
+    """What the fit sample takes of one source: ``docs``, positions in the source's training documents (corpus
+    order) in the order drawn, the last of them cut to ``last_chars`` characters (whole when it fits)."""
+
+    docs: np.ndarray
+    last_chars: int
+
+
+def sample_plan(lengths_by_source: dict[str, np.ndarray], weights: dict[str, float], max_chars: int,
+                seed: int) -> tuple[dict[str, Draw], dict[str, int]]:
+    """Which documents the fit sample draws (:func:`sample_texts`), from the characters of each source's training
+    documents only (``lengths_by_source``, in corpus order): the sample itself is read afterwards, in one pass,
+    and nothing but it is held. The draw is the one of :func:`sample_texts`: the same seeded permutation of each
+    source's documents, taken while characters are left, so a corpus read part by part gets the tokenizer a
+    whole-frame read got.
+
+    Returns:
+        ({source: its :class:`Draw`} for every weighted source in name order, {source: characters drawn}).
+
+    Raises:
+        ConfigError: as :func:`sample_texts`.
+    """
+    budgets = _char_budgets(weights, max_chars)
+    rng = np.random.default_rng(seed)
+    draws, drawn = {}, {}
+    for source in sorted(budgets):  # sorted: the RNG stream must not depend on dict order
+        lengths = np.asarray(lengths_by_source.get(source, ()), dtype=np.int64)
+        if not len(lengths):
+            raise ConfigError(f"source {source!r} has weight {weights[source]} but no texts: drop it from the weights")
+        order = rng.permutation(len(lengths))
+        budget = budgets[source]
+        if budget <= 0:
+            draws[source], drawn[source] = Draw(order[:0], 0), 0
+            continue
+        # Documents are taken in ``order`` while characters are left: the one reaching the budget is the last.
+        total = np.cumsum(lengths[order])
+        k = min(int(np.searchsorted(total, budget, side="left")) + 1, len(order))
+        before = int(total[k - 2]) if k >= 2 else 0
+        last = min(int(lengths[order[k - 1]]), budget - before)
+        draws[source], drawn[source] = Draw(order[:k], last), before + last
+    return draws, drawn
+
+
 def sample_texts(texts_by_source: dict[str, list[str]], weights: dict[str, float], max_chars: int,
                  seed: int) -> FitSample:
     """Draw at most ``max_chars`` characters, split across sources by mixture weight (docs/methods.md §8: "a sample of the final
@@ -46,20 +89,24 @@ def sample_texts(texts_by_source: dict[str, list[str]], weights: dict[str, float
     Source s gets a budget of ``max_chars * w_s / sum(w)`` characters, filled with whole documents in a seeded random
     order; the document that crosses the budget is truncated to fit. A source smaller than its budget is taken once
     (not repeated), so ``chars_by_source`` may fall short of the budget: compare the two to see it.
+    (:func:`sample_plan` decides the same draw from the documents' lengths alone.)
 
     Raises:
         ConfigError: a weight is negative, all weights are zero, or a weighted source has no texts.
     """
-    budgets = _char_budgets(weights, max_chars)
-    rng = np.random.default_rng(seed)
-    texts, drawn = [], {}
-    for source in sorted(budgets):  # sorted: the RNG stream must not depend on dict order
-        if not texts_by_source.get(source):
-            raise ConfigError(f"source {source!r} has weight {weights[source]} but no texts: drop it from the weights")
-        taken = _take_chars(texts_by_source[source], budgets[source], rng)
-        texts.extend(taken)
-        drawn[source] = sum(map(len, taken))
+    lengths = {s: np.fromiter(map(len, texts_by_source.get(s) or ()), dtype=np.int64) for s in weights}
+    draws, drawn = sample_plan(lengths, weights, max_chars, seed)
+    texts = []
+    for source, draw in draws.items():
+        texts.extend(drawn_texts(draw, [texts_by_source[source][int(i)] for i in draw.docs]))
     return FitSample(texts, drawn)
+
+
+def drawn_texts(draw: Draw, texts: list[str]) -> list[str]:
+    """The sample's pieces of one source: ``texts`` (its drawn documents, in ``draw.docs`` order), the last cut."""
+    if texts:
+        texts = [*texts[:-1], texts[-1][:draw.last_chars]]
+    return texts
 
 
 def fit_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
@@ -167,17 +214,6 @@ def _char_budgets(weights: dict[str, float], max_chars: int) -> dict[str, int]:
     if total <= 0:
         raise ConfigError(f"mixture weights sum to {total}: give at least one source a positive weight")
     return {s: int(max_chars * w / total) for s, w in weights.items() if w > 0}
-
-
-def _take_chars(docs: list[str], budget: int, rng: np.random.Generator) -> list[str]:
-    taken, left = [], budget
-    for i in rng.permutation(len(docs)):
-        if left <= 0:
-            break
-        piece = docs[i][:left]
-        taken.append(piece)
-        left -= len(piece)
-    return taken
 
 
 def _byte_symbol_table() -> dict[str, int]:

@@ -81,18 +81,30 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str], *, batch_size: int = 
     eos = tok.token_to_id(EOS_TOKEN) if eos_id is None else eos_id
     if eos is None:
         raise DataError(f"tokenizer has no {EOS_TOKEN!r}: refit it with that token first in special_tokens")
-    dtype = shard_dtype(vocab_span(tok))
-    plain = Tokenizer.from_str(tok.to_str())  # copy: leave the caller's tokenizer settings alone
+    return encode_plain(plain_tokenizer(tok), texts, eos_id=eos, dtype=shard_dtype(vocab_span(tok)),
+                        batch_size=batch_size)
+
+
+def plain_tokenizer(tok: Tokenizer) -> Tokenizer:
+    """A copy of ``tok`` (the caller's settings left alone) that encodes special-token strings as plain text, with no
+    truncation or padding (a released tokenizer.json may carry them): shards keep whole documents."""
+    plain = Tokenizer.from_str(tok.to_str())
     plain.encode_special_tokens = True
-    plain.no_truncation()  # a released tokenizer.json may carry truncation or padding: shards keep whole documents
+    plain.no_truncation()
     plain.no_padding()
+    return plain
+
+
+def encode_plain(plain: Tokenizer, texts: Sequence[str], *, eos_id: int, dtype: np.dtype,
+                 batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`encode_documents` with a tokenizer already made by :func:`plain_tokenizer` and the ids' ``dtype``."""
     parts, lengths = [], []
     for start in range(0, len(texts), batch_size):
         ids = [enc.ids for enc in plain.encode_batch_fast(list(texts[start:start + batch_size]),
                                                           add_special_tokens=False)]
         n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         body = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(n.sum()))
-        parts.append(np.insert(body, np.cumsum(n), eos))  # EOS after each document
+        parts.append(np.insert(body, np.cumsum(n), eos_id))  # EOS after each document
         lengths.append(n + 1)
     n_docs = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)

@@ -107,8 +107,26 @@ def test_served_deployment_has_its_schedule_and_a_triggered_run_completes(smoke_
 
         state = _wait_for(finished, 600, "the triggered flow run", proc, log)
         assert state["type"] == "COMPLETED", f"{state}\n{log.read_text()[-4000:]}"
+        # The run's final state is reported in the serving terminal (the watcher polls every 3 s).
+        run_name = _get(f"{api}/flow_runs/{run_id}")["name"]
+        _wait_for(lambda: f"run '{run_name}': Completed" in log.read_text(), 60, "the run's final line", proc,
+                  log)
     finally:
         _stop(proc)
+    text = log.read_text()
+    lines = text.splitlines()
+    # One platform line when serving starts: the deployment, its schedule, the UI and how to trigger a run.
+    (start,) = [line for line in lines if line.startswith("serving pretrain-pipeline/smoke")]
+    assert f"(every 86400 s); Prefect UI http://127.0.0.1:{port}/deployments/deployment/{deployment['id']}" in start
+    assert f"PREFECT_API_URL={api} prefect deployment run 'pretrain-pipeline/smoke'" in start
+    # Prefect's runner talked to the server serving started, not to an ephemeral one of its own (it warned then).
+    assert "Cannot schedule flows on an ephemeral server" not in text and "Your flow 'pretrain-pipeline' is being served" not in text
+    # The triggered run's own output reached the serving terminal: its stage lines, then its final state.
+    assert "[1/13] sources: cached" in text and "[4/13] tokenizer: cached" in text, text[-4000:]
+    assert f"pretrain-pipeline/smoke run '{run_name}': Completed after " in text
+    # SIGTERM stops serving with one line.
+    assert lines[-1] == ("serving stopped: pretrain-pipeline/smoke no longer runs on its schedule; the local Prefect "
+                         "server is stopped"), text[-2000:]
     # The run is the real pipeline: its MLflow parent run carries the Prefect flow run id and stopped at mixture.
     client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("smoke")

@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from conftest import pretrain as _pretrain, stage_status as _stage_status
 from flows.registry import stage_names
+from tasks.readers import load_kept
 
 STAGE_NAMES = stage_names()
 
@@ -340,7 +341,7 @@ def test_quality_classifier_is_trained_scored_audited_and_recorded(smoke_runs):
     assert metrics["enabled"] and metrics["kind"] == "naive_bayes" and 0.5 < metrics["roc_auc"] <= 1.0
     assert metrics["origins"]["negative.junk"] == 40  # 20 pages for each of the two languages
     (corpus_dir,) = (runs / "artifacts" / "corpus").iterdir()
-    kept = pd.read_parquet(corpus_dir / "kept.parquet", columns=["quality_score"])
+    kept = load_kept(corpus_dir, ["quality_score"])
     assert kept.quality_score.between(0.5, 1.0).all()  # threshold 0.5
     manifest = json.loads((corpus_dir / "manifest.json").read_text())["quality_model"]
     assert manifest["enabled"] and {g["verdict"] for g in manifest["groups"]} == {"within"}

@@ -228,7 +228,15 @@ def test_the_examples_file_names_where_each_held_out_example_came_from(model_fil
     src, out = tmp_path / "sources", tmp_path / "qm"
     src.mkdir(), out.mkdir()
     run_sources(StageContext(out=src, inputs={}, layout=layout, key="s", experiment="t"), cfg.sources)
-    run_quality_model(StageContext(out=out, inputs={"sources": src}, layout=layout, key="q", experiment="t"), cfg)
+    from recording_progress import RecordingProgress
+
+    progress = RecordingProgress()
+    run_quality_model(StageContext(out=out, inputs={"sources": src}, layout=layout, key="q", experiment="t",
+                                   progress=progress), cfg)
+    # One bar: a step per origin the examples are drawn from (the four below), then one for the training.
+    (bar,) = progress.bars
+    assert bar.description.startswith("quality model: pretrained: gathering examples (4 origin(s))")
+    assert (bar.total, bar.finished) == (5, True)
 
     examples = pd.read_parquet(out / "examples.parquet")
     assert list(examples.columns) == EXAMPLE_COLUMNS

@@ -59,14 +59,17 @@ def one_shard(tmp_path_factory):
     return build_corpus(docs_frame(60), cfg, out=tmp_path_factory.mktemp("one"))
 
 
-@pytest.mark.parametrize("shard_docs, workers, memory_limit", [(7, 0, "1GB"), (5, 2, "1GB"), (6, 0, "48MB")])
-def test_result_does_not_depend_on_shard_size_workers_or_memory_limit(one_shard, tmp_path, shard_docs, workers,
-                                                                        memory_limit):
+@pytest.mark.parametrize("shard_docs, workers, memory_limit, partitions",
+                         [(7, 0, "1GB", 1), (5, 2, "1GB", 16), (6, 0, "48MB", 5)])
+def test_result_does_not_depend_on_shard_size_workers_memory_limit_or_partitions(one_shard, tmp_path, shard_docs,
+                                                                                 workers, memory_limit, partitions):
     shard_map = process_map(workers) if workers else sequential_map
-    execution = {"shard_docs": shard_docs, "memory_limit": memory_limit}
+    execution = {"shard_docs": shard_docs, "memory_limit": memory_limit, "partitions": partitions}
     small = build_corpus(docs_frame(60), CorpusConfig(**CFG, execution=execution), out=tmp_path, shard_map=shard_map)
     assert len(json.loads((tmp_path / "_work" / "shards.json").read_text())["shards"]) > 8
-    for name in ("kept", "removals", "funnel", "hits"):
+    assert len(list((tmp_path / "_work" / f"boilerplate_p{partitions}").iterdir())) == partitions
+    assert small.boilerplate_units == one_shard.boilerplate_units > 0
+    for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
         pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(small, name))
     assert small.near == one_shard.near
 
@@ -297,3 +300,62 @@ def test_read_slices_returns_exactly_the_rows_of_each_slice_across_row_groups_an
     assert got.doc_id.tolist() == docs.doc_id.iloc[5:23].tolist()
     assert read_slices([[b, 9, 3]], batch_rows=2).doc_id.tolist() == docs.doc_id.iloc[29:32].tolist()
     assert read_slices([]).empty
+
+
+def test_kept_and_removals_are_ordered_parts_one_per_shard_never_joined(tmp_path):
+    from tasks.readers import iter_kept, kept_files, load_kept, load_removals, removal_files
+
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 8})
+    docs = docs_frame(40)
+    result = build_corpus(docs, cfg, out=tmp_path)
+    n_shards = len(json.loads((tmp_path / "_work" / "shards.json").read_text())["shards"])
+    assert n_shards == 6
+    assert [p.name for p in kept_files(tmp_path)] == [f"part-{i:05d}.parquet" for i in range(n_shards)]
+    assert [p.name for p in removal_files(tmp_path)] == [f"part-{i:05d}.parquet" for i in range(n_shards)]
+    assert not (tmp_path / "kept.parquet").exists() and not (tmp_path / "removals.parquet").exists()
+    kept, removals = load_kept(tmp_path), load_removals(tmp_path)
+    # Corpus order in both: the input's order restricted to the kept, and to the removed, documents.
+    order = {doc_id: i for i, doc_id in enumerate(docs.doc_id)}
+    assert [order[d] for d in kept.doc_id] == sorted(order[d] for d in kept.doc_id)
+    assert [order[d] for d in removals.doc_id] == sorted(order[d] for d in removals.doc_id)
+    assert len(kept) + len(removals) == len(docs)
+    streamed = pd.concat(list(iter_kept(tmp_path, ["doc_id", "text"], batch_rows=3)), ignore_index=True)
+    pd.testing.assert_frame_equal(streamed, kept[["doc_id", "text"]])
+    pd.testing.assert_frame_equal(result.kept, kept)
+
+
+def test_an_artifact_without_parts_is_a_clear_error(tmp_path):
+    from tasks.readers import kept_files, load_removals
+
+    with pytest.raises(DataError, match=r"no parts of the kept documents.*--refresh corpus"):
+        kept_files(tmp_path)
+    with pytest.raises(DataError, match="no parts of the removal ledger"):
+        load_removals(tmp_path)
+
+
+def test_read_rejects_are_the_ledgers_first_part(tmp_path):
+    from tasks.corpus.stage import _add_rejects
+    from tasks.readers import load_removals, removal_files
+
+    build_corpus(docs_frame(20), CorpusConfig(**CFG, execution={"shard_docs": 8}), out=tmp_path / "out")
+    rejects = tmp_path / "rejects.parquet"
+    pd.DataFrame([{"doc_id": "web/bad", "source": "web", "stage": "read", "rule": "read.bad_compression",
+                   "value": float("nan"), "threshold": float("nan"), "detail": "cut stream"}]).to_parquet(rejects)
+    _add_rejects(rejects, tmp_path / "out")
+    assert removal_files(tmp_path / "out")[0].name == "rejects.parquet"
+    ledger = load_removals(tmp_path / "out")
+    assert ledger.doc_id.iloc[0] == "web/bad" and ledger.doc_id.is_unique
+
+
+def test_a_resume_with_another_partition_count_gives_the_same_result(one_shard, tmp_path):
+    """A build stopped after the boilerplate partitions of one count, resumed with another: the new count's
+    partitions are computed afresh (their own folder), never mixed with the old ones."""
+    first = CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 3})
+    build_corpus(docs_frame(60), first, out=tmp_path)
+    work = tmp_path / "_work"
+    for folder in ("keyed", "decisions", "kept", "removals"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    resumed = curate(work, tmp_path / "b", CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 4}))
+    assert (work / "boilerplate_p3").is_dir() and (work / "boilerplate_p4").is_dir()
+    for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
+        pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(resumed, name))

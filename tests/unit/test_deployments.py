@@ -73,3 +73,32 @@ def test_report_refuses_a_runs_folder_that_does_not_exist(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "does not exist or is not a folder" in proc.stdout
     assert not (tmp_path / "typo").exists()
+
+
+def test_the_run_watcher_reports_each_new_run_once_when_it_starts_and_when_it_ends():
+    """``pretrain serve`` prints a line when a served run starts and one with its final state; runs that existed
+    before serving started, and states already reported, print nothing."""
+    from flows.serve import RunWatcher
+
+    said: list[str] = []
+    watcher = RunWatcher("http://unused/api", "dep", "pretrain-pipeline/smoke", write=said.append)
+    answers = iter([
+        [{"id": "old", "name": "old-run", "state": {"type": "COMPLETED", "name": "Completed"}}],
+        None,  # the server did not answer: asked again at the next poll
+        [{"id": "old", "name": "old-run", "state": {"type": "COMPLETED", "name": "Completed"}},
+         {"id": "a", "name": "brave-fox", "state": {"type": "RUNNING", "name": "Running"}}],
+        [{"id": "a", "name": "brave-fox", "state": {"type": "RUNNING", "name": "Running"}}],
+        [{"id": "a", "name": "brave-fox", "state": {"type": "COMPLETED", "name": "Completed"},
+          "total_run_time": 65.2},
+         {"id": "b", "name": "calm-owl", "total_run_time": 3.0,
+          "state": {"type": "FAILED", "name": "Failed", "message": "Flow run encountered an exception: ConfigError:\n"
+                                                                  "  bad value"}}],
+        [{"id": "a", "name": "brave-fox", "state": {"type": "COMPLETED", "name": "Completed"}}],
+    ])
+    watcher._runs = lambda: next(answers)
+    for _ in range(6):
+        watcher.poll()
+    assert said == ["pretrain-pipeline/smoke run 'brave-fox': started",
+                    "pretrain-pipeline/smoke run 'brave-fox': Completed after 1m05s",
+                    "pretrain-pipeline/smoke run 'calm-owl': Failed after 3s: Flow run encountered an exception: "
+                    "ConfigError: bad value"]

@@ -112,6 +112,26 @@ def test_a_failed_verification_leaves_no_folder(made, monkeypatch):
     assert not [p for p in root.iterdir() if ".tmp-" in p.name]
 
 
+def test_the_export_stage_shows_each_step_of_the_export_on_a_bar(made):
+    from infra.runs import RunsLayout
+    from infra.stage import StageContext
+    from recording_progress import RecordingProgress
+    from tasks.export.stage import MODEL_DIR, run
+
+    root, meta = made
+    _checkpoint(root / "ckpt", meta)
+    gate, out = root / "gate", root / "export"
+    gate.mkdir(), out.mkdir()
+    (gate / "decision.json").write_text(json.dumps({"kept": "c1", "kept_checkpoint": str(root / "ckpt")}))
+    progress = RecordingProgress()
+    ctx = StageContext(out=out, inputs={"gate": gate, "tokenizer": root / "tokenizer"}, layout=RunsLayout(root),
+                       key="k", experiment="t", progress=progress)
+    assert run(ctx)["greedy_equal"] and (out / MODEL_DIR / "export.json").exists()
+    (bar,) = progress.bars
+    assert bar.description.startswith("export: load, write, reload and verify")
+    assert (bar.total, bar.finished) == (4, True)
+
+
 def test_a_tokenizer_other_than_the_trained_one_is_refused(made):
     root, meta = made
     _checkpoint(root / "ckpt", {**meta, "tokenizer_hash": "0" * 64})

@@ -52,7 +52,8 @@ def _kept() -> pd.DataFrame:
 def _corpus(store: ArtifactStore, kept: pd.DataFrame):
     """A corpus artifact with what its publish reads: manifest.json, kept documents and the four tables."""
     tmp = store.begin("corpus", "corpus-k")
-    kept.to_parquet(tmp / "kept.parquet", index=False)
+    (tmp / "kept").mkdir(parents=True, exist_ok=True)
+    kept.to_parquet(tmp / "kept" / "part-00000.parquet", index=False)
     sources = {s: {"role": role, "snapshot": "1.0-1", "licence": "GPL", "docs_in": n + 1, "docs_out": n,
                    "n_chars": int(kept.loc[kept["source"] == s, "n_chars"].sum()),
                    "n_bytes": int(kept.loc[kept["source"] == s, "n_bytes"].sum()),
@@ -61,8 +62,9 @@ def _corpus(store: ArtifactStore, kept: pd.DataFrame):
     body = {"sources": sources, "near_dedup": {"implied_threshold": 0.71, "s_curve": [[0.5, 0.06], [0.9, 1.0]]}}
     body["manifest_hash"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     (tmp / "manifest.json").write_text(json.dumps(body))
+    (tmp / "removals").mkdir(parents=True, exist_ok=True)
     pd.DataFrame([{"doc_id": "web_en/x", "source": "web_en", "stage": "quality", "rule": "short"}]).to_parquet(
-        tmp / "removals.parquet", index=False)
+        tmp / "removals" / "part-00000.parquet", index=False)
     pd.DataFrame([{"source": "web_en", "stage": "read", "docs_in": 51, "docs_out": 50}]).to_parquet(
         tmp / "funnel.parquet", index=False)
     pd.DataFrame([{"source": "web_en", "doc_id": "web_en/1", "eval_set": "cloze"}]).to_parquet(

@@ -73,7 +73,8 @@ def test_stage_plots_read_the_corpus_artifact_files(tmp_path):
     (artifact / "manifest.json").write_text(json.dumps({"sources": {"a": {"docs_out": 3}, "b": {"docs_out": 1}}}))
     (artifact / "meta.json").write_text(json.dumps({"config": {"corpus": {"near_dedup": {
         "bands": 14, "rows": 8, "jaccard_threshold": 0.8}}}}))
-    pd.DataFrame({"source": ["a"], "rule": ["dedup.exact"]}).to_parquet(artifact / "removals.parquet")
+    (artifact / "removals").mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"source": ["a"], "rule": ["dedup.exact"]}).to_parquet(artifact / "removals" / "part-00000.parquet")
     made = get_stage("corpus").figures(artifact, tmp_path / "plots", None)
     assert [p.name for p in made] == ["funnel.png", "s_curve.png"]
     assert all(_is_png(p) for p in made)

@@ -147,18 +147,20 @@ def test_workers_get_the_project_and_the_thread_policy(shared_ray, monkeypatch):
 
 def test_tokenizer_parts_encoded_on_ray_join_into_the_serial_bytes(shared_ray, tmp_path):
     from tasks.tokenizer.config import TokenizerConfig
-    from tasks.tokenizer.encode import pack_shards
+    from tasks.tokenizer.encode import pack_parts
     from tasks.tokenizer.fit import fit_tokenizer
-    from test_tokenizer_encode import assert_same_files, documents, serial_shards, shard_meta  # beside this file
+    from test_tokenizer_encode import (assert_same_files, documents, kept_parts, serial_shards,  # beside this file
+                                       shard_meta)
 
     docs = documents()
     tok = fit_tokenizer(docs["text"].tolist(), TokenizerConfig(vocab_size=300))
     tok.save(str(tmp_path / "tokenizer.json"))
     meta = shard_meta(tok)
     serial_shards(tok, docs, meta, tmp_path / "serial")
-    pack_shards(list(docs.groupby(["source", "split"], sort=True)), tokenizer_path=tmp_path / "tokenizer.json",
-                out=tmp_path / "ray", work=tmp_path / "work", part_docs=2, meta=meta,
-                tokenizer_vocab=tok.get_vocab_size(), shard_map=ray_shard_map(2, "auto"))
+    parts, labels, rows = kept_parts(docs, tmp_path / "kept", [6, 5])
+    pack_parts(parts, labels, rows, tokenizer_path=tmp_path / "tokenizer.json", out=tmp_path / "ray",
+               work=tmp_path / "work", part_docs=2, meta=meta, tokenizer_vocab=tok.get_vocab_size(),
+               shard_map=ray_shard_map(2, "auto"))
     assert_same_files(tmp_path / "serial" / "shards", tmp_path / "ray" / "shards")
 
 

@@ -199,21 +199,31 @@ def test_a_pinned_version_is_what_apt_get_downloads_and_a_cached_deb_is_reused(f
 
 @needs_dpkg
 def test_the_sources_stage_fetches_the_release_its_key_names(fake_apt, tmp_path):
+    from recording_progress import RecordingProgress
     from tasks.sources.definition import run_sources as _run_sources
 
     src = SourceConfig(name="doc", kind="deb", package=PACKAGE, include=["usr/share/doc/demo-doc/*.html"])
+    # A second source from the same package: one download serves both.
+    same = SourceConfig(name="doc2", kind="deb", package=PACKAGE, include=["usr/share/doc/demo-doc/*.html"])
     out = tmp_path / "out"
     out.mkdir()
     # The key was computed when the lists still had 1.0-1 as the candidate; they now say 1.0-2.
-    key_config = {"sources": {"doc": {**src.model_dump(exclude={"version"}),
-                                      "resolved": {"version": "1.0-1", "architecture": "all",
-                                                   "sha256": fake_apt.records[1]["SHA256"]}}}}
+    resolved = {"version": "1.0-1", "architecture": "all", "sha256": fake_apt.records[1]["SHA256"]}
+    key_config = {"sources": {name: {**cfg.model_dump(exclude={"version"}), "resolved": resolved}
+                              for name, cfg in (("doc", src), ("doc2", same))}}
+    progress = RecordingProgress()
     ctx = StageContext(out=out, inputs={}, layout=RunsLayout(tmp_path / "runs"), key="k", experiment="t",
-                       key_config=key_config)
-    _run_sources(ctx, SimpleNamespace(sources={"doc": src}))
-    described = json.loads((out / "sources.json").read_text())["doc"]
-    assert described["snapshot"] == "1.0-1" and described["release"] == key_config["sources"]["doc"]["resolved"]
+                       key_config=key_config, progress=progress)
+    _run_sources(ctx, SimpleNamespace(sources={"doc": src, "doc2": same}))
+    described = json.loads((out / "sources.json").read_text())
+    assert described["doc"]["snapshot"] == "1.0-1" and described["doc"]["release"] == resolved
+    assert described["doc2"]["docs_read"] == described["doc"]["docs_read"] == 1
     assert fake_apt.log.read_text().splitlines() == [f"download {PACKAGE}=1.0-1"]
+    # The download has a bar of its own, one step per package, done before reading starts.
+    fetching, reading = progress.bars
+    assert fetching.description == "sources: fetching 1 Debian package(s)"
+    assert (fetching.total, fetching.finished) == (1, True)
+    assert (reading.description, reading.total, reading.finished) == ("sources: reading", 2, True)
 
 
 def test_local_sources_are_keyed_by_their_bytes_not_their_mtime(tmp_path):
@@ -243,3 +253,36 @@ def test_real_apt_lists_resolve_python_doc():
     assert resolve_deb("python3.11-doc", release.version) == release
     with pytest.raises(SourceError, match=rf"python3\.11-doc version 0\.0-0 .*{re.escape(release.version)}"):
         resolve_deb("python3.11-doc", "0.0-0")
+
+
+@needs_dpkg
+@pytest.mark.e2e
+def test_a_run_names_the_source_whose_candidate_moved_since_the_last_run(fake_apt, tmp_path):
+    """`pretrain run` twice, an apt-get update between them moving the candidate of a Debian source: the second
+    run prints one line naming the source, both versions and the pin that keeps the old one, before it recomputes."""
+    text = (ROOT / "configs/smoke.toml").read_text()
+    local = 'kind = "local"\ninclude = ["tests/fixtures/smoke/python_doc/*.html"]'
+    assert local in text
+    config = tmp_path / "moved.toml"
+    config.write_text(text.replace(local, f'kind = "deb"\npackage = "{PACKAGE}"\n'
+                                          f'include = ["usr/share/doc/{PACKAGE}/*.html"]'))
+    records = tmp_path / "records.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PRETRAIN_TRACKING_URI")}
+
+    def run() -> str:
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(config), "--until", "sources",
+                               "--runs-dir", str(tmp_path / "runs")], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    first = run()  # the candidate is 1.0-2 (the first record)
+    assert "moved from" not in first
+    records.write_text(json.dumps(fake_apt.records[::-1]))  # the lists now say 1.0-1
+    second = run()
+    notices = [line for line in second.splitlines() if "moved from" in line]
+    assert notices == ["sources: python_doc moved from 1.0-2 to 1.0-1 since the last run; sources and every stage "
+                       'after it are recomputed (pin it with version = "1.0-2" in [sources.python_doc] to keep the '
+                       "old one)"], second[-3000:]
+    assert second.index(notices[0]) < second.index("sources: started")
+    # (That the record then says 1.0-1, so a third run is silent, is tests/unit/test_source_versions.py's.)

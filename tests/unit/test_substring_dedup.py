@@ -13,6 +13,7 @@ from tasks.corpus.build import CURATION_STEPS, SUBSTRING_STEP, build_corpus
 from tasks.corpus.config import CorpusConfig, SubstringDedupConfig
 from tasks.corpus.stage import build_manifest, reconcile
 from tasks.corpus.substring import apply_cuts, repeated_spans
+from tasks.readers import kept_files, removal_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -186,7 +187,7 @@ def test_build_records_rule_and_counts(builds):
     row = on.removals.set_index("doc_id").loc["web/2"]
     assert (row.stage, row.rule, row.threshold) == (SUBSTRING_STEP, "dedup.substring", 60.0)
     assert row.value == len(after["web/2"].strip().encode("utf-8")) and "repeat of web/1" in row.detail
-    reconcile(docs, pd.DataFrame({"doc_id": []}), [on.out / "kept.parquet"], [on.out / "removals.parquet"])
+    reconcile(docs, pd.DataFrame({"doc_id": []}), kept_files(on.out), removal_files(on.out))
 
     spans = on.spans
     for source in ("web", "quotes", "zh"):
@@ -212,8 +213,8 @@ def test_build_records_rule_and_counts(builds):
         assert last.docs_in - last.docs_out == removed.sum()
 
     described = {s: {"role": "general", "snapshot": "", "licence": ""} for s in ("web", "quotes", "zh")}
-    manifest = build_manifest(described, docs, pd.DataFrame({"doc_id": [], "source": []}), [on.out / "kept.parquet"],
-                              [on.out / "removals.parquet"], on, _cfg(2, enabled=True), [])
+    manifest = build_manifest(described, docs, pd.DataFrame({"doc_id": [], "source": []}), kept_files(on.out),
+                              removal_files(on.out), on, _cfg(2, enabled=True), [])
     web = manifest["sources"]["web"]
     assert web["removed_by_rule"]["dedup.substring"] == 1 and web["substring_dedup"] == on.substring["web"]
     assert web["filters"]["substring_dedup"]["min_repeat_bytes"] == 100
@@ -241,8 +242,8 @@ def test_default_build_is_unchanged(builds):
     assert not (off.out / "substring_spans.parquet").exists() and off.substring == {}
     assert set(off.funnel.stage) == set(CURATION_STEPS) and SUBSTRING_STEP not in set(off.removals.stage)
     manifest = build_manifest({"web": {"role": "general", "snapshot": "", "licence": ""}}, _docs(),
-                              pd.DataFrame({"doc_id": [], "source": []}), [off.out / "kept.parquet"],
-                              [off.out / "removals.parquet"], off, _cfg(3), [])
+                              pd.DataFrame({"doc_id": [], "source": []}), kept_files(off.out),
+                              removal_files(off.out), off, _cfg(3), [])
     assert "substring_dedup" not in manifest and manifest["stages"] == CURATION_STEPS
     assert "substring_dedup" not in manifest["sources"]["web"] and "substring_dedup" not in manifest["sources"][
         "web"]["filters"]

@@ -151,6 +151,30 @@ class TestSampleTexts:
         _, drawn = sample_texts(self.SOURCES, {"en": 1.0, "zh": 0.0}, max_chars=300, seed=0)
         assert drawn == {"en": 300}
 
+    @pytest.mark.parametrize("seed", range(30))
+    def test_the_plan_from_lengths_draws_what_a_pass_over_the_texts_draws(self, seed):
+        """``sample_plan`` sees only lengths; the texts it names are those a seeded walk over the documents
+        takes (each source in name order, whole documents in a permutation until the budget, the last cut)."""
+        import numpy as np
+
+        rng = random.Random(seed)
+        texts = {f"s{j}": ["x" * rng.randrange(0, 50) + str(i) for i in range(rng.randrange(1, 30))]
+                 for j in range(rng.randrange(1, 4))}
+        weights = {s: rng.choice([0.0, 1.0, 2.5]) for s in texts} | {"s0": 1.0}
+        max_chars = rng.choice([0, 1, 7, 50, 400, 10**6])
+        generator, expected, drawn = np.random.default_rng(seed), [], {}
+        budgets = {s: int(max_chars * w / sum(weights.values())) for s, w in weights.items() if w > 0}
+        for source in sorted(budgets):
+            left, taken = budgets[source], []
+            for i in generator.permutation(len(texts[source])):
+                if left <= 0:
+                    break
+                taken.append(texts[source][i][:left])
+                left -= len(taken[-1])
+            expected += taken
+            drawn[source] = sum(map(len, taken))
+        assert sample_texts(texts, weights, max_chars, seed) == (expected, drawn)
+
     @pytest.mark.parametrize("weights", [{"en": -1.0}, {"en": 0.0}, {"missing": 1.0}])
     def test_bad_weights_refused(self, weights):
         with pytest.raises(ConfigError):

@@ -82,7 +82,8 @@ def _corpus(folder: Path) -> Path:
             rows.append(dict(doc_id=f"{source}/{i}", source=source, family_id=f"{source}/{i}", text=text,
                              language=language, n_chars=len(text), n_bytes=len(text.encode())))
     folder.mkdir(parents=True)
-    pd.DataFrame(rows).to_parquet(folder / "kept.parquet", index=False)
+    (folder / "kept").mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(folder / "kept" / "part-00000.parquet", index=False)
     (folder / "manifest.json").write_text(json.dumps({"manifest_hash": "0" * 64}))
     return folder
 

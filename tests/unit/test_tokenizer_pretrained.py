@@ -144,7 +144,8 @@ def test_stage_adopts_the_tokenizer_and_still_reports(bpe, tmp_path):
     docs = [dict(doc_id=f"{s}#{i}", source=s, family_id=f"{s}#{i}", text=f"{TEXTS[i % 3]} {i}", language=lang)
             for s, lang in (("en", "en"), ("zh", "zh")) for i in range(12)]
     kept = pd.DataFrame(docs).assign(n_bytes=lambda d: d["text"].map(lambda t: len(t.encode())))
-    kept.to_parquet(corpus / "kept.parquet", index=False)
+    (corpus / "kept").mkdir(parents=True, exist_ok=True)
+    kept.to_parquet(corpus / "kept" / "part-00000.parquet", index=False)
     (corpus / "manifest.json").write_text(json.dumps({"manifest_hash": "m" * 64}))
     out = tmp_path / "out"
     out.mkdir()

@@ -92,3 +92,72 @@ def test_single_family_source_goes_to_train_and_is_reported(caplog):
 def test_missing_family_column_refused():
     with pytest.raises(DataError, match="family_id"):
         assign_splits(pd.DataFrame(dict(doc_id=["a"], source=["s"])), TokenizerConfig())
+
+
+def _reference_splits(kept: pd.DataFrame, cfg: TokenizerConfig) -> list[str]:
+    """The split one family at a time over the whole frame (how it was first written)."""
+    from tasks.tokenizer.split import family_score
+
+    families = kept["family_id"].astype(str)
+    scores, heldout = {}, set()
+    for source, rows in kept.assign(family_id=families).groupby("source", sort=True):
+        docs_per_family = rows["family_id"].value_counts()
+        for family in docs_per_family.index:
+            if family not in scores:
+                scores[family] = family_score(family, cfg.seed)
+                if scores[family] < cfg.heldout_fraction:
+                    heldout.add(family)
+        by_score = sorted(docs_per_family.index, key=scores.__getitem__)
+        if len(by_score) == 1:
+            heldout.discard(by_score[0])
+            continue
+        if all(f in heldout for f in by_score):
+            heldout.discard(by_score[-1])
+        n_heldout = sum(int(docs_per_family[f]) for f in by_score if f in heldout)
+        train = [f for f in by_score if f not in heldout]
+        while n_heldout < cfg.min_heldout_docs and len(train) > 1:
+            moved = train.pop(0)
+            heldout.add(moved)
+            n_heldout += int(docs_per_family[moved])
+    return ["heldout" if f in heldout else "train" for f in families]
+
+
+def _random_kept(seed: int) -> pd.DataFrame:
+    import random
+
+    rng = random.Random(seed)
+    n_sources, n_families = rng.randrange(1, 6), rng.randrange(1, 60)
+    return pd.DataFrame([dict(doc_id=f"d{i}", source=f"s{rng.randrange(n_sources)}",  # families may span sources
+                              family_id=f"f{rng.randrange(n_families)}") for i in range(rng.randrange(1, 200))])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_split_is_the_one_family_at_a_time_rule(seed):
+    kept = _random_kept(seed)
+    cfg = TokenizerConfig(heldout_fraction=[0.05, 0.1, 0.5, 0.9][seed % 4],
+                          min_heldout_docs=[0, 1, 5, 20][seed // 4 % 4], seed=seed % 3)
+    assert list(assign_splits(kept, cfg)) == _reference_splits(kept, cfg)
+
+
+@pytest.mark.parametrize("part_rows", [1, 7, 1000])
+def test_counting_families_part_by_part_gives_the_same_split(part_rows):
+    """The stage's streaming split: documents per (source, family) counted part by part and summed, then the
+    labels of each part from its family keys."""
+    import numpy as np
+
+    from tasks.tokenizer.split import family_keys, heldout_families, labels, pair_counts
+
+    kept = _kept(n_families=300)
+    cfg = TokenizerConfig(heldout_fraction=0.05, min_heldout_docs=8)
+    names = sorted(kept["source"].unique())
+    counted = []
+    for start in range(0, len(kept), part_rows):
+        part = kept.iloc[start:start + part_rows]
+        counted.append(pair_counts(part["source"].map(names.index).to_numpy(np.int32),
+                                   family_keys(part["family_id"], cfg.seed)))
+    codes, keys, n_docs = pair_counts(*(np.concatenate(column) for column in zip(*counted)))
+    heldout = heldout_families(pd.DataFrame({"source": pd.Categorical.from_codes(codes, categories=names),
+                                             "key": keys, "n_docs": n_docs}), cfg)
+    streamed = np.concatenate([labels(family_keys(kept["family_id"].iloc[s:s + part_rows], cfg.seed), heldout)
+                               for s in range(0, len(kept), part_rows)])
+    assert list(np.where(streamed, "heldout", "train")) == list(assign_splits(kept, cfg))

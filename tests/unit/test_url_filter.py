@@ -22,6 +22,7 @@ from tasks.corpus.stage import build_manifest, reconcile
 from tasks.corpus.urls import url_host
 from tasks.sources.config import SourceConfig
 from tasks.sources.read import REJECT_SCHEMA, RowWriter, read_source
+from tasks.readers import kept_files, removal_files
 
 ROOT = Path(__file__).resolve().parents[2]
 GARDEN = (
@@ -234,11 +235,11 @@ def test_a_jsonl_source_with_url_field_end_to_end_through_the_corpus_build(tmp_p
         ["crawl/crawl.jsonl#1", "url.blocklist", "blocked domain spam.example (host spam.example)"],
         ["crawl/crawl.jsonl#5", "url.blocklist", "blocked substring 'casino' in the URL"]]
     assert sorted(result.kept.doc_id) == [f"crawl/crawl.jsonl#{i}" for i in (0, 2, 3, 4)]
-    reconcile([read.docs_path], [rejects], [out / "kept.parquet"], [out / "removals.parquet"])
+    reconcile([read.docs_path], [rejects], kept_files(out), removal_files(out))
 
     described = {"crawl": {"role": "general", "snapshot": read.snapshot, "licence": read.licence}}
-    manifest = build_manifest(described, [read.docs_path], [rejects], [out / "kept.parquet"],
-                              [out / "removals.parquet"], result, cfg, [])
+    manifest = build_manifest(described, [read.docs_path], [rejects], kept_files(out),
+                              removal_files(out), result, cfg, [])
     info = manifest["sources"]["crawl"]
     assert list(info["stages"]) == CURATION_STEPS
     assert info["stages"]["url"] == {"docs_in": 6, "docs_out": 4, "no_url": 3, "url_invalid": 0,
@@ -383,8 +384,8 @@ def test_url_field_values_that_are_not_urls_are_read_as_no_url_counted_and_logge
     split_sources([docs_path], work, cfg.execution.shard_docs)
     result = curate(work, built, cfg)
     assert not (result.removals.stage == "url").any()
-    manifest = build_manifest(described, [docs_path], [out / "rejects.parquet"], [built / "kept.parquet"],
-                              [built / "removals.parquet"], result, cfg, [])
+    manifest = build_manifest(described, [docs_path], [out / "rejects.parquet"], kept_files(built),
+                              removal_files(built), result, cfg, [])
     assert manifest["sources"]["crawl"]["stages"]["url"]["no_url"] == 5
     assert manifest["sources"]["crawl"]["stages"]["url"]["url_invalid"] == 3  # of the 5
 
