@@ -806,7 +806,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cores-per-machine", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--estimate", type=_ints, default=[1_000_000], help="sizes to estimate when not run")
     parser.add_argument("--poll", type=float, default=0.2, help="seconds between memory samples")
-    parser.add_argument("--crawl-dir", type=Path, default=None, help="keep (and reuse) generated crawls here")
+    parser.add_argument("--crawl-dir", type=Path, default=None,
+                        help="keep (and reuse) generated crawls here, with the snapshot of the real text they are "
+                             "made of")
     parser.add_argument("--work-dir", type=Path, default=None, help="where builds run (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=None, help="JSON of every figure")
     return parser.parse_args(argv)
@@ -853,12 +855,14 @@ def run(argv: list[str] | None = None) -> dict:
           f"engines {', '.join(engines)}, "
           f"{os.cpu_count()} CPUs")
 
-    pool = crawl.load_pool(args.text, args.runs_dir)
-    print(f"text: {pool.origin} ({sum(map(len, pool.html.values()))} HTML templates, "
-          f"{sum(map(len, pool.text.values()))} paragraph groups)")
     work_root = Path(tempfile.mkdtemp(prefix="corpus-scale-", dir=args.work_dir))
     crawl_root = args.crawl_dir or work_root / "crawls"
     crawl_root.mkdir(parents=True, exist_ok=True)
+    # The real text is snapshotted into the crawl folder on first use and read from there afterwards: the crawls
+    # kept in --crawl-dir stay the same whichever process or checkout runs next (crawl.real_text).
+    pool = crawl.load_pool(args.text, args.runs_dir, snapshot_dir=crawl_root)
+    print(f"text: {pool.origin} ({sum(map(len, pool.html.values()))} HTML templates, "
+          f"{sum(map(len, pool.text.values()))} paragraph groups, digest {pool.digest})")
     log = work_root / "builds.log"
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "code": _git(code),
               "config": str(config), "machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()},

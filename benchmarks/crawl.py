@@ -3,7 +3,9 @@ near- and exact-duplicate shares, written as Parquet in the raw-document schema 
 
     python benchmarks/crawl.py --docs 100000 --out /tmp/crawl-1e5          # generate and report
 
-Text comes from :mod:`benchmarks.real_text` (the demo corpus when fetched, else the smoke fixtures). Sources:
+Text comes from :mod:`benchmarks.real_text` (the demo corpus when fetched, else the smoke fixtures), or from its
+snapshot in a crawl folder (:func:`real_text`), so that a crawl folder's crawls are the same in every process and
+checkout that uses it. Sources:
 ``web_<source>`` (HTML, one per HTML source of the real documents, pages of that source as templates) and
 ``text_<language>`` (plain text made of paragraphs: the real plain-text documents, e.g. fortunes, and the text blocks
 of the HTML pages). Every generated document is one of three kinds, in the shares declared by ``CrawlSpec``:
@@ -169,10 +171,60 @@ def page_paragraphs(page: str, min_chars: int = 40) -> list[str]:
     return [line for line in lines if len(line) >= min_chars]
 
 
-def load_pool(origin: str = "auto", runs_dir: Path = Path("runs"), max_templates: int = 200) -> TextPool:
-    """Read the real documents (``real_text.real_documents``) and cut them into templates and paragraph groups;
-    at most ``max_templates`` pages per HTML source (evenly spaced in reading order)."""
+TEXT_COLUMNS = ["source", "content_type", "language_hint", "content"]  # what the pool is made of
+
+
+def real_text(origin: str = "auto", runs_dir: Path = Path("runs"), snapshot_dir: Path | None = None):
+    """(documents with ``TEXT_COLUMNS``, the origin used): the real documents of ``origin``
+    (``real_text.real_documents``), or their snapshot in ``snapshot_dir``.
+
+    With ``snapshot_dir``, the documents are read from ``text-<origin>.parquet`` there when it exists, else read from
+    the sources and written there first, so every later process, from any checkout and any working directory, makes
+    its pool from the same text: the sources themselves can change under a crawl folder (a Debian package resolved
+    to a newer version once the apt lists move, another checkout's configs, readers or runs folder, ``auto``
+    finding the demo packages in one runs folder and not in another). ``auto`` takes a demo snapshot when there is
+    one, else the demo packages when fetched, else a fixtures snapshot, else the fixtures.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.real_text import demo_fetched
+
+    if snapshot_dir is None:
+        docs, used = real_documents(origin, Path(runs_dir))
+        return docs[TEXT_COLUMNS].reset_index(drop=True), used
+    if origin not in ORIGINS:
+        raise ValueError(f"text origin {origin!r}: use one of {', '.join(ORIGINS)}")
+    path = {name: Path(snapshot_dir) / f"text-{name}.parquet" for name in ("demo", "fixtures")}
+    if origin == "auto":
+        origin = "demo" if path["demo"].exists() or demo_fetched(Path(runs_dir)) else "fixtures"
+    if path[origin].exists():
+        table = pq.read_table(path[origin])
+        docs = table.drop_columns(["content"]).to_pandas()
+        # Stored as UTF-8 bytes with surrogates passed through: a page may hold a lone surrogate.
+        docs["content"] = [c.decode("utf-8", "surrogatepass") for c in table.column("content").to_pylist()]
+        return docs[TEXT_COLUMNS], origin
     docs, used = real_documents(origin, Path(runs_dir))
+    docs = docs[TEXT_COLUMNS].reset_index(drop=True)
+    table = pa.table({"source": pa.array(docs.source.astype(str).tolist(), pa.string()),
+                      "content_type": pa.array(docs.content_type.astype(str).tolist(), pa.string()),
+                      "language_hint": pa.array([h if isinstance(h, str) else None for h in docs.language_hint],
+                                                pa.string()),
+                      "content": pa.array([c.encode("utf-8", "surrogatepass") for c in docs.content], pa.binary())})
+    Path(snapshot_dir).mkdir(parents=True, exist_ok=True)
+    tmp = path[used].with_name(f".{path[used].name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path[used])  # complete or absent: a concurrent writer of the same text is harmless
+    return docs, used
+
+
+def load_pool(origin: str = "auto", runs_dir: Path = Path("runs"), max_templates: int = 200,
+              snapshot_dir: Path | None = None) -> TextPool:
+    """Read the real documents (:func:`real_text`, from the snapshot in ``snapshot_dir`` when given) and cut them
+    into templates and paragraph groups; at most ``max_templates`` pages per HTML source (evenly spaced in reading
+    order). The pool's ``digest`` covers everything the generator draws from: the sources in order with their
+    content type and language, the templates, the paragraph groups and both replacement vocabularies."""
+    docs, used = real_text(origin, Path(runs_dir), snapshot_dir)
     web: dict[str, list[HtmlTemplate]] = {}
     language: dict[str, str] = {}
     paragraphs: dict[str, list[list[str]]] = {}
@@ -207,16 +259,35 @@ def load_pool(origin: str = "auto", runs_dir: Path = Path("runs"), max_templates
     han = sorted(c for c, _ in sorted(chars.items(), key=lambda kv: (-kv[1], kv[0]))[:3000])
     if not web and not text:
         raise ValueError(f"no usable text in the {used} documents")
+    pool = TextPool(used, web, language, text, latin or ["word"], han or ["字"])
+    pool.digest = pool_digest(pool)
+    return pool
+
+
+def pool_digest(pool: TextPool) -> str:
+    """16 hex digits of SHA-256 over what the generator draws from ``pool`` (sources in their order with content
+    type and language, templates, paragraph groups, vocabularies), each field length-prefixed."""
     digest = hashlib.sha256()
-    for name, templates in sorted(web.items()):
-        digest.update(name.encode())
+
+    def put(value: str) -> None:
+        data = value.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+
+    for name, content_type in pool.sources.items():
+        for value in (name, content_type, pool.language[name]):
+            put(value)
+    for name, templates in pool.html.items():
+        put(name)
         for t in templates:
-            digest.update("".join(t.pieces).encode("utf-8", "surrogatepass"))
-    for name, groups in sorted(text.items()):
-        digest.update(name.encode())
+            put("".join(t.pieces))
+    for name, groups in pool.text.items():
+        put(name)
         for group in groups:
-            digest.update("\n".join(group).encode("utf-8", "surrogatepass"))
-    return TextPool(used, web, language, text, latin or ["word"], han or ["字"], digest.hexdigest()[:16])
+            put("\n".join(group))
+    for vocab in (pool.latin, pool.han):
+        put("\n".join(vocab))
+    return digest.hexdigest()[:16]
 
 
 class _Mutator:
@@ -627,8 +698,10 @@ def main() -> None:
     parser.add_argument("--near-share", type=float, default=CrawlSpec.near_share)
     parser.add_argument("--exact-share", type=float, default=CrawlSpec.exact_share)
     parser.add_argument("--html-share", type=float, default=CrawlSpec.html_share)
+    parser.add_argument("--text-snapshot", type=Path, default=None,
+                        help="folder of the real text's snapshot: written on first use, read afterwards")
     args = parser.parse_args()
-    pool = load_pool(args.text, args.runs_dir)
+    pool = load_pool(args.text, args.runs_dir, snapshot_dir=args.text_snapshot)
     spec = CrawlSpec(docs=args.docs, seed=args.seed, near_share=args.near_share, exact_share=args.exact_share,
                      html_share=args.html_share)
     print(json.dumps(generate(spec, pool, args.out), indent=2))

@@ -16,8 +16,11 @@ positions in corpus order: no per-document Python object lives in the main proce
    (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
 5. global ``candidates``: exact duplicates (first in corpus order kept) and LSH candidate pairs
    (:func:`tasks.corpus.near_dedup.candidate_pairs`), written partitioned by the shard of each pair's later document.
-6. ``shingle`` (per shard): sorted shingle hashes of the shard's candidate documents, memory-mapped by the next pass.
-7. ``verify`` (per shard): exact Jaccard of the pairs whose later document is in the shard.
+6. ``shingle`` (per shard): sorted shingle hashes of the shard's candidate documents
+   (:func:`tasks.corpus.near_dedup.shingle_sets`).
+7. ``verify`` (per shard): exact Jaccard of the pairs whose later document is in the shard
+   (:func:`tasks.corpus.near_dedup.verify_sets`; each earlier shard's partner sets are copied out of its pass-6
+   file in one read through a short-lived memory map).
 8. global ``decide``: leader clustering over the verified pairs in corpus order, families (connected components,
    for document-aware held-out splits), decontamination, funnel counts; removals partitioned by shard.
 9. ``substring`` (opt-in, ``[corpus.substring_dedup]``): the survivors are planned into partitions (DuckDB); per
@@ -240,7 +243,9 @@ def _check_columns(columns: Sequence[str], where: Path | None = None) -> None:
 def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB",
             fresh: bool = True) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection whose memory is capped and whose spill files go under ``work`` (a file database when
-    ``name`` is given, so its tables are buffer-managed on disk too; ``fresh`` removes an earlier one first)."""
+    ``name`` is given, so its tables are buffer-managed on disk too; ``fresh`` removes an earlier one first), with
+    one thread per CPU this process may run on (DuckDB counts the machine's CPUs: a process confined to fewer, by
+    ``taskset`` or a container's cpuset, would otherwise run more threads than it has CPUs)."""
     spill = work / "duckdb_tmp"
     spill.mkdir(parents=True, exist_ok=True)
     path = ":memory:"
@@ -253,6 +258,8 @@ def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB",
     con.execute(f"SET memory_limit = '{memory_limit}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET preserve_insertion_order = false")
+    if hasattr(os, "sched_getaffinity"):
+        con.execute(f"SET threads = {max(1, len(os.sched_getaffinity(0)))}")
     return con
 
 
@@ -613,8 +620,9 @@ def _read_partition(folder: Path, columns: list[str]) -> pd.DataFrame | None:
 
 
 def shingle_shard(keyed_dir: str, wanted: str, out_dir: str, cfg_json: str) -> bool:
-    """Pass 6 on one shard: the sorted shingle hashes of its candidate documents, as three memory-mappable arrays
-    (``rows.npy`` ascending, ``starts.npy`` of length rows + 1, ``hashes.npy`` uint64)."""
+    """Pass 6 on one shard: the sorted shingle hashes of its candidate documents, as three arrays
+    (``rows.npy`` ascending, ``starts.npy`` of length rows + 1, ``hashes.npy`` uint64;
+    :class:`tasks.corpus.near_dedup.ShingleSets` by row)."""
     nd = CorpusConfig.model_validate_json(cfg_json).near_dedup
 
     def write(tmp: Path) -> None:
@@ -622,12 +630,11 @@ def shingle_shard(keyed_dir: str, wanted: str, out_dir: str, cfg_json: str) -> b
         rows = np.sort(rows.row.to_numpy(dtype=np.int64)) if rows is not None else np.zeros(0, np.int64)
         docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet", columns=["text", "language"])
         texts = docs.text.to_numpy()[rows].tolist()
-        sets = minhash.shingle_hash_sets(texts, nd.shingle_size, _by_chars(docs.language.to_numpy()[rows].tolist()))
+        sets = near_dedup.shingle_sets(texts, rows, nd.shingle_size, _by_chars(docs.language.to_numpy()[rows].tolist()))
         del docs, texts
-        starts = np.concatenate([[0], np.cumsum([len(s) for s in sets])]).astype(np.int64)
-        np.save(tmp / "rows.npy", rows)
-        np.save(tmp / "starts.npy", starts)
-        np.save(tmp / "hashes.npy", np.concatenate(sets).astype(np.uint64) if sets else np.zeros(0, np.uint64))
+        np.save(tmp / "rows.npy", sets.pos)
+        np.save(tmp / "starts.npy", sets.starts)
+        np.save(tmp / "hashes.npy", sets.hashes)
 
     done = _atomic_dir(Path(out_dir), write)
     release_memory()
@@ -635,55 +642,58 @@ def shingle_shard(keyed_dir: str, wanted: str, out_dir: str, cfg_json: str) -> b
 
 
 class _Shingles:
-    """Shingle hashes of candidate documents by corpus position, read from the shards' pass-6 outputs.
+    """Shingle sets of candidate documents by corpus position, read from the shards' pass-6 outputs.
 
-    A shard's small row index is kept for the last ``keep`` shards used (callers visit the pairs grouped by shard);
-    the hashes of a document are read from the file at their offset, so no memory map lingers in the process and
-    its memory does not grow with the number of shards it has read.
+    :meth:`sets` reads the wanted documents' hashes of one shard at a time through a memory map that is closed
+    before the next shard is read, so no map lingers in the process and its memory does not grow with the number
+    of shards it has read: it holds the sets it returns.
     """
 
-    def __init__(self, work: Path, names: list[str], keep: int = 4):
-        self.work, self.names, self.keep = work, names, keep
+    def __init__(self, work: Path, names: list[str]):
+        self.work, self.names = work, names
         self.offsets = np.load(work / "offsets.npy")
-        self.index: dict[int, tuple[np.ndarray, np.ndarray, Path, int]] = {}
 
-    def _shard(self, shard: int) -> tuple[np.ndarray, np.ndarray, Path, int]:
-        if shard not in self.index:
-            if len(self.index) >= self.keep:
-                self.index.pop(next(iter(self.index)))
+    def shard_of(self, pos: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.offsets, pos, side="right") - 1
+
+    def sets(self, pos: np.ndarray) -> near_dedup.ShingleSets:
+        """The sets of the documents at ``pos`` (unique, ascending), copied into one ShingleSets."""
+        pos = np.asarray(pos, dtype=np.int64)
+        shards = self.shard_of(pos)
+        counts_parts, hash_parts = [], []
+        for shard in np.unique(shards).tolist():
             folder = self.work / "shingles" / self.names[shard]
-            hashes = np.load(folder / "hashes.npy", mmap_mode="r")
-            header = hashes.offset  # where the .npy payload starts
-            del hashes
-            self.index[shard] = (np.load(folder / "rows.npy"), np.load(folder / "starts.npy"),
-                                 folder / "hashes.npy", header)
-        return self.index[shard]
-
-    def __call__(self, pos: int) -> np.ndarray:
-        shard = int(np.searchsorted(self.offsets, pos, side="right") - 1)
-        rows, starts, path, header = self._shard(shard)
-        k = int(np.searchsorted(rows, pos - self.offsets[shard]))
-        lo, hi = int(starts[k]), int(starts[k + 1])
-        return np.fromfile(path, dtype=np.uint64, count=hi - lo, offset=header + 8 * lo)
+            rows, starts = np.load(folder / "rows.npy"), np.load(folder / "starts.npy")
+            at = np.searchsorted(rows, pos[shards == shard] - self.offsets[shard])
+            lo, counts = starts[at], starts[at + 1] - starts[at]
+            stored = np.load(folder / "hashes.npy", mmap_mode="r")
+            take = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(counts.sum())
+            hash_parts.append(np.asarray(stored[take], dtype=np.uint64))
+            counts_parts.append(counts)
+            del stored
+        counts = np.concatenate(counts_parts) if counts_parts else np.zeros(0, np.int64)
+        starts = np.zeros(len(pos) + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        hashes = np.concatenate(hash_parts) if hash_parts else np.zeros(0, np.uint64)
+        return near_dedup.ShingleSets(pos, starts, hashes)
 
 
 def verify_shard(pairs: str, work: str, names: str, out_dir: str, threshold: float) -> bool:
-    """Pass 7 on one shard: exact Jaccard of the candidate pairs whose later document ``j`` is in the shard;
-    writes the verified pairs (i, j, sim) sorted by (j, i) and the number of pairs compared."""
+    """Pass 7 on one shard: exact Jaccard of the candidate pairs whose later document ``j`` is in the shard
+    (:func:`tasks.corpus.near_dedup.verify_sets`, one earlier shard's partners at a time); writes the verified pairs
+    (i, j, sim) sorted by (j, i) and the number of pairs compared."""
 
     def write(tmp: Path) -> None:
         found = _read_partition(Path(pairs), ["i", "j"])
         arr = found[["i", "j"]].to_numpy(dtype=np.int64) if found is not None else np.zeros((0, 2), np.int64)
-        arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]  # by i: each earlier shard is read in one stretch
-        hashes = _Shingles(Path(work), names.split(","))
-        own: dict[int, np.ndarray] = {}  # the shard's own candidates, each read once
-
-        def mine(pos: int) -> np.ndarray:
-            if pos not in own:
-                own[pos] = hashes(pos)
-            return own[pos]
-
-        verified, sims = near_dedup.verify(arr, lambda i, j: minhash.jaccard_hashes(hashes(i), mine(j)), threshold)
+        arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]  # by i: each earlier shard's partners in one stretch
+        store = _Shingles(Path(work), names.split(","))
+        own = store.sets(np.unique(arr[:, 1]))
+        partner_shard = store.shard_of(arr[:, 0])
+        parts = [near_dedup.verify_sets(group, store.sets(np.unique(group[:, 0])), own, threshold)
+                 for group in np.split(arr, np.flatnonzero(np.diff(partner_shard)) + 1) if len(group)]
+        verified = np.concatenate([v for v, _ in parts]) if parts else np.zeros((0, 2), np.int64)
+        sims = np.concatenate([s for _, s in parts]) if parts else np.zeros(0, np.float64)
         order = np.lexsort((verified[:, 0], verified[:, 1]))
         pd.DataFrame({"i": verified[order, 0], "j": verified[order, 1], "sim": sims[order]}).to_parquet(
             tmp / "verified.parquet", index=False)

@@ -25,10 +25,10 @@ A pair of Jaccard similarity ``s`` becomes a candidate with probability ``1 − 
 Ullman, "Mining of Massive Datasets", ch. 3). Signatures depend only on each document's text and the config's seed,
 so they are the same whatever batch or shard a document is processed in.
 
-Shingle hashes and "oph" signatures are computed by numba kernels, one pass over each document's code points, when
-numba is importable (``HAVE_NUMBA``; set ``USE_NUMBA = False`` to force numpy); the numpy functions are the
-reference, and the kernels' results equal theirs bit for bit. The kernels compile on first use (seconds) and are
-cached on disk by numba afterwards.
+Shingle hashes, "oph" signatures and band keys are computed by numba kernels (shingles and signatures in one pass
+over each document's code points) when numba is importable (``HAVE_NUMBA``; set ``USE_NUMBA = False`` to force
+numpy); the numpy functions are the reference, and the kernels' results equal theirs bit for bit. The kernels
+compile on first use (seconds) and are cached on disk by numba afterwards.
 """
 
 from __future__ import annotations
@@ -300,26 +300,44 @@ def _batch_shingle_hashes(texts: Sequence[str], size: int, by_chars: bool) -> tu
     return _ngram_hashes(units, counts, size, by_chars)
 
 
-def shingle_hash_sets(texts: Sequence[str], size: int, by_chars: bool | Sequence[bool]) -> list[np.ndarray]:
-    """:func:`shingle_hashes` of each of ``texts``, computed batch-wise (for verifying many candidates)."""
-    flags = _as_flags(by_chars, len(texts))
-    sets: list[np.ndarray] = [np.empty(0, dtype=np.uint64)] * len(texts)
+def shingle_hash_table(texts: Sequence[str], size: int, by_chars: bool | Sequence[bool]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`shingle_hashes` of each of ``texts`` back to back, computed batch-wise: ``(starts, hashes)``, text d's
+    sorted unique hashes being ``hashes[starts[d]:starts[d + 1]]`` (``starts`` (n + 1,) int64, ``hashes`` uint64)."""
+    n = len(texts)
+    flags = _as_flags(by_chars, n)
+    counts = np.zeros(n, dtype=np.int64)
+    parts = []
     for mode in (False, True):
         mine = np.flatnonzero(flags == mode)
-        if len(mine):
-            hashes, counts = _batch_shingle_hashes([texts[i] for i in mine], size, mode)
-            # Sort each text's run in place, then drop repeats for the whole batch at once: np.unique per text
-            # costs several times as much in call overhead.
-            ends = np.cumsum(counts)
-            for part in np.split(hashes, ends[:-1]):
-                part.sort()
-            first = np.ones(len(hashes), dtype=bool)
-            first[1:] = hashes[1:] != hashes[:-1]
-            first[ends[:-1][counts[1:] > 0]] = True  # a text's first hash is kept even if it equals the last one
-            bounds = np.concatenate([[0], np.cumsum(first)])[ends[:-1]]  # kept hashes before each text
-            for d, part in zip(mine.tolist(), np.split(hashes[first], bounds)):
-                sets[d] = part
-    return sets
+        if not len(mine):
+            continue
+        hashes, per_text = _batch_shingle_hashes([texts[i] for i in mine], size, mode)
+        # Sort each text's run in place, then drop repeats for the whole batch at once: np.unique per text costs
+        # several times as much in call overhead.
+        ends = np.cumsum(per_text)
+        for part in np.split(hashes, ends[:-1]):
+            part.sort()
+        first = np.ones(len(hashes), dtype=bool)
+        first[1:] = hashes[1:] != hashes[:-1]
+        first[ends[:-1][per_text[1:] > 0]] = True  # a text's first hash is kept even if it equals the last one
+        kept = np.concatenate([[0], np.cumsum(first)])[np.concatenate([[0], ends])]  # kept hashes before each text
+        counts[mine] = np.diff(kept)
+        parts.append((mine, hashes[first], kept[:-1]))
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    if len(parts) == 1 and len(parts[0][0]) == n:  # one shingling mode: already in text order
+        return starts, parts[0][1]
+    table = np.empty(int(starts[-1]), dtype=np.uint64)
+    for mine, kept_hashes, local in parts:
+        table[np.repeat(starts[mine] - local, counts[mine]) + np.arange(len(kept_hashes))] = kept_hashes
+    return starts, table
+
+
+def shingle_hash_sets(texts: Sequence[str], size: int, by_chars: bool | Sequence[bool]) -> list[np.ndarray]:
+    """:func:`shingle_hashes` of each of ``texts``, computed batch-wise (:func:`shingle_hash_table`, split)."""
+    starts, table = shingle_hash_table(texts, size, by_chars)
+    return [table[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
 
 def shingle_hashes(text: str, size: int, by_chars: bool) -> np.ndarray:
@@ -475,9 +493,11 @@ def _densify(sig: np.ndarray, probes: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------
 # Compiled kernels
 #
-# The same hashes as _unit_hashes → _ngram_hashes → _oph_rows → _densify, bit for bit, computed in one pass over
-# each document's code points: a word's polynomial is summed directly (the numpy path gets the same sum from
-# prefix sums and inverse powers), and the n-gram polynomial rolls over a ring of the last ``size`` unit hashes.
+# The same hashes as _unit_hashes → _ngram_hashes → _oph_rows → _densify, bit for bit, computed per document: one
+# branch-free pass over its code points sums each word's polynomial directly (the numpy path gets the same sum from
+# prefix sums and inverse powers), then the n-gram polynomial rolls over the unit hashes, and each shingle's bin
+# keeps its minimum by a store, not a branch (whether a value is a new minimum is a coin toss the branch predictor
+# loses).
 # All arithmetic is on uint64 operands (an int64 operand would promote the product to float64).
 
 @functools.lru_cache(maxsize=16)
@@ -488,7 +508,8 @@ def _ngram_top(size: int) -> np.uint64:
 
 class _Kernels(NamedTuple):
     shingles: Callable  # (texts, by_chars, size) -> (hashes with slack at the end, (n,) counts)
-    oph: Callable  # (texts, by_chars, size, k, seed) -> ((n, k) uint32 signatures, (n,) has shingles)
+    oph: Callable  # (texts, by_chars, size, k, seed[, lens, out]) -> ((n, k) uint32 signatures, (n,) has shingles)
+    band_keys: Callable  # ((n, k) uint32 signatures, bands, rows) -> (n, bands) uint64 keys
 
 
 # The _k_* functions are plain Python until _compiled() rebinds each name to its numba dispatcher (callees first,
@@ -498,6 +519,11 @@ _SPACE = np.uint32(0x20)
 _ONE = _U64(1)
 _UNIT_BASE_U64 = _U64(_UNIT_BASE)
 _LOW32 = _U64(0xFFFFFFFF)
+# R^m mod 2^64 for the character at offset m < _WORD_POWERS of its word (a table lookup, not a chain of products);
+# a longer word's character multiplies in R^_WORD_POWERS once per _WORD_POWERS characters before it.
+_WORD_POWERS = 64
+_WORD_UP = np.array([pow(_UNIT_BASE, m, 1 << 64) for m in range(_WORD_POWERS)], dtype=np.uint64)
+_WORD_UP_WRAP = _U64(pow(_UNIT_BASE, _WORD_POWERS, 1 << 64))
 
 
 def _k_fmix64(h):
@@ -508,44 +534,55 @@ def _k_fmix64(h):
     return h ^ (h >> _U64(32))
 
 
-def _k_cp(cps, j, table, mapped):
-    """Code point j, lower-cased with whitespace folded (a table lookup unless ``cps`` is already mapped)."""
-    return np.uint32(cps[j]) if mapped else table[cps[j]]
+def _k_units(cps, lo, hi, by_chars, table, mapped, units):
+    """Writes the raw hashes of the shingling units of the text at cps[lo:hi] (before the seed and the avalanche)
+    to units[0:] and returns how many: ``(c + 1)·PRIME64_2`` per non-space character, or ``Σ_m (c_m + 1)·R^m``
+    per word.
 
-
-def _k_doc_shingles(cps, lo, hi, by_chars, size, top, ring, out, o, table, mapped):
-    """Writes the shingle hashes of the text at cps[lo:hi] to out[o:] and returns how many."""
-    seed = _CHAR_SEED if by_chars else _WORD_SEED
-    count = 0
-    g = _U64(0)
-    j = lo
-    first = o
-    while j < hi:
-        c = _k_cp(cps, j, table, mapped)
-        if c == _SPACE:
-            j += 1
-            continue
-        if by_chars:
-            u = (_U64(c) + _ONE) * _PRIME64_2
-            j += 1
+    No branch depends on the text (a word boundary would be a mispredicted branch every few characters): every
+    character's running value is stored at the current unit's slot, and the slot advances when a space ends a word.
+    """
+    nw = 0
+    if by_chars:
+        for j in range(lo, hi):
+            c = np.uint32(cps[j]) if mapped else table[cps[j]]
+            units[nw] = (_U64(c) + _ONE) * _PRIME64_2
+            nw += c != _SPACE
+        return nw
+    u = _U64(0)
+    length = 0  # characters of the current word before this one
+    inword = 0
+    for j in range(lo, hi):
+        c = np.uint32(cps[j]) if mapped else table[cps[j]]
+        space = c == _SPACE
+        nw += space & (inword == 1)  # a space after a word: the next unit
+        if length < _WORD_POWERS:
+            power = _WORD_UP[length]
         else:
-            u = _U64(0)
-            power = _ONE
-            while j < hi:
-                c = _k_cp(cps, j, table, mapped)
-                if c == _SPACE:
-                    break
-                u += (_U64(c) + _ONE) * power
-                power *= _UNIT_BASE_U64
-                j += 1
-        u = _k_fmix64(u ^ seed)
-        slot = count % size
-        if count >= size:
-            g -= ring[slot] * top  # the unit leaving the window
+            power = _WORD_UP[length & (_WORD_POWERS - 1)]
+            for _ in range(length // _WORD_POWERS):
+                power *= _WORD_UP_WRAP
+        inword = 1 - np.int64(space)
+        u = (u + (_U64(c) + _ONE) * power) & (_U64(0) - _U64(inword))  # 0 on a space
+        length = (length + 1) & (-inword)
+        units[nw] = u
+    return nw + inword
+
+
+def _k_doc_shingles(cps, lo, hi, by_chars, size, top, units, out, o, table, mapped):
+    """Writes the shingle hashes of the text at cps[lo:hi] to out[o:] and returns how many (``units``: scratch of at
+    least hi − lo + 1 entries)."""
+    seed = _CHAR_SEED if by_chars else _WORD_SEED
+    count = _k_units(cps, lo, hi, by_chars, table, mapped, units)
+    first = o
+    g = _U64(0)
+    for t in range(count):
+        u = _k_fmix64(units[t] ^ seed)
+        units[t] = u
+        if t >= size:
+            g -= units[t - size] * top  # the unit leaving the window
         g = g * _NGRAM_BASE + u
-        ring[slot] = u
-        count += 1
-        if count >= size:
+        if t >= size - 1:
             out[o] = g
             o += 1
     if 0 < count < size:
@@ -557,42 +594,45 @@ def _k_doc_shingles(cps, lo, hi, by_chars, size, top, ring, out, o, table, mappe
     return o - first
 
 
+def _k_longest(starts):
+    longest = 0
+    for d in range(len(starts) - 1):
+        longest = max(longest, starts[d + 1] - 1 - starts[d])
+    return longest
+
+
 def _k_shingles(cps, starts, by_chars, size, top, table, mapped):
     n = len(starts) - 1
     out = np.empty(len(cps) + 1, dtype=np.uint64)  # a text of c characters has at most c shingles
     counts = np.zeros(n, dtype=np.int64)
-    ring = np.empty(size, dtype=np.uint64)
+    units = np.empty(_k_longest(starts) + 1, dtype=np.uint64)
     o = 0
     for d in range(n):
-        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, out, o, table, mapped)
+        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, units, out, o, table, mapped)
         counts[d] = m
         o += m
     return out, counts
 
 
-def _k_oph(cps, starts, by_chars, size, top, key, probes, table, mapped):
+def _k_oph(cps, starts, by_chars, size, top, key, probes, table, mapped, sig, has):
+    """Fills ``sig`` ((n, k) uint32) and ``has`` ((n,) bool) for the n texts of ``starts``."""
     n, k = len(starts) - 1, probes.shape[0]
     kk = _U64(k)
-    sig = np.full((n, k), EMPTY, dtype=np.uint32)
-    has = np.zeros(n, dtype=np.bool_)
-    longest = 0
-    for d in range(n):
-        longest = max(longest, starts[d + 1] - 1 - starts[d])
+    longest = _k_longest(starts)
     buf = np.empty(longest + 1, dtype=np.uint64)
-    ring = np.empty(size, dtype=np.uint64)
+    units = np.empty(longest + 1, dtype=np.uint64)
     base = np.empty(k, dtype=np.uint32)
     for d in range(n):
-        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, ring, buf, 0, table, mapped)
+        row = sig[d]
+        row[:] = EMPTY
+        m = _k_doc_shingles(cps, starts[d], starts[d + 1] - 1, by_chars, size, top, units, buf, 0, table, mapped)
+        has[d] = m > 0
         if m == 0:
             continue
-        has[d] = True
-        row = sig[d]
         for t in range(m):
             g = _k_fmix64(buf[t] ^ key)
             row_bin = ((g >> _U64(32)) * kk) >> _U64(32)
-            v = np.uint32((g & _LOW32) >> _ONE)
-            if v < row[row_bin]:
-                row[row_bin] = v
+            row[row_bin] = min(np.uint32((g & _LOW32) >> _ONE), row[row_bin])  # a store, not a branch
         base[:] = row  # densification reads the bins as hashed, never values copied from them
         for i in range(k):
             if base[i] == EMPTY:
@@ -601,11 +641,29 @@ def _k_oph(cps, starts, by_chars, size, top, key, probes, table, mapped):
                     if v != EMPTY:
                         row[i] = v
                         break
-    return sig, has
 
 
-def _kernel_input(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """(code units, text starts, lower-case table, already mapped) for the kernels.
+def _k_band_keys(sigs, bands, rows):
+    """:func:`band_keys` of uint32 signatures, row by row."""
+    n = sigs.shape[0]
+    keys = np.empty((n, bands), dtype=np.uint64)
+    for d in range(n):
+        for b in range(bands):
+            key = _U64(b) + _BAND_SEED
+            col = b * rows
+            for w in range(0, rows, 2):
+                word = _U64(sigs[d, col + w]) << _U64(32)
+                if w + 1 < rows:
+                    word |= _U64(sigs[d, col + w + 1])
+                key = _k_fmix64(key ^ word)
+            keys[d, b] = key
+    return keys
+
+
+def _kernel_input(texts: Sequence[str], lens: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """(code units, text starts, lower-case table, already mapped) for the kernels; ``lens``: the texts' lengths
+    when the caller has them.
 
     Text without Σ, İ or astral code points goes to the kernel raw — uint8 when ASCII, else uint16 — and is
     lower-cased through ``_lower_table`` inside it, saving a pass over a four-times-wider array; anything else is
@@ -618,8 +676,12 @@ def _kernel_input(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
         else:
             raw = np.frombuffer(joined.encode("utf-16-le", "surrogatepass"), dtype=np.uint16)
         if len(raw) == len(joined):  # no astral code point (those take two UTF-16 units)
-            lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-            return raw, np.concatenate([[0], np.cumsum(lens + 1)]), _lower_table(), False
+            if lens is None:
+                lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+            starts = np.empty(len(lens) + 1, dtype=np.int64)
+            starts[0] = 0
+            np.cumsum(lens + 1, out=starts[1:])
+            return raw, starts, _lower_table(), False
     cps, starts = _code_points(texts)
     return cps, starts, _lower_table(), True
 
@@ -630,7 +692,8 @@ def _compiled() -> _Kernels | None:
 
     Outputs: ``shingles`` returns all texts' shingle hashes back to back (uint64, followed by unused slack) and the
     (n,) int64 count per text, as ``_batch_shingle_hashes``; ``oph`` returns the (n, k) uint32 signatures of
-    ``_oph_rows`` (``EMPTY`` rows for texts without shingles) and the (n,) bool "has shingles".
+    ``_oph_rows`` (``EMPTY`` rows for texts without shingles) and the (n,) bool "has shingles", written into
+    ``out`` (two such arrays) when given; ``band_keys`` returns :func:`band_keys` of uint32 signatures.
     """
     try:
         import numba
@@ -638,21 +701,27 @@ def _compiled() -> _Kernels | None:
         return None
     jit = numba.njit(cache=True, nogil=True)
     module = globals()
-    for name in ("_k_fmix64", "_k_cp", "_k_doc_shingles", "_k_shingles", "_k_oph"):
+    for name in ("_k_fmix64", "_k_units", "_k_doc_shingles", "_k_longest", "_k_shingles", "_k_oph",
+                 "_k_band_keys"):
         if not isinstance(module[name], numba.core.registry.CPUDispatcher):
             module[name] = jit(module[name])
-    shingles_kernel, oph_kernel = module["_k_shingles"], module["_k_oph"]
+    shingles_kernel, oph_kernel, band_kernel = module["_k_shingles"], module["_k_oph"], module["_k_band_keys"]
 
     def shingles(texts, by_chars, size):
         cps, starts, table, mapped = _kernel_input(texts)
         return shingles_kernel(cps, starts, bool(by_chars), size, _ngram_top(size), table, mapped)
 
-    def oph(texts, by_chars, size, k, seed):
-        cps, starts, table, mapped = _kernel_input(texts)
-        return oph_kernel(cps, starts, bool(by_chars), size, _ngram_top(size), _oph_seed(seed), oph_probes(k, seed),
-                          table, mapped)
+    def oph(texts, by_chars, size, k, seed, lens=None, out=None):
+        cps, starts, table, mapped = _kernel_input(texts, lens)
+        sig, has = out if out is not None else (np.empty((len(texts), k), np.uint32), np.empty(len(texts), bool))
+        oph_kernel(cps, starts, bool(by_chars), size, _ngram_top(size), _oph_seed(seed), oph_probes(k, seed),
+                   table, mapped, sig, has)
+        return sig, has
 
-    return _Kernels(shingles, oph)
+    def band_keys(sigs, bands, rows):
+        return band_kernel(sigs, bands, rows)
+
+    return _Kernels(shingles, oph, band_keys)
 
 
 def _kernels() -> _Kernels | None:
@@ -684,24 +753,37 @@ def signatures(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: MinHa
     flags = _as_flags(by_chars, n)
     oph = cfg.family == "oph"
     coef = None if oph else _coefficients(*permutations(cfg.num_perm, cfg.seed))
-    sigs = np.full((n, cfg.num_perm), EMPTY, dtype=np.uint32)
+    kernels = _kernels() if oph else None
+    # The kernel writes every row it is given (EMPTY rows for texts without shingles); the numpy path only those
+    # with shingles.
+    sigs = np.full((n, cfg.num_perm), EMPTY, dtype=np.uint32) if kernels is None else \
+        np.empty((n, cfg.num_perm), dtype=np.uint32)
     has = np.zeros(n, dtype=bool)
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    through = np.cumsum(lens)  # characters of texts 0..i
+    sliceable = isinstance(texts, (list, tuple))
     start = reported = 0
     while start < n:
-        end, chars = start, 0
-        while end < n and (end == start or chars < _CHUNK_CHARS):
-            chars += len(texts[end])
-            end += 1
+        # The chunk runs to the first text that brings it to _CHUNK_CHARS characters (at least one text).
+        before = int(through[start - 1]) if start else 0
+        end = min(max(int(np.searchsorted(through, before + _CHUNK_CHARS, side="left")) + 1, start + 1), n)
+        chunk = flags[start:end]
         for mode in (False, True):
-            idx = np.flatnonzero(flags[start:end] == mode) + start
-            if not len(idx):
+            sel = chunk == mode
+            if not sel.any():
                 continue
-            kernels = _kernels() if oph else None
+            whole = bool(sel.all())
+            idx = np.arange(start, end) if whole else np.flatnonzero(sel) + start
+            batch = texts[start:end] if whole and sliceable else [texts[i] for i in idx]
             if kernels is not None:
-                rows, ok = kernels.oph([texts[i] for i in idx], mode, cfg.shingle_size, cfg.num_perm, cfg.seed)
-                sigs[idx], has[idx] = rows, ok
+                if whole:  # the kernel writes straight into the result
+                    kernels.oph(batch, mode, cfg.shingle_size, cfg.num_perm, cfg.seed, lens[start:end],
+                                (sigs[start:end], has[start:end]))
+                else:
+                    sigs[idx], has[idx] = kernels.oph(batch, mode, cfg.shingle_size, cfg.num_perm, cfg.seed,
+                                                      lens[idx])
                 continue
-            hashes, counts = _batch_shingle_hashes([texts[i] for i in idx], cfg.shingle_size, mode)
+            hashes, counts = _batch_shingle_hashes(batch, cfg.shingle_size, mode)
             nonempty = counts > 0
             if hashes.size:
                 rows = idx[nonempty]
@@ -726,12 +808,16 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
 
     Two documents agree on a band key exactly when they agree on the band's rows (up to 64-bit hash collisions).
     The band index is mixed in, so equal rows in different bands give different keys. Pairs of uint32 rows are
-    packed losslessly into uint64 words and chained through XXH64's avalanche.
+    packed losslessly into uint64 words and chained through XXH64's avalanche (row by row in a compiled kernel
+    for uint32 signatures when numba is used, else vectorised in numpy; the same keys bit for bit).
     Raises ValueError when the signatures have fewer than ``bands * rows`` columns.
     """
     sigs = np.asarray(sigs)
     if sigs.ndim != 2 or sigs.shape[1] < bands * rows:
         raise ValueError(f"signatures of shape {sigs.shape} have fewer than bands*rows = {bands * rows} columns")
+    kernels = _kernels()
+    if kernels is not None and sigs.dtype == np.uint32:
+        return kernels.band_keys(sigs, bands, rows)
     n = sigs.shape[0]
     vals = sigs[:, :bands * rows].astype(np.uint64).reshape(n, bands, rows)
     if rows % 2:

@@ -14,7 +14,9 @@ Steps and shapes (``n`` documents at dense positions ``0..n-1`` in corpus order,
    bucket of L documents yields at most ``max_links·L`` pairs instead of L(L−1)/2; buckets of up to
    ``max_links + 1`` members are complete. Leader clustering compares a document with earlier documents, which the
    first members of its buckets are.
-2. :func:`jaccard_hashes` on each pair's sorted shingle hashes; pairs at or above ``jaccard_threshold`` are verified.
+2. :func:`shingle_sets` of the candidate documents (sorted unique shingle hashes, back to back) and
+   :func:`verify_sets`: the exact Jaccard of each pair's two sets (a compiled merge, equal to
+   :func:`tasks.corpus.minhash.jaccard_hashes`); pairs at or above ``jaccard_threshold`` are verified.
 3. :func:`leaders`: in corpus order, a document is removed when it is verified against an earlier document that is
    kept; chains (A~B~C with A far from C) never remove C on B's account.
 4. :func:`family_roots`: connected components of the verified pairs, each rooted at its first member in corpus order,
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import duckdb
 import numba
@@ -33,14 +36,15 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.corpus.config import MinHashConfig
-from tasks.corpus.minhash import band_keys, jaccard_hashes, shingle_hash_sets, signatures
+from tasks.corpus.minhash import band_keys, shingle_hash_table, signatures
 
 log = logging.getLogger(__name__)
 
 MAX_LINKS = 32
 
-__all__ = ["MAX_LINKS", "NearDuplicates", "candidate_pairs", "family_roots", "group_labels", "iter_leaders",
-           "leaders", "near_duplicates", "verify", "cluster_pairs"]
+__all__ = ["MAX_LINKS", "NearDuplicates", "ShingleSets", "candidate_pairs", "cluster_pairs", "cluster_verified",
+           "family_roots", "group_labels", "iter_leaders", "leaders", "near_duplicates", "shingle_sets", "verify",
+           "verify_sets"]
 
 
 def candidate_pairs(con: duckdb.DuckDBPyConnection, keys: str, bands: int, out: str,
@@ -72,15 +76,83 @@ def verify(pairs: np.ndarray, similarity: Callable[[int, int], float],
            threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """Exact similarity of each candidate pair; returns the verified pairs ``(m, 2)`` int64 and their similarities.
 
-    ``similarity(i, j)`` is the exact Jaccard of two documents' shingle sets (:func:`jaccard_hashes` on sorted
-    shingle hashes in the build). Similarities stay in numpy (one float per pair): a dict of tuples would cost ~200
-    bytes a pair at crawl scale.
+    ``similarity(i, j)`` is the exact Jaccard of two documents' shingle sets (any callable; the build and
+    :func:`near_duplicates` call :func:`verify_sets` on shingle-hash sets instead). Similarities stay in numpy (one
+    float per pair): a dict of tuples would cost ~200 bytes a pair at crawl scale.
     """
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     sims = np.fromiter((similarity(i, j) for i, j in pairs.tolist()),
                        dtype=np.float64, count=len(pairs))
     ok = sims >= threshold
     return pairs[ok], sims[ok]
+
+
+class ShingleSets(NamedTuple):
+    """Sorted unique shingle hashes (:func:`tasks.corpus.minhash.shingle_hashes`) of documents by corpus position:
+    document ``pos[k]`` has ``hashes[starts[k]:starts[k + 1]]``. ``pos`` (m,) int64 ascending, ``starts`` (m + 1,)
+    int64, ``hashes`` uint64: the arrays the build's shingle pass writes per shard."""
+
+    pos: np.ndarray
+    starts: np.ndarray
+    hashes: np.ndarray
+
+
+def shingle_sets(texts: Sequence[str], pos: np.ndarray, size: int, by_chars: bool | Sequence[bool]) -> ShingleSets:
+    """The shingle sets of ``texts``, the documents at positions ``pos`` (ascending)."""
+    starts, hashes = shingle_hash_table(texts, size, by_chars)
+    return ShingleSets(np.asarray(pos, dtype=np.int64), starts, hashes)
+
+
+def verify_sets(pairs: np.ndarray, left: ShingleSets, right: ShingleSets,
+                threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`verify` with the exact Jaccard of ``i``'s shingle set in ``left`` and ``j``'s in ``right`` (which may
+    be the same): a compiled merge of the two sorted hash runs per pair, equal to
+    :func:`tasks.corpus.minhash.jaccard_hashes` bit for bit. Returns the verified pairs ``(m, 2)`` int64 and their
+    similarities, in the order of ``pairs``.
+
+    Raises:
+        KeyError: a pair's document has no set in ``left`` (``i``) or ``right`` (``j``).
+    """
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    at_i, at_j = _rank(left.pos, pairs[:, 0]), _rank(right.pos, pairs[:, 1])
+    sims = _jaccard_runs(at_i, left.starts, left.hashes, at_j, right.starts, right.hashes)
+    ok = sims >= threshold
+    return pairs[ok], sims[ok]
+
+
+def _rank(pos: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    at = np.searchsorted(pos, wanted)
+    bad = (at >= len(pos)) | (pos[np.minimum(at, len(pos) - 1)] != wanted) if len(pos) else np.ones(len(wanted), bool)
+    if len(wanted) and bad.any():
+        raise KeyError(f"no shingle set for position {int(wanted[np.argmax(bad)])}")
+    return at.astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _jaccard_runs(at_i: np.ndarray, starts_i: np.ndarray, hashes_i: np.ndarray, at_j: np.ndarray,
+                  starts_j: np.ndarray, hashes_j: np.ndarray) -> np.ndarray:
+    """|A ∩ B| / |A ∪ B| of sorted unique runs, pair by pair; 0 when both are empty (as jaccard_hashes)."""
+    sims = np.empty(len(at_i), dtype=np.float64)
+    for p in range(len(at_i)):
+        a, a_end = starts_i[at_i[p]], starts_i[at_i[p] + 1]
+        b, b_end = starts_j[at_j[p]], starts_j[at_j[p] + 1]
+        size_a, size_b = a_end - a, b_end - b
+        if size_a == 0 and size_b == 0:
+            sims[p] = 0.0
+            continue
+        inter = 0
+        while a < a_end and b < b_end:
+            x, y = hashes_i[a], hashes_j[b]
+            if x == y:
+                inter += 1
+                a += 1
+                b += 1
+            elif x < y:
+                a += 1
+            else:
+                b += 1
+        sims[p] = inter / (size_a + size_b - inter)
+    return sims
 
 
 def iter_leaders(batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int
@@ -224,19 +296,27 @@ def near_duplicates(texts: Sequence[str], by_chars: bool | Sequence[bool], cfg: 
         n_pairs = candidate_pairs(con, "valid_keys", cfg.bands, "pairs")
         pairs = con.execute("SELECT i, j FROM pairs ORDER BY i, j").fetchnumpy()
     pairs = np.stack([pairs["i"], pairs["j"]], axis=1).astype(np.int64) if n_pairs else np.zeros((0, 2), np.int64)
-    docs = np.unique(pairs).tolist()
-    sets = dict(zip(docs, shingle_hash_sets([texts[i] for i in docs], cfg.shingle_size, flags[docs])))
-    found = cluster_pairs(n, pairs, lambda i, j: jaccard_hashes(sets[i], sets[j]), cfg.jaccard_threshold)
+    docs = np.unique(pairs)
+    sets = shingle_sets([texts[i] for i in docs.tolist()], docs, cfg.shingle_size, flags[docs])
+    verified, sims = verify_sets(pairs, sets, sets, cfg.jaccard_threshold)
+    found = cluster_verified(n, len(pairs), verified, sims)
     _warn_removal_share(found, labels // 2, groups, cfg.max_removal_share)
     return found
 
 
 def cluster_pairs(n: int, pairs: np.ndarray, similarity: Callable[[int, int], float],
                   threshold: float) -> NearDuplicates:
-    """Steps 2–4 over ``n`` documents and their candidate ``pairs`` ((m, 2), i < j): :func:`verify`, :func:`leaders`
-    and :func:`family_roots`, in memory."""
+    """Steps 2–4 over ``n`` documents and their candidate ``pairs`` ((m, 2), i < j) with any ``similarity``:
+    :func:`verify`, then :func:`cluster_verified`."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     verified, sims = verify(pairs, similarity, threshold)
+    return cluster_verified(n, len(pairs), verified, sims)
+
+
+def cluster_verified(n: int, num_candidates: int, verified: np.ndarray, sims: np.ndarray) -> NearDuplicates:
+    """Steps 3–4 in memory over ``n`` documents, of whose ``num_candidates`` candidate pairs ``verified`` ((m, 2),
+    i < j) reached the threshold with similarities ``sims``: :func:`leaders` and :func:`family_roots`."""
+    verified = np.asarray(verified, dtype=np.int64).reshape(-1, 2)
     order = np.lexsort((verified[:, 0], verified[:, 1]))
     removed, leader, sim = leaders([(verified[order, 0], verified[order, 1], sims[order])], n)
     rep, to_rep = list(range(n)), [1.0] * n
@@ -244,8 +324,8 @@ def cluster_pairs(n: int, pairs: np.ndarray, similarity: Callable[[int, int], fl
         rep[j], to_rep[j] = i, s
     family = family_roots([(verified[:, 0], verified[:, 1])], n).astype(np.int64)
     sizes = np.bincount(np.asarray(rep, dtype=np.int64), minlength=n) if n else np.zeros(1, np.int64)
-    return NearDuplicates(rep, to_rep, len(pairs), len(verified), int((sizes > 1).sum()), int(max(sizes.max(), 1)),
-                          family.tolist())
+    return NearDuplicates(rep, to_rep, num_candidates, len(verified), int((sizes > 1).sum()),
+                          int(max(sizes.max(), 1)), family.tolist())
 
 
 def _warn_removal_share(found: NearDuplicates, labels: np.ndarray, groups, limit: float) -> None:

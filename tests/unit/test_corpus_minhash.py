@@ -13,8 +13,8 @@ from tasks.corpus import minhash
 from tasks.corpus.config import MinHashConfig
 from tasks.corpus.minhash import (EMPTY, MERSENNE_P, band_keys, jaccard, jaccard_hashes,
                                   lsh_candidate_probability, lsh_threshold,
-                                  oph_probes, permutations, s_curve, shingle_hash_sets, shingle_hashes, shingles,
-                                  signatures)
+                                  oph_probes, permutations, s_curve, shingle_hash_sets, shingle_hash_table,
+                                  shingle_hashes, shingles, signatures)
 
 # docs/methods.md §7: bands, rows, threshold (2 d.p.), P at s = 0.5, 0.6, 0.7, 0.8, 0.9 (3 d.p.)
 S_CURVE_TABLE = [
@@ -271,6 +271,32 @@ def test_band_keys_agree_exactly_when_the_band_rows_do():
     assert keys[3, 0] != keys[3, 1]  # same rows in another band: another key
     with pytest.raises(ValueError, match="bands\\*rows"):
         band_keys(sigs, bands=3, rows=3)
+
+
+@pytest.mark.parametrize("bands, rows", [(14, 8), (8, 7), (3, 1), (1, 5)])
+def test_compiled_band_keys_match_the_numpy_reference_bit_for_bit(monkeypatch, bands, rows):
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(2)
+    sigs = rng.integers(0, 2**32, size=(300, bands * rows + 3), dtype=np.uint32)
+    sigs[:5] = EMPTY
+    monkeypatch.setattr(minhash, "USE_NUMBA", True)
+    fast = band_keys(sigs, bands, rows)
+    monkeypatch.setattr(minhash, "USE_NUMBA", False)
+    ref = band_keys(sigs, bands, rows)
+    assert fast.dtype == ref.dtype == np.uint64 and fast.shape == (300, bands)
+    np.testing.assert_array_equal(fast, ref)
+    np.testing.assert_array_equal(band_keys(sigs.astype(np.int64), bands, rows), ref)  # another dtype: numpy path
+
+
+def test_shingle_hash_table_holds_each_texts_set_in_text_order():
+    rng = random.Random(6)
+    texts = ["", "中文文本没有空格", "a b c d e f g", "   "] + [_messy_text(rng) for _ in range(30)]
+    for flags in (False, True, [i % 3 == 1 for i in range(len(texts))]):
+        starts, table = shingle_hash_table(texts, 3, flags)
+        assert starts.dtype == np.int64 and table.dtype == np.uint64 and starts[0] == 0 and starts[-1] == len(table)
+        one = [flags] * len(texts) if isinstance(flags, bool) else flags
+        for k, (text, flag) in enumerate(zip(texts, one)):
+            np.testing.assert_array_equal(table[starts[k]:starts[k + 1]], shingle_hashes(text, 3, flag))
 
 
 @pytest.mark.parametrize("kwargs", [dict(bands=16, rows=8, num_perm=112), dict(jaccard_threshold=0.0),

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from tasks.corpus.config import MinHashConfig
-from tasks.corpus.minhash import EMPTY, band_keys, jaccard, shingles, signatures
-from tasks.corpus.near_dedup import MAX_LINKS, candidate_pairs, family_roots, iter_leaders, leaders, near_duplicates
+from tasks.corpus.minhash import EMPTY, band_keys, jaccard, jaccard_hashes, shingle_hash_sets, shingles, signatures
+from tasks.corpus.near_dedup import (MAX_LINKS, candidate_pairs, family_roots, iter_leaders, leaders, near_duplicates,
+                                     shingle_sets, verify, verify_sets)
 
 FAMILIES = ["oph", "universal"]
 
@@ -199,3 +200,60 @@ def test_iter_leaders_streams_the_same_decisions_as_one_batch():
     assert len(whole[0]) > 50
 
 
+
+
+def _reference_pairs(keys: np.ndarray, valid: np.ndarray, groups: np.ndarray, max_links: int) -> set:
+    """Candidate pairs by their definition: per band, each bucket's members in corpus order, each paired with the
+    bucket's first ``max_links`` members."""
+    pairs = set()
+    for band in range(keys.shape[1]):
+        buckets: dict = {}
+        for pos in np.flatnonzero(valid).tolist():
+            buckets.setdefault((int(groups[pos]), int(keys[pos, band])), []).append(pos)
+        for members in buckets.values():
+            for rank, j in enumerate(members):
+                pairs.update((i, j) for i in members[:min(rank, max_links)])
+    return pairs
+
+
+@pytest.mark.parametrize("max_links", [1, 3, MAX_LINKS])
+def test_candidate_pairs_equal_their_definition_on_crowded_buckets(max_links):
+    rng = np.random.default_rng(5)
+    n, bands = 400, 4
+    keys = rng.integers(0, [30, 60, 200, 2**63], size=(n, bands), dtype=np.uint64)  # buckets of every size
+    keys[:, 3] = np.where(rng.random(n) < 0.5, keys[:, 3], 7)  # one bucket of about 200 members
+    valid = rng.random(n) < 0.9
+    groups = rng.integers(0, 3, n)
+    got = _pairs(keys, valid, groups, max_links=max_links)
+    assert {tuple(p) for p in got.tolist()} == _reference_pairs(keys, valid, groups, max_links)
+    assert len(got) == len({tuple(p) for p in got.tolist()})  # unique
+    no_hits = np.arange(n * bands, dtype=np.uint64).reshape(n, bands)
+    assert _pairs(no_hits, valid, groups).shape == (0, 2)
+
+
+def test_verify_sets_equals_jaccard_hashes_and_names_a_missing_document():
+    rng = random.Random(12)
+    texts = ["", "one two", "中文文本"] + [" ".join(rng.choice(["a", "b", "c", "d", "e", "f"])
+                                                   for _ in range(rng.randint(0, 60))) for _ in range(60)]
+    texts += [texts[5], texts[6] + " g"]
+    flags = [i == 2 for i in range(len(texts))]
+    pos = np.arange(10, 10 + len(texts), dtype=np.int64)  # positions need not start at 0
+    sets = shingle_sets(texts, pos, 3, flags)
+    assert sets.starts[0] == 0 and sets.starts[-1] == len(sets.hashes) and len(sets.starts) == len(texts) + 1
+    hashes = shingle_hash_sets(texts, 3, flags)
+    for k, h in enumerate(hashes):
+        np.testing.assert_array_equal(sets.hashes[sets.starts[k]:sets.starts[k + 1]], h)
+    pairs = np.array([(a, b) for a in range(len(texts)) for b in range(a + 1, len(texts))], dtype=np.int64) + 10
+    for threshold in (0.0, 0.5, 0.8, 1.0):
+        got, got_sims = verify_sets(pairs, sets, sets, threshold)
+        want, want_sims = verify(pairs, lambda i, j: jaccard_hashes(hashes[i - 10], hashes[j - 10]), threshold)
+        np.testing.assert_array_equal(got, want)
+        assert got_sims.tolist() == want_sims.tolist()  # bit for bit
+    left = shingle_sets(texts[:5], pos[:5], 3, flags[:5])
+    got, _ = verify_sets(pairs[:4], left, sets, 0.0)  # i from one table, j from another
+    np.testing.assert_array_equal(got, verify(pairs[:4], lambda i, j: jaccard_hashes(hashes[i - 10],
+                                                                                         hashes[j - 10]), 0.0)[0])
+    with pytest.raises(KeyError, match="position 9"):
+        verify_sets(np.array([[9, 11]]), sets, sets, 0.5)
+    empty = verify_sets(np.zeros((0, 2), np.int64), sets, sets, 0.5)
+    assert empty[0].shape == (0, 2) and empty[1].shape == (0,)

@@ -1,6 +1,8 @@
 """The synthetic crawl of the corpus scale benchmark (benchmarks/crawl.py) and a tiny run of the benchmark itself."""
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,6 +59,65 @@ def test_same_seed_same_crawl_other_seed_other_crawl(pool, generated, tmp_path):
     pd.testing.assert_frame_equal(first, second)
     assert again["content_bytes"] == generated[1]["content_bytes"]
     assert (first.content != third.content).mean() > 0.9
+
+
+_GENERATE = """
+import json, sys
+from pathlib import Path
+sys.path.append(sys.argv[1])
+from benchmarks import crawl
+snapshot = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+pool = crawl.load_pool("fixtures", snapshot_dir=snapshot)
+crawl.generate(crawl.CrawlSpec(docs=300, seed=5, batch_rows=128, verify_pairs=10), pool, Path(sys.argv[2]))
+print(json.dumps({"digest": pool.digest, "origin": pool.origin}))
+"""
+
+
+def _generate_in_a_process(out: Path, hash_seed: str, snapshot: Path | None = None) -> dict:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    args = [sys.executable, "-c", _GENERATE, str(ROOT), str(out)] + ([str(snapshot)] if snapshot else [])
+    proc = subprocess.run(args, env=env, cwd=out.parent, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _crawl_bytes(out: Path) -> dict[str, bytes]:
+    """Every file of a crawl but its report (which holds timings), by name."""
+    return {str(f.relative_to(out)): f.read_bytes() for f in sorted(out.rglob("*.parquet"))}
+
+
+def test_pool_digest_and_crawl_bytes_are_the_same_in_separate_processes(tmp_path):
+    """Two interpreters with different str hash seeds (set iteration order, dict-of-set orders) make the same
+    text pool and write the same crawl, byte for byte: a crawl folder is reusable from any process."""
+    first = _generate_in_a_process(tmp_path / "a", "1")
+    second = _generate_in_a_process(tmp_path / "b", "2")
+    assert first == second and first["origin"] == "fixtures"
+    assert first["digest"] == crawl.load_pool("fixtures").digest  # and the same in this process
+    a, b = _crawl_bytes(tmp_path / "a"), _crawl_bytes(tmp_path / "b")
+    assert len(a) >= 2 and a == b
+    report = json.loads((tmp_path / "a" / "crawl.json").read_text())
+    assert report["pool_digest"] == first["digest"]
+
+
+def test_a_text_snapshot_makes_the_pool_independent_of_the_sources(tmp_path, monkeypatch):
+    snapshot = tmp_path / "crawls"
+    made = crawl.load_pool("fixtures", snapshot_dir=snapshot)
+    assert (snapshot / "text-fixtures.parquet").is_file()
+    assert made.digest == crawl.load_pool("fixtures").digest  # the snapshot holds the text the sources give
+
+    def no_sources(*args, **kwargs):
+        raise AssertionError("the sources were read again")
+
+    monkeypatch.setattr(crawl, "real_documents", no_sources)
+    again = crawl.load_pool("fixtures", snapshot_dir=snapshot)
+    assert again.digest == made.digest and again.origin == "fixtures"
+    assert crawl.load_pool("auto", tmp_path / "no-runs", snapshot_dir=snapshot).digest == made.digest
+    # Another process (another hash seed) reads the same snapshot and writes the same crawl.
+    monkeypatch.undo()
+    first = _generate_in_a_process(tmp_path / "a", "3", snapshot)
+    second = _generate_in_a_process(tmp_path / "b", "4", snapshot)
+    assert first["digest"] == second["digest"] == made.digest
+    assert _crawl_bytes(tmp_path / "a") == _crawl_bytes(tmp_path / "b")
 
 
 def test_writes_the_declared_counts_in_the_build_schema(generated):
