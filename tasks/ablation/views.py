@@ -52,7 +52,7 @@ def summary(ctx: SummaryContext) -> list[Any]:
     if not record.get("requested"):
         return []
     table = pd.read_parquet(ctx.path / "ablation.parquet")
-    out: list[Any] = [f"[bold]Quality ablation[/] (Δ = without − with the classifier; > 0: it helped): "
+    out: list[Any] = ["[bold]Quality ablation[/] (Δ = without − with the classifier; > 0: it helped): "
                       + _headline(record)]
     for r in table.itertuples():
         trained = "" if r.in_training else " (not in the proxy's training mixture)"

@@ -55,7 +55,7 @@ def candidate_pairs(con: duckdb.DuckDBPyConnection, keys: str, bands: int, out: 
     ``band_{bands-1}`` (UBIGINT, :func:`tasks.corpus.minhash.band_keys`). Each band is one grouped self-join, so
     DuckDB bounds memory by its ``memory_limit`` and spills to its ``temp_directory``. Returns the pair count.
     """
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _pairs_raw (i BIGINT, j BIGINT)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _pairs_raw (i BIGINT, j BIGINT)")
     for band in range(bands):
         con.execute(f"""
             INSERT INTO _pairs_raw

@@ -333,7 +333,6 @@ def test_audit_command_writes_reports_tables_and_mlflow_runs(smoke_runs):
 def test_quality_classifier_is_trained_scored_audited_and_recorded(smoke_runs):
     import json
 
-    import pandas as pd
 
     runs = smoke_runs["runs"]
     (qm_dir,) = (runs / "artifacts" / "quality_model").iterdir()

@@ -1,6 +1,5 @@
 """Near-duplicate detection (docs/methods.md §7) against its reference table and brute-force oracles."""
 
-import logging
 import warnings
 import random
 

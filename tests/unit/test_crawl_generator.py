@@ -54,7 +54,7 @@ def _jaccard(a: pd.Series, b: pd.Series, nd) -> float:
 def test_same_seed_same_crawl_other_seed_other_crawl(pool, generated, tmp_path):
     out, _ = generated
     again = crawl.generate(SPEC, pool, tmp_path / "again")
-    other = crawl.generate(crawl.CrawlSpec(**{**SPEC.__dict__, "seed": 4}), pool, tmp_path / "other")
+    crawl.generate(crawl.CrawlSpec(**{**SPEC.__dict__, "seed": 4}), pool, tmp_path / "other")
     first, second, third = _docs(out), _docs(tmp_path / "again"), _docs(tmp_path / "other")
     pd.testing.assert_frame_equal(first, second)
     assert again["content_bytes"] == generated[1]["content_bytes"]

@@ -2,6 +2,7 @@
 streamed text never splits a character, and greedy output matches transformers' on the exported model."""
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -251,7 +252,7 @@ def trained(tmp_path_factory):
             "final_loss": result.metrics[-1]["loss_nats"]}
 
 
-def _pretrain(*args: str, cwd) -> "subprocess.CompletedProcess":
+def _pretrain(*args: str, cwd) -> subprocess.CompletedProcess:
     import subprocess
     import sys
     from pathlib import Path

@@ -23,7 +23,7 @@ from flows.publish import PublishTarget
 from infra.artifacts import Artifact, ArtifactStore
 from infra.errors import GateError
 from infra.runs import RunsLayout
-from infra.stage import StageContext, SummaryContext
+from infra.stage import StageContext
 from infra.tracking import Tracker
 from infra.warehouse import Warehouse
 

@@ -19,7 +19,7 @@ import pytest
 
 from flows.config import parse_config
 from flows.status import stage_statuses
-from infra.artifacts import ArtifactStore, canonical_json, code_version
+from infra.artifacts import ArtifactStore, canonical_json
 from infra.errors import ConfigError, SourceError
 from infra.runs import RunsLayout
 from infra.stage import StageContext

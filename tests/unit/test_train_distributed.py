@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 
 from infra.errors import CheckpointError, ConfigError, DataError
-from tasks.train.checkpoint import Checkpointer, latest_checkpoint, load_model, verify_checkpoint
+from tasks.train.checkpoint import Checkpointer, load_model, verify_checkpoint
 from tasks.train.parallel import check_layout, parallelize, rank_rows
 from tests.unit import distributed_run
 

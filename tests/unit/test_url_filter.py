@@ -344,7 +344,6 @@ def test_a_url_field_that_no_record_has_is_an_error_naming_the_source_the_field_
 
 
 def test_url_field_values_that_are_not_urls_are_read_as_no_url_counted_and_logged(tmp_path, caplog):
-    from types import SimpleNamespace
 
     from infra.stage import StageContext
     from tasks.sources.stage import run as run_sources
