@@ -185,11 +185,15 @@ def test_corpus_and_tokenizer_on_a_ray_cluster_match_the_local_engine(ray_cluste
     for name in [*shard_files, Path("shards.parquet"), Path("tokenizer.json")]:
         assert (tokenizer / name).read_bytes() == (ray_tokenizer / name).read_bytes(), name
 
-    corpus_calls, encode_calls = _calls(ray_corpus), _calls(ray_tokenizer)
+    corpus_calls, tokenizer_calls = _calls(ray_corpus), _calls(ray_tokenizer)
+    encode_calls = tokenizer_calls[tokenizer_calls["label"] == "tokenizer-encode"]
     n_shards = json.loads((ray_corpus / "meta.json").read_text())["summary"]["shards"]
     assert n_shards >= 4 and (corpus_calls["label"] == "corpus-filter").sum() == n_shards  # one call per shard
     assert corpus_calls["label"].str.startswith("corpus-").all()
-    assert set(encode_calls["label"]) == {"tokenizer-encode"}
+    # Decontamination indexes and looks up the kept parts on the cluster as well: a call per part for each.
+    assert set(tokenizer_calls["label"]) == {"tokenizer-heldout-index", "tokenizer-heldout-lookup", "tokenizer-encode"}
+    n_index = (tokenizer_calls["label"] == "tokenizer-heldout-index").sum()
+    assert n_index == (tokenizer_calls["label"] == "tokenizer-heldout-lookup").sum() == len(kept_files(ray_corpus))
     headers = pd.read_parquet(ray_tokenizer / "shards.parquet")
     assert len(encode_calls) == sum(-(-n // 16) for n in headers["n_docs"]) > len(headers)  # parts of 16 docs
     # Both nodes ran shard work.
