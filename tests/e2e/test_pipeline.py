@@ -175,22 +175,34 @@ def test_eval_reproduces_the_main_run_scores_and_gate_show_prints_the_table(smok
     assert sorted(overall) == ["per_byte", "per_token", "sum"] and {r["items"] for r in overall.values()} == {72}
     shown = json.loads(_pretrain("gate", "show", "configs/smoke.toml", "--json", runs=runs).stdout)
     assert len(shown["gates"]) == 1 and len(shown["decisions"]) == 4
-    assert all(row["decision"] in {"pass", "fail", "undetermined"} for row in shown["decisions"])
     assert all(row["domain_loss_reduction_nats_ci_low"] <= row["domain_loss_reduction_nats"]
                <= row["domain_loss_reduction_nats_ci_high"] for row in shown["decisions"])
+    # The smoke run's verdicts are fixed, and none rests on a bound near its threshold. Its domain held-out split
+    # holds 2 documents ([tokenizer] min_heldout_docs = 2), under the 5 a loss verdict needs (evals.stats.MIN_UNITS),
+    # so domain_gain is undetermined for every candidate whatever the seeded losses come to. Every candidate's
+    # general loss rise is at most +0.012 nats at its interval's top (-0.045 to +0.012 observed), about 0.09 under
+    # the 0.10 threshold, so general_forgetting passes. None passes and all are undetermined: the base is kept.
+    rows = {row["candidate"]: row for row in shown["decisions"]}
+    assert sorted(rows) == ["replay0.1_lr0.001", "replay0.1_lr0.003", "replay0.3_lr0.001", "replay0.3_lr0.003"]
+    for name, row in rows.items():
+        assert (row["status_domain_gain"], row["status_general_forgetting"], row["decision"], row["kept"]) == (
+            "undetermined", "pass", "undetermined", False), name
+        assert (row["domain_loss_reduction_nats_docs"], row["units_domain_gain"]) == (2, 2), name
+        assert row["reason_domain_gain"].startswith("needs >= 5 documents, has 2: "), name
+        assert row["reason_general_forgetting"] == "", name
     text = _pretrain("gate", "show", "configs/smoke.toml", runs=runs).stdout
-    kept = [row["candidate"] for row in shown["decisions"] if row["kept"]]
-    assert "Decisions under gate" in text and ("(kept)" in text) == bool(kept)
-    # A loss interval over fewer than 2 held-out documents decides nothing, however many windows it has.
-    assert all(row["status_domain_gain"] == "undetermined" and not row["kept"] for row in shown["decisions"]
-               if row["domain_loss_reduction_nats_docs"] < 2)
-    # The verdict follows from the evidence: no pass/fail under its minimum of units or on a zero-width interval.
+    assert "Decisions under gate" in text and "(kept)" not in text
     (gate,) = [p.parent for p in (runs / "artifacts" / "gate").glob("*/decision.json")]
+    record = json.loads((gate / "decision.json").read_text())
+    assert (record["kept"], record["decision"]["choice"]) == ("base", "base")
+    assert (record["decision"]["verdict"], record["decision"]["fallback"]) == ("undetermined", "keep the base")
+    assert "held-out documents for domain_gain of replay" in record["decision"]["resolve"]
+    # The table agrees with itself: no pass/fail under its minimum of units or on a zero-width interval.
     with duckdb.connect(str(runs / "results.duckdb"), read_only=True) as con:
         table = con.execute("SELECT * FROM gate_decisions WHERE artifact_key = ? ORDER BY candidate",
                             [gate.name]).df()
     assert len(table) == 4
-    implied_verdict(table, json.loads((gate / "decision.json").read_text()), ROOT / "configs" / "smoke.toml")
+    assert implied_verdict(table, record, ROOT / "configs" / "smoke.toml") == "undetermined"
     # The CPT stage scores windows spread over the held-out documents: the general criterion rests on more
     # documents than the first eval_tokens of each split hold, with no more windows.
     from evals.heldout import heldout_windows, window_documents
