@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, pretrain, stage_status
+from gate_checks import implied_verdict
 
 pytestmark = pytest.mark.e2e
 
@@ -43,56 +44,6 @@ def _edited(tmp_path: Path, name: str, edits: dict[str, str]) -> Path:
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
     return path
-
-
-def _implied_verdict(table: pd.DataFrame, record: dict, config: Path) -> str:
-    """Check every gate row against the evidence it rests on and return the verdict the rows imply.
-
-    Each pass/fail rests on at least its minimum of independent units (``evals.stats.MIN_UNITS``: documents for
-    loss criteria, prompts or items otherwise, and the criterion's ``min_items``), on an interval of non-zero width
-    wholly on one side of the threshold, and has no shortfall reason; a criterion under its minimum is undetermined
-    and says why. A row's decision follows from its statuses, and the record's verdict and kept model from the rows
-    (docs/methods.md §14).
-    """
-    from evals.gate import LOSS_METRICS, SELECTIONS
-    from evals.stats import MIN_UNITS
-    from flows.config import load_config
-
-    gate = load_config(config).gate
-    for row in table.to_dict("records"):
-        statuses = []
-        for c in gate.criteria:
-            status, units, reason = row[f"status_{c.name}"], int(row[f"units_{c.name}"]), row[f"reason_{c.name}"]
-            minimum = MIN_UNITS["documents"] if c.metric in LOSS_METRICS else max(MIN_UNITS["items"], c.min_items)
-            low, high = row[f"{c.column}_ci_low"], row[f"{c.column}_ci_high"]
-            where = (row["candidate"], c.name, status, units, low, high, reason)
-            if c.metric in LOSS_METRICS:
-                assert units == row[f"{c.column}_docs"], where
-            if units < minimum:
-                assert status == "undetermined" and reason.startswith(f"needs >= {minimum} "), where
-                assert f"has {units}" in reason, where
-            if status in ("pass", "fail"):
-                assert units >= minimum and not reason and low < high, where
-                good_low, good_high = (low, high) if c.op == ">=" else (-high, -low)
-                threshold = c.threshold if c.op == ">=" else -c.threshold
-                assert (good_low >= threshold) if status == "pass" else (good_high < threshold), where
-            else:
-                assert status == "undetermined", where
-            statuses.append(status)
-        implied = ("pass" if all(s == "pass" for s in statuses) else "fail" if "fail" in statuses
-                   else "undetermined")
-        assert row["decision"] == implied, (row["candidate"], statuses, row["decision"])
-    passing = table[table["decision"] == "pass"]
-    if len(passing):
-        metric, largest = SELECTIONS[gate.select]
-        best = passing.loc[passing[metric].idxmax() if largest else passing[metric].idxmin(), "candidate"]
-        verdict, kept = "decided", best
-    else:  # nothing passes: the base is kept, decided only when every candidate failed
-        verdict = "undetermined" if (table["decision"] == "undetermined").any() else "decided"
-        kept = "base"
-    assert record["decision"]["verdict"] == verdict and record["kept"] == kept
-    assert table.loc[table["kept"], "candidate"].tolist() == ([] if kept == "base" else [kept])
-    return verdict
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +105,7 @@ def test_the_gate_judges_long_loss_retrieval_and_forgetting_and_the_export_keeps
         assert column in table.columns, column
     assert set(table["param_recipe"]) == {"pi", "abf", "none"}
     decision = json.loads((gate / "decision.json").read_text())
-    verdict = _implied_verdict(table, decision, ROOT / "configs" / "smoke_context.toml")
+    verdict = implied_verdict(table, decision, ROOT / "configs" / "smoke_context.toml")
     if verdict == "undetermined":  # what would resolve it is named
         assert decision["decision"]["fallback"] == "keep the base" and decision["decision"]["resolve"]
     assert "gate:" in context_runs["first"].stdout
