@@ -21,10 +21,14 @@ install: $(VENV)/.installed
 
 # torch is installed first and pinned: 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
+	@echo "install: a venv in $(VENV), then torch 2.13.0 (CPU build) and the platform's dependencies (5-10 min the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@echo "install: torch 2.13.0, CPU build (~200 MB download)"
 	$(PY) -m pip install --quiet torch==2.13.0
+	@echo "install: pretrain and its dependencies (Prefect, MLflow, DuckDB, transformers, Ray, ...)"
 	$(PY) -m pip install --quiet -e '.[test]'
+	@echo "install: done"
 	touch $@
 
 duckdb-cli: $(DUCKDB_CLI_VENV)/.installed-$(DUCKDB_CLI_VERSION)
