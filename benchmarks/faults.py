@@ -50,8 +50,8 @@ own process group; a kill is SIGKILL to the whole group and to every descendant 
 4. Documents lost, per source and per corpus build: documents in − kept − removed (corpus manifest), and the
    kept and removed ids against the ids read (the sources artifact).
 
-Content compared: every file of every artifact but ``NOT_CONTENT_FILES`` (meta.json, the marker, a checkpoint's
-checksums of the files beside them), parsed by kind (``file_digest``):
+Content compared: every file of every artifact but ``NOT_CONTENT_FILES`` (meta.json, the marker, the store's
+checksums of the outputs, a checkpoint's checksums of the files beside them), parsed by kind (``file_digest``):
 JSON without ``NOT_CONTENT`` keys (when, how long, which process or run, how a rerun got there), Parquet as the
 multiset of its rows without ``NOT_CONTENT`` columns, zip containers (``.npz``, ``.pt``, ``.skops``) by member
 contents, any other file by bytes; the runs folder's path is replaced by ``<runs>`` in text. Left out besides: the
@@ -114,11 +114,12 @@ NOT_CONTENT = re.compile(r"_(at|time|timestamp|datetime|date|wall|seconds|durati
                          r"^(timestamp|datetime|duration|run_id|marker_id|pid)$|^resumed_from|"
                          r"^(trained|reused|scored|cached)$|_(trained|reused)$|^(retries|optuna_number)$|"
                          r"^__id__$|^_stop_words_id$")
-# checksums.json: sha256 of the files beside it, compared themselves (a state.json holds the runs folder's path).
+# checksums.json: sha256 of the files beside it, compared themselves (a state.json holds the runs folder's path);
+# _CHECKSUMS.json likewise, of every output of the artifact.
 RECORD_KEYS = 256
 # ray_calls.jsonl: which node ran each shard call of a Ray engine (execution, not content; the processes engine
 # writes none).
-NOT_CONTENT_FILES = {"meta.json", "_COMPLETE", "checksums.json", "ray_calls.jsonl"}
+NOT_CONTENT_FILES = {"meta.json", "_COMPLETE", "_CHECKSUMS.json", "checksums.json", "ray_calls.jsonl"}
 # Values at these key paths of these files are not content either: the Python generator's state in a checkpoint
 # (training draws nothing from it, so the weights, compared, would show any draw; library threads of the run draw
 # from it at moments that differ between a resumed and an uninterrupted process).

@@ -4,7 +4,8 @@ An artifact is referenced when an active (not deleted) MLflow run of any experim
 ``artifact_key``, or when a registered model version's ``source`` lies inside it (the ``kept`` checkpoint of a
 gate decision, a registered CPT candidate). Deleting runs in the MLflow UI is how a user lets go of results; this
 then frees their space. Unfinished attempts (``.tmp-*`` folders) are removed too, unless younger than
-``min_age_s`` (a run may be writing them now).
+``min_age_s`` (a run may be writing them now), and artifacts a run moved aside because they failed their checksums
+(``.corrupt-*``, ``infra.artifacts.ArtifactStore.verify``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.artifacts import CORRUPT_PREFIX
 from infra.runs import RunsLayout
 
 TMP_MIN_AGE_S = 3600.0
@@ -67,6 +69,9 @@ def collect(layout: RunsLayout, *, min_age_s: float = TMP_MIN_AGE_S) -> GcPlan:
     now = time.time()
     for stage_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         for path in sorted(stage_dir.iterdir()):
+            if path.name.startswith(CORRUPT_PREFIX):  # moved aside by a run: never read again
+                plan.unfinished.append(path)
+                continue
             if path.name.startswith(".tmp-"):
                 if now - path.stat().st_mtime >= min_age_s:
                     plan.unfinished.append(path)

@@ -35,7 +35,7 @@ from flows.versions import moved_notices, write_record
 from flows.runlog import adopt_library_loggers, captured_unless_active
 from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
-from infra.shard_map import RAY_CALLS_FILE, shard_map_for
+from infra.shard_map import RAY_CALLS_FILE, one_connection, shard_map_for
 from infra.runs import RunsLayout
 from infra.stage import Stage, StageContext, scratch_folder
 from infra.threads import ThreadPolicy, thread_policy
@@ -119,7 +119,8 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
     )
     started = time.perf_counter()
     try:
-        summary = stage.run(ctx, env.cfg)
+        with one_connection():  # the stage's Ray passes share one connection
+            summary = stage.run(ctx, env.cfg)
         stage.validate(tmp, env.cfg)
     except BaseException as err:
         full = disk_full_error(err, tmp, name)  # before abort frees the space
@@ -172,7 +173,11 @@ def run_stage(stage: Stage, stage_key: StageKey, env: Env, upstream: dict[str, A
     # Prefect's cache key is the artifact key; a missing or refreshed artifact forces a recompute
     # (refresh_cache) so a cached result is never trusted without its directory.
     cache_token = f"{stage.name}-{key}"
-    must_run = stage.name in env.refresh or env.store.get(stage.name, key) is None
+    # A reused artifact is checked against its checksums first: a corrupt one is moved aside and recomputed.
+    found, corrupt = env.store.verify(stage.name, key) if stage.name not in env.refresh else (None, None)
+    if corrupt:
+        env.progress.say(f"{stage.name}: {corrupt}; computing it again")
+    must_run = stage.name in env.refresh or found is None
     prefect_task = execute_stage.with_options(
         name=f"stage-{stage.name}", refresh_cache=must_run, cache_key_fn=lambda _ctx, _params: cache_token)
     meta = {"config": config, "input_keys": input_keys, "code_version": version, "mlflow_run_id": run_id,

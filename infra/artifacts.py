@@ -4,6 +4,7 @@ Layout (docs/methods.md §13: "Artifacts, caching, lineage")::
 
     <runs>/artifacts/<stage>/<key>/
         ... outputs ...
+        _CHECKSUMS.json every output's size and xxh3-128 digest, checked before a later run reuses the artifact
         meta.json      stage, key, config, input keys, code version, timings, counts
         _COMPLETE      completion marker, written last; a directory without it does not exist
 
@@ -38,6 +39,53 @@ from infra.runs import ensure_folder
 
 MARKER = "_COMPLETE"
 META = "meta.json"
+CHECKSUMS = "_CHECKSUMS.json"
+CORRUPT_PREFIX = ".corrupt-"  # a quarantined artifact that failed its checksums: gc removes it
+_CHUNK = 8 << 20
+
+
+def file_digest(path: Path) -> str:
+    """xxh3-128 of a file's bytes as 32 hex digits, read in 8 MiB chunks (memory bounded by the chunk)."""
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_checksums(root: Path) -> dict[str, list]:
+    """``{relative posix path: [bytes, xxh3-128 hex]}`` of every file under ``root`` (the store's own bookkeeping
+    files excepted), sorted by path."""
+    root = Path(root)
+    own = {root / META, root / MARKER, root / CHECKSUMS}
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p not in own)
+    return {p.relative_to(root).as_posix(): [p.stat().st_size, file_digest(p)] for p in files}
+
+
+def checksum_mismatches(path: Path) -> list[str]:
+    """What in the artifact directory ``path`` differs from the checksums recorded when it was committed: one
+    description per missing file, changed size or changed digest; [] when all match or when the artifact records
+    none (written before checksums). Reads every recorded file once: seconds per GB at the disk's read rate."""
+    path = Path(path)
+    recorded_file = path / CHECKSUMS
+    if not recorded_file.is_file():
+        return []
+    try:
+        recorded = json.loads(recorded_file.read_text())
+    except (OSError, ValueError) as err:
+        return [f"{CHECKSUMS} unreadable ({err})"]
+    found = []
+    for name, (size, digest) in recorded.items():
+        file = path / name
+        if not file.is_file():
+            found.append(f"{name}: missing")
+        elif (actual := file.stat().st_size) != size:
+            found.append(f"{name}: {actual} bytes, committed with {size}")
+        elif file_digest(file) != digest:
+            found.append(f"{name}: content differs from its checksum (same size)")
+    return found
 
 
 def _key_value(obj: Any) -> Any:
@@ -271,6 +319,8 @@ class ArtifactStore:
         final = self.path(stage, key)
         meta = {**meta, "stage": stage, "key": key, "marker_id": uuid.uuid4().hex, "committed_at": time.time()}
         try:
+            # Before meta and marker: what a later run checks before it reuses the artifact (``verify``).
+            (tmp / CHECKSUMS).write_text(json.dumps(file_checksums(tmp), indent=0, sort_keys=True))
             (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
             (tmp / MARKER).write_text(meta["marker_id"])
             # fsyncs every output, then renames; an existing ``final`` is an unfinished earlier attempt (no marker)
@@ -285,6 +335,22 @@ class ArtifactStore:
 
     def abort(self, tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
+
+    def verify(self, stage: str, key: str) -> tuple[Artifact | None, str | None]:
+        """The completed artifact if its files match the checksums recorded at commit; otherwise the artifact is
+        moved aside (``<stage>/.corrupt-<key>-<id>``, never read again, removed by ``pretrain gc``) and
+        ``(None, why)`` is returned, ``why`` naming the first files that differ and where it went, so the caller
+        computes it afresh. ``(None, None)`` when there is no complete artifact."""
+        artifact = self.get(stage, key)
+        if artifact is None:
+            return None, None
+        bad = checksum_mismatches(artifact.path)
+        if not bad:
+            return artifact, None
+        aside = artifact.path.with_name(f"{CORRUPT_PREFIX}{key}-{uuid.uuid4().hex[:8]}")
+        artifact.path.rename(aside)
+        shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+        return None, f"artifact {key} fails its checksums ({shown}); moved to {aside}"
 
 
 # Below this many free bytes a failed write is taken as a full disk: libraries word ENOSPC differently (torch.save

@@ -27,10 +27,10 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +293,25 @@ def _call_on_node(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, 
     return result, where
 
 
+# Open connection scopes (``one_connection``), innermost last: True once a map inside it started Ray.
+_SCOPES: list[bool] = []
+
+
+@contextmanager
+def one_connection() -> Iterator[None]:
+    """Within the block, a Ray connection (or private ``"local"`` instance) that a Ray shard map starts is kept for
+    the maps after it and shut down when the block ends: a stage's passes share one connection instead of paying
+    ``ray.init`` (seconds; a fresh local instance each time) per map. Maps outside a block connect per map."""
+    _SCOPES.append(False)
+    try:
+        yield
+    finally:
+        if _SCOPES.pop():
+            import ray
+
+            ray.shutdown()
+
+
 def _connect(address: str, workers: int) -> bool:
     """Initialise Ray unless it already is; True when this call started the connection (or the local instance)."""
     import ray
@@ -410,7 +429,8 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
     """A shard map running each call as a Ray task (``num_cpus=1``) with at most ``workers`` in flight.
 
     Each map call connects with ``ray.init(address=...)`` unless Ray is already initialised in this process, and
-    shuts down only a connection it made (``address = "local"``: the private instance it started). Tasks get
+    shuts down only a connection it made (``address = "local"``: the private instance it started), or leaves it to
+    the enclosing :func:`one_connection` block (a stage's maps share one connection). Tasks get
     :func:`ray_worker_env` through their ``runtime_env``. Every node must see the paths in the calls' keyword
     arguments (on a multi-node cluster the runs folder on a shared filesystem, at the same path everywhere).
 
@@ -451,6 +471,8 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
 
         try:
             started = _connect(address, workers)
+            if started and _SCOPES:  # the scope shuts it down, after the stage's last map
+                _SCOPES[-1], started = True, False
             restore_sigterm()
             return _run_tasks(ray, fn, calls, label, workers, on_done, record, recycle_after)
         finally:

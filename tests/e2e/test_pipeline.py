@@ -233,6 +233,32 @@ def test_deleting_an_artifact_reruns_that_stage(smoke_runs, tmp_path):
     assert all(status[s] == "cached" for s in STAGE_NAMES if s != "gate")
 
 
+def test_a_corrupt_kept_part_is_caught_by_its_checksum_and_the_corpus_recomputed(smoke_runs, tmp_path):
+    from infra.artifacts import CORRUPT_PREFIX, checksum_mismatches
+
+    runs = tmp_path / "runs"
+    shutil.copytree(smoke_runs["runs"], runs)
+    # Two runs later, no artifact differs from what its stage committed.
+    complete = [p.parent for p in (runs / "artifacts").glob("*/*/_COMPLETE")]
+    assert len(complete) >= len(STAGE_NAMES)
+    assert {p.parent.name + "/" + p.name: checksum_mismatches(p) for p in complete
+            if checksum_mismatches(p)} == {}
+    (corpus,) = [p.parent for p in (runs / "artifacts" / "corpus").glob("*/_COMPLETE")]
+    part = sorted((corpus / "kept").glob("part-*.parquet"))[0]
+    original = part.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF  # one flipped byte inside the data pages
+    part.write_bytes(bytes(damaged))
+    proc = _pretrain("run", "configs/smoke.toml", "--until", "tokenizer", runs=runs)
+    assert f"corpus: artifact {corpus.name} fails its checksums (kept/{part.name}: content differs" in proc.stdout
+    status = _stage_status(proc.stdout)
+    assert (status["sources"], status["corpus"], status["tokenizer"]) == ("cached", "ran", "cached")
+    assert part.read_bytes() == original  # recomputed, the same bytes
+    assert checksum_mismatches(corpus) == []
+    (aside,) = [p for p in (runs / "artifacts" / "corpus").iterdir() if p.name.startswith(CORRUPT_PREFIX)]
+    assert (aside / "kept" / part.name).read_bytes() == bytes(damaged)
+
+
 def test_corpus_shards_ran_as_prefect_tasks(smoke_runs):
     import sqlite3
 

@@ -36,6 +36,22 @@ ROOT = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
 HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"  # loopback that Ray keeps as given (it rewrites 127.0.0.1 to the host's IP)
 
+# A shard map whose calls each leave a file naming their node, then wait a few seconds: long enough for the test
+# to kill the worker node while calls run on it.
+LOST_NODE_DRIVER = """
+import json, pathlib, sys, time
+import ray
+from infra.shard_map import ray_shard_map
+
+def slow_square(i, folder):
+    node = ray.get_runtime_context().get_node_id()
+    pathlib.Path(folder, f"{i}-{node}-{time.time_ns()}").touch()
+    time.sleep(3)
+    return i * i
+
+print(json.dumps(ray_shard_map(2, sys.argv[1])(slow_square, [dict(i=i, folder=sys.argv[2]) for i in range(6)], "lost")))
+"""
+
 NODES_PROBE = """
 import json, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR")
@@ -138,7 +154,7 @@ def ray_cluster():
         while time.time() < deadline and len(nodes) < 2:
             nodes = _alive_nodes(address, env)
         assert len(nodes) == 2, f"the cluster sees {len(nodes)} nodes, expected the head and one worker node"
-        yield {"address": address, "env": env, "node_ids": set(nodes)}
+        yield {"address": address, "env": env, "node_ids": set(nodes), "worker_node_pgid": started[1].pid}
     finally:
         survivors = _stop(started, temp)
         shutil.rmtree(temp, ignore_errors=True)
@@ -201,6 +217,31 @@ def test_corpus_and_tokenizer_on_a_ray_cluster_match_the_local_engine(ray_cluste
     # Both nodes ran shard work.
     assert set(corpus_calls["node_id"]) == ray_cluster["node_ids"]
     assert set(encode_calls["node_id"]) == ray_cluster["node_ids"]
+    _a_lost_worker_node_has_its_calls_retried(ray_cluster, tmp_path / "lost-node")
     print(f"\nray e2e: pretrain run --until tokenizer {wall_s:.1f} s; {len(corpus_calls)} corpus calls "
           f"({corpus_calls.groupby('node_id').size().tolist()} per node), {len(encode_calls)} encode calls "
           f"({encode_calls.groupby('node_id').size().tolist()} per node)")
+
+
+def _a_lost_worker_node_has_its_calls_retried(ray_cluster: dict, folder: Path) -> None:
+    """Kill the worker node (its whole process group) while a call runs on it: Ray retries the lost calls on the
+    head and the map returns every result, in order, as if nothing happened. Last, as it takes the node away."""
+    folder.mkdir()
+    driver = subprocess.Popen([sys.executable, "-c", LOST_NODE_DRIVER, ray_cluster["address"], str(folder)],
+                              env={**ray_cluster["env"], "PYTHONPATH": str(ROOT)}, cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while len({p.name.split("-")[1] for p in folder.iterdir()}) < 2 and time.time() < deadline:
+            assert driver.poll() is None, driver.communicate()
+            time.sleep(0.2)
+        assert len({p.name.split("-")[1] for p in folder.iterdir()}) == 2, "no call reached both nodes"
+        os.killpg(ray_cluster["worker_node_pgid"], signal.SIGKILL)
+        out, err = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1]) == [i * i for i in range(6)]
+    starts = sorted(p.name.split("-")[0] for p in folder.iterdir())
+    assert len(starts) > 6  # at least one call started again after its node was lost

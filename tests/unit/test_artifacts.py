@@ -1,12 +1,13 @@
 """Artifact keys and the store's completion semantics (docs/methods.md §13: a directory without its marker does not exist)."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from flows.config import load_config
 from flows.registry import STAGES, downstream
-from infra.artifacts import ArtifactStore, artifact_key, code_version
+from infra.artifacts import CHECKSUMS, CORRUPT_PREFIX, ArtifactStore, artifact_key, checksum_mismatches, code_version
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -168,3 +169,48 @@ def test_prefect_tracebacks_of_expected_errors_are_dropped_and_others_kept():
     logger.error("Finished in state Failed()")
     assert [r.getMessage() for r in seen] == ["Task run failed with exception: RuntimeError('a bug')",
                                               "Finished in state Failed()"]
+
+
+def _committed(tmp_path: Path) -> tuple[ArtifactStore, Path]:
+    store = ArtifactStore(tmp_path / "artifacts")
+    tmp = store.begin("corpus", "k1")
+    (tmp / "kept").mkdir()
+    for i in range(4):
+        (tmp / "kept" / f"part-{i:05d}.parquet").write_bytes(bytes(range(256)) * (i + 1))
+    (tmp / "manifest.json").write_text("{}")
+    return store, store.commit("corpus", "k1", tmp, {"summary": {}}).path
+
+
+def test_an_intact_artifact_verifies_and_records_every_output(tmp_path):
+    store, path = _committed(tmp_path)
+    recorded = json.loads((path / CHECKSUMS).read_text())
+    assert sorted(recorded) == ["kept/part-00000.parquet", "kept/part-00001.parquet", "kept/part-00002.parquet",
+                                "kept/part-00003.parquet", "manifest.json"]
+    assert recorded["kept/part-00002.parquet"][0] == 768
+    artifact, why = store.verify("corpus", "k1")
+    assert artifact is not None and artifact.path == path and why is None
+    assert store.verify("corpus", "absent") == (None, None)
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda p: p.write_bytes(p.read_bytes()[:-1] + b"\x00"), "content differs from its checksum (same size)"),
+    (lambda p: p.write_bytes(p.read_bytes()[:100]), "100 bytes, committed with 512"),
+    (lambda p: p.unlink(), "missing"),
+])
+def test_a_damaged_part_moves_the_artifact_aside_and_it_is_never_handed_out(tmp_path, damage, said):
+    store, path = _committed(tmp_path)
+    damage(path / "kept" / "part-00001.parquet")
+    artifact, why = store.verify("corpus", "k1")
+    assert artifact is None and f"kept/part-00001.parquet: {said}" in why
+    assert not path.exists() and store.get("corpus", "k1") is None  # the next run computes it afresh
+    aside = [p for p in (tmp_path / "artifacts" / "corpus").iterdir() if p.name.startswith(CORRUPT_PREFIX)]
+    assert len(aside) == 1 and str(aside[0]) in why
+    assert (aside[0] / "kept" / "part-00000.parquet").exists()  # kept for inspection until gc
+
+
+def test_an_artifact_committed_before_checksums_is_reused_unchecked(tmp_path):
+    store, path = _committed(tmp_path)
+    (path / CHECKSUMS).unlink()
+    (path / "kept" / "part-00003.parquet").write_bytes(b"changed")
+    assert checksum_mismatches(path) == []
+    assert store.verify("corpus", "k1")[0] is not None

@@ -12,13 +12,16 @@ from infra.runs import RunsLayout
 def test_gc_removes_only_unreferenced_artifacts_and_stale_attempts(tmp_path):
     layout = RunsLayout(tmp_path / "runs")
     store = ArtifactStore(layout.artifacts)
-    for stage, key in (("main", "aaaa"), ("main", "bbbb"), ("cpt", "cccc")):
+    for stage, key in (("main", "aaaa"), ("main", "bbbb"), ("cpt", "cccc"), ("main", "ffff")):
         tmp = store.begin(stage, key)
         (tmp / "weights.bin").write_bytes(b"x" * 1000)
         store.commit(stage, key, tmp, {})
     stale = store.begin("cpt", "dddd")
     os.utime(stale, (0, 0))  # an abandoned attempt from long ago
     fresh = store.begin("cpt", "eeee")  # one being written right now
+    (layout.artifacts / "main" / "ffff" / "weights.bin").write_bytes(b"y")
+    assert store.verify("main", "ffff")[0] is None  # moved aside as corrupt
+    (corrupt,) = (layout.artifacts / "main").glob(".corrupt-ffff-*")
 
     client = MlflowClient(tracking_uri=layout.tracking_uri, registry_uri=layout.tracking_uri)
     experiment = client.create_experiment("t")
@@ -31,7 +34,7 @@ def test_gc_removes_only_unreferenced_artifacts_and_stale_attempts(tmp_path):
     plan = collect(layout)
     assert [(stage, key) for stage, key, *_ in plan.remove] == [("main", "bbbb")]
     assert sorted(plan.keep) == [("cpt", "cccc"), ("main", "aaaa")]
-    assert plan.unfinished == [stale] and plan.bytes_freed >= 1000
+    assert sorted(plan.unfinished) == sorted([stale, corrupt]) and plan.bytes_freed >= 1000
     apply(plan)
-    assert not (layout.artifacts / "main" / "bbbb").exists() and not stale.exists()
+    assert not (layout.artifacts / "main" / "bbbb").exists() and not stale.exists() and not corrupt.exists()
     assert store.get("main", "aaaa") is not None and store.get("cpt", "cccc") is not None and fresh.exists()

@@ -26,7 +26,7 @@ if _set_here:
 
 from infra.errors import ConfigError  # noqa: E402
 from infra.execution import ExecutionConfig  # noqa: E402
-from infra.shard_map import PROJECT_ROOT, ray_shard_map, shard_map_for  # noqa: E402
+from infra.shard_map import PROJECT_ROOT, one_connection, ray_shard_map, shard_map_for  # noqa: E402
 
 # pytest imports this file as a top-level module the Ray workers cannot import: send its functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -83,6 +83,20 @@ def test_local_address_starts_a_private_ray_and_stops_it(tmp_path):
     assert sorted(r["call"] for r in rows) == [0, 1, 2, 3]
     assert {r["label"] for r in rows} == {"sq"}
     assert all(r["node_id"] and r["pid"] != os.getpid() for r in rows)  # ran in Ray workers, not here
+
+
+def test_maps_inside_one_connection_share_the_ray_they_start(tmp_path):
+    """A stage's passes pay for one ray.init: the first map starts the local instance, the next maps reuse it,
+    and the block shuts it down, also when a map inside it fails."""
+    assert not ray.is_initialized()
+    with pytest.raises(ValueError, match="call 0 failed"), one_connection():
+        assert ray_shard_map(2, "local")(slow_square, [{"x": i, "delay": 0.0} for i in range(3)], "a") == [0, 1, 4]
+        assert ray.is_initialized()
+        instance = ray.get_runtime_context().gcs_address
+        assert ray_shard_map(2, "local")(slow_square, [{"x": 3, "delay": 0.0}], "b") == [9]
+        assert ray.get_runtime_context().gcs_address == instance  # the same instance, not a fresh one
+        ray_shard_map(1, "local")(finish_or_fail, [{"i": 0, "delay": 0.0, "fail": True, "marks": str(tmp_path)}], "c")
+    assert not ray.is_initialized()
 
 
 def test_unreachable_address_is_a_config_error_at_once():
@@ -170,3 +184,4 @@ def test_recycle_after_gives_each_ray_worker_process_at_most_that_many_calls(sha
     rows = ray_shard_map(2, "auto", recycle_after=2)(worker_env, [{} for _ in range(8)], "env")
     per_process = Counter(r["pid"] for r in rows)
     assert max(per_process.values()) <= 2 and len(per_process) >= 4
+
