@@ -1,10 +1,14 @@
 """What a run shows while it works: progress bars in a terminal, plain timed lines anywhere else.
 
 ``make_progress()`` picks by the output. In a terminal, ``RichProgress`` draws one bar per unit of work (sources,
-proxies, trials, steps). Anywhere else (a file, ``nohup``, CI, a Prefect worker's log), bars would be drawn once, at
+proxies, trials, steps) with its elapsed time and, once a unit is done, its ETA. Anywhere else (a file, ``nohup``, CI, a Prefect worker's log), bars would be drawn once, at
 the end, so ``PlainProgress`` prints lines instead: when a bar starts and ends, a progress line (done/total, rate,
 ETA) at most every ``interval_s`` per bar, and, when nothing was printed for ``interval_s``, a line saying what is
 still running. Both print the pipeline's stage lines (``say``).
+
+A stage may say what a bar is busy with (``advance(0, doing="reading handbook_en")``): before the first unit is done
+there is no rate to estimate from, and the line says instead what runs (``sources: reading: 0/5 (reading
+handbook_en, 43s)``); a bar with no unit done and no such note says that its first unit is under way.
 
 ``PRETRAIN_PROGRESS`` = ``bars`` | ``lines`` overrides the choice; ``PRETRAIN_PROGRESS_INTERVAL_S`` sets the
 interval of plain lines (default 30 s; a log then has a platform line at least every 30 s while a run works).
@@ -20,7 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, TextIO
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from infra.errors import ConfigError
 from infra.stage import ProgressReporter
@@ -30,12 +35,24 @@ INTERVAL_ENV = "PRETRAIN_PROGRESS_INTERVAL_S"
 DEFAULT_INTERVAL_S = 30.0
 
 
+class _StatusColumn(ProgressColumn):
+    """What a bar is busy with (its ``doing`` note), and its ETA once a unit is done (the mean rate so far: units
+    of a stage take similar times, and rich's own estimate needs two updates within 30 s)."""
+
+    def render(self, task: Task) -> Text:
+        doing = task.fields.get("doing") or ""
+        eta = ""
+        if task.completed and task.total and not task.finished and task.elapsed:
+            eta = f"ETA {duration(task.elapsed / task.completed * (task.total - task.completed))}"
+        return Text(" ".join(part for part in (eta, doing) if part), style="progress.remaining")
+
+
 class RichProgress(ProgressReporter):
     """A ``rich`` display usable as a context manager around the whole pipeline."""
 
-    def __init__(self, disable: bool = False):
+    def __init__(self, disable: bool = False, clock: Callable[[], float] = time.monotonic):
         self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                              TimeElapsedColumn(), disable=disable, transient=False)
+                              TimeElapsedColumn(), _StatusColumn(), disable=disable, transient=False, get_time=clock)
 
     def __enter__(self) -> "RichProgress":
         self._bars.start()
@@ -52,11 +69,19 @@ class RichProgress(ProgressReporter):
         """The bars show what runs; nothing to do."""
 
     @contextmanager
-    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
-        task_id = self._bars.add_task(description, total=total)
+    def task(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
+        task_id = self._bars.add_task(description, total=total, doing="")
+
+        def advance(n: int = 1, doing: str | None = None) -> None:
+            if doing is not None:
+                self._bars.update(task_id, doing=doing)
+            if n:
+                self._bars.advance(task_id, n)
+
         try:
-            yield lambda advance=1: self._bars.advance(task_id, advance)
+            yield advance
         finally:
+            self._bars.update(task_id, doing="")
             if total is None:
                 self._bars.update(task_id, total=1, completed=1)
 
@@ -78,19 +103,24 @@ class _Bar:
     started: float
     done: int = 0
     printed: float = 0.0  # when its last line was printed
+    doing: str = ""  # what it is busy with, as the stage said
 
     def line(self, now: float) -> str:
         elapsed = now - self.started
-        if self.total is None:
-            return f"{self.description}: {self.done} done, {duration(elapsed)}"
-        share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-        text = f"{self.description}: {self.done}/{self.total}{share}, {duration(elapsed)}"
-        if self.done and elapsed > 0:
+        count = f"{self.done} done" if self.total is None else f"{self.done}/{self.total}"
+        if not self.done:  # no rate yet to give an ETA from: say what runs instead
+            what = self.doing or ("under way" if self.total is None else "the first under way")
+            return f"{self.description}: {count} ({what}, {duration(elapsed)})"
+        text = f"{self.description}: {count}"
+        if self.total:
+            text += f" ({100 * self.done / self.total:.0f}%)"
+        text += f", {duration(elapsed)}"
+        if elapsed > 0:
             rate = self.done / elapsed
             text += f", {rate:.3g}/s" if rate >= 1 else f", {1 / rate:.3g} s each"
-            if self.total > self.done:
+            if self.total is not None and self.total > self.done:
                 text += f", ETA {duration((self.total - self.done) / rate)}"
-        return text
+        return text + (f"; {self.doing}" if self.doing else "")
 
 
 class PlainProgress(ProgressReporter):
@@ -151,16 +181,18 @@ class PlainProgress(ProgressReporter):
             self._activity = (what, self._clock()) if what else None
 
     @contextmanager
-    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    def task(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
         with self._lock:
             bar = _Bar(description, total, started=self._clock())
             bar.printed = bar.started
             self._bars.append(bar)
             self._write(f"{description}: started" + (f", {total} to do" if total is not None else ""))
 
-        def advance(n: int = 1) -> None:
+        def advance(n: int = 1, doing: str | None = None) -> None:
             with self._lock:
                 bar.done += n
+                if doing is not None:
+                    bar.doing = doing
                 now = self._clock()
                 if now - bar.printed >= self.interval_s:
                     bar.printed = now

@@ -38,6 +38,7 @@ from typing import Any, Callable
 import httpx
 
 from infra.errors import ConfigError, PretrainError
+from infra.lifetime import stop_process_group
 from infra.runs import RunsLayout, ensure_folder
 from flows.progress import duration
 
@@ -86,17 +87,8 @@ def start_local_server(layout: RunsLayout, port: int, *, timeout_s: float = 180.
 
 
 def stop_local_server(proc: subprocess.Popen) -> None:
-    """Stop the server's whole process group (uvicorn and its services), politely first."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+    """Stop the server's whole process group (uvicorn and its services): SIGTERM, SIGKILL after 20 s."""
+    stop_process_group(proc, grace_s=20.0)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -16,6 +16,9 @@ processes are started inside ``shielded_from_terminal_interrupts()`` (SIGINT blo
 child inherits the mask across fork and exec, as Ray does for its own processes), so the Prefect API server stays up
 while the run records how it ended, and pool workers print no traceback of their own. They end with the run.
 
+``stop_process_group`` stops one child started in a session of its own (the launched training workers, a Prefect
+server that ``pretrain serve`` starts): SIGTERM to its group, SIGKILL after a grace period.
+
 Also the identity of a process that outlives reuse of its PID: ``owner_tags`` / ``owner_gone`` (host, PID and start
 time), which MLflow runs carry so that a run left RUNNING by a dead process can be recognised.
 
@@ -133,6 +136,30 @@ def stop_run_processes(token: str, grace_s: float = GRACE_S) -> list[int]:
     for pid in left:
         _signal(pid, signal.SIGKILL)
     return signalled
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float) -> int | None:
+    """Stop the process group that ``proc`` leads (started with ``start_new_session=True``): SIGTERM to the group,
+    then SIGKILL to it when ``proc`` has not ended ``grace_s`` seconds later. Returns ``proc``'s exit status (None
+    only if it outlives even SIGKILL, which a process in uninterruptible sleep can for a while). A ``proc`` that
+    has already ended is left alone: its group's number may belong to another process by now."""
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=grace_s)
+    except ProcessLookupError:  # the group ended between the poll and the signal
+        return proc.wait()
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _signal(pid: int, sig: int) -> None:

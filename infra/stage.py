@@ -31,8 +31,11 @@ class ProgressReporter:
     """Progress reporting interface; the default does nothing (tests, library use)."""
 
     @contextmanager
-    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
-        yield lambda advance=1: None
+    def task(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
+        """A bar of ``total`` units (None: unknown); yields ``advance(n=1, doing=None)``, which counts ``n`` more units
+        done and, given ``doing``, says what the bar is busy with now (``advance(0, doing="reading handbook_en")``;
+        "" clears it)."""
+        yield lambda n=1, doing=None: None
 
     def say(self, line: str) -> None:
         """A line for the user (a stage's start or end, a resume note); printed as is."""

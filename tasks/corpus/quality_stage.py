@@ -272,6 +272,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     with ctx.progress.task(f"quality model: {qm.kind}: gathering examples ({steps} origin(s)), then training",
                            steps + 1) as advance:
         positives, negatives, origins, provenance = gather_examples(ctx.inputs["sources"], cfg.corpus, advance)
+        advance(0, doing="training")
         model = train(positives, negatives, qm)
         advance(1)
     # A classifier at chance, inverted or without spread would remove documents by noise: fail before the corpus

@@ -74,6 +74,7 @@ def _quality_model(ctx: StageContext) -> Path | None:
 
 def _counting(shard_map, advance, done: list[int]):
     def run(fn, calls, label):
+        advance(0, doing=f"{label.removeprefix('corpus-')} pass, {len(calls)} task(s)")
         results = shard_map(fn, calls, label)
         advance(len(calls))
         done[0] += len(calls)

@@ -110,27 +110,34 @@ def load_eval(cpt_dir: Path, name: str, params: dict, harness_correct: dict | No
 
 
 def plot_decision(table, cfg: GateConfig, path: Path) -> None:
-    """The CPT replay grid's figure (docs/methods.md §11): domain loss reduction (x) against general loss rise (y) per candidate, with the intervals
-    as error bars, the gate's thresholds as lines, and the verdict as colour."""
-    import matplotlib
+    """Write ``decision_figure`` to ``path`` (PNG)."""
+    from infra.figures import save_figure
 
-    matplotlib.use("Agg")
+    save_figure(decision_figure(table, cfg), path, layout=False)
+
+
+def decision_figure(table, cfg: GateConfig):
+    """The CPT replay grid's figure (docs/methods.md §11): domain loss reduction (x) against general loss rise (y) per
+    candidate, with the intervals as error bars, the gate's thresholds as lines, the verdict as colour, and each
+    candidate's name placed clear of the other names and points (``infra.figures.label_points``)."""
+    from infra.figures import label_points  # first: it selects the Agg backend before pyplot loads
     import matplotlib.pyplot as plt
 
     colours = {"pass": "tab:green", "fail": "tab:red", "undetermined": "tab:orange"}
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(6.5, 4.5), dpi=100)
     def bar(row, metric):  # an unbounded side (fewer than 2 documents) is drawn without its bar
         low, high = row[metric] - row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] - row[metric]
         return [[low if np.isfinite(low) else 0.0], [high if np.isfinite(high) else 0.0]]
 
     # A context extension's gain is on the long windows; domain adaptation's on the domain sources.
     x_metric = "long_loss_reduction_nats" if "long_loss_reduction_nats" in table.columns else "domain_loss_reduction_nats"
+    points, labels = [], []
     for row in table.to_dict("records"):
         x, y = row[x_metric], row["general_loss_rise_nats"]
         xerr, yerr = bar(row, x_metric), bar(row, "general_loss_rise_nats")
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", color=colours.get(row["decision"], "grey"), capsize=3)
-        ax.annotate(row["candidate"] + (" (kept)" if row.get("kept") else ""), (x, y), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
+        points.append((x, y))
+        labels.append(row["candidate"] + (" (kept)" if row.get("kept") else ""))
     for c in cfg.criteria:
         if c.metric == x_metric:
             ax.axvline(c.threshold, color="grey", linestyle="--", linewidth=1)
@@ -141,8 +148,8 @@ def plot_decision(table, cfg: GateConfig, path: Path) -> None:
     ax.set_ylabel("general loss rise (nats/token, candidate − base)")
     ax.set_title("CPT candidates and the gate (green pass, red fail, orange undetermined)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    label_points(ax, points, labels)
+    return fig
 
 
 def gate_rule(cfg: GateConfig) -> str:

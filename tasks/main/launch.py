@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,11 +24,13 @@ from typing import Any, Callable
 import yaml
 
 from infra.errors import ConfigError, TrainingError
+from infra.lifetime import stop_process_group
 from infra.stage import ProgressReporter
 from infra.threads import ThreadPolicy, apply_wait_policy, worker_environment
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.5
+STOP_GRACE_S = 30.0  # between SIGTERM and SIGKILL of the workers' process group
 
 
 def resolve_launch_config(path: str) -> Path:
@@ -94,7 +95,7 @@ def launch(job: Any, dist: Any, *, log_metrics: Callable[[dict, int], None], pro
     with ExitStack() as stack, open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        stack.callback(_stop, proc)
+        stack.callback(stop_process_group, proc, STOP_GRACE_S)  # on the way out; normally a no-op
         advance = stack.enter_context(progress.task("main: training steps", job.cfg["budget"]["steps"]))
         offset = 0
         while True:
@@ -127,11 +128,3 @@ def _forward(path: Path, offset: int, log_metrics: Callable[[dict, int], None], 
     return offset + end
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """On the way out (normally a no-op): terminate the workers' process group if it is still running."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)

@@ -29,7 +29,7 @@ class _FileReporter(ProgressReporter):
 
         @contextmanager
         def bar():
-            yield lambda n=1: self.file.write(json.dumps({"advance": int(n)}) + "\n")
+            yield lambda n=1, doing=None: self.file.write(json.dumps({"advance": int(n)}) + "\n")
         return bar()
 
 

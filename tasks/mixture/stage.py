@@ -81,6 +81,7 @@ def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: l
     with ctx.progress.task("mixture: proxy per candidate", len(candidates) * len(shapes) + int(cfg.propose)) as advance:
         for size in shapes:
             for index, cand in enumerate(candidates):
+                advance(0, doing=f"training {cand.name} ({size} model)")
                 train(cand.name, cand.weights, size, ctx.seed, index)
                 advance(1)
         names = [c.name for c in candidates]
@@ -105,6 +106,7 @@ def run(ctx: StageContext, cfg: MixtureConfig, proxy: ProxyConfig, *, general: l
                 break
             for name in top:
                 for seed in seeds[1:]:
+                    advance(0, doing=f"training {name}, seed {seed}")
                     train(name, by_name[name].weights, "proxy", seed, names.index(name))
                     advance(1)
                 seeded.add(name)

@@ -43,6 +43,7 @@ def run(ctx: StageContext, sources: Mapping[str, SourceConfig],
     with (ctx.progress.task("sources: reading", len(sources)) as advance,
           RowWriter(ctx.out / "rejects.parquet", REJECT_SCHEMA) as rejects):
         for name, cfg in sources.items():
+            advance(0, doing=f"reading {name}")
             release = releases.get(name)
             read = read_source(cfg, ctx.layout.source_cache, ctx.out / "docs" / f"{name}.parquet", rejects,
                                release=release, package=packages.get(release) if release is not None else None)
@@ -75,6 +76,7 @@ def fetch_packages(ctx: StageContext, releases: list[DebRelease]) -> dict[DebRel
         return packages
     with ctx.progress.task(f"sources: fetching {len(distinct)} Debian package(s)", len(distinct)) as advance:
         for release in distinct:
+            advance(0, doing=f"fetching {release.package}")
             packages[release] = fetch_deb(release.package, ctx.layout.source_cache, release=release)
             advance(1)
     return packages

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from infra.lifetime import stop_process_group
 from infra.runs import RunsLayout
 from infra.tracking import Tracker, runs_page_url
 
@@ -82,7 +82,7 @@ def served(tmp_path_factory):
             time.sleep(0.2)
         yield {**store, "base": base}
     finally:
-        _stop(server)
+        stop_process_group(server, grace_s=20.0)  # the CLI and its uvicorn worker
 
 
 def _healthy(url: str) -> bool:
@@ -90,17 +90,6 @@ def _healthy(url: str) -> bool:
         return httpx.get(url, timeout=2.0).status_code == 200
     except httpx.HTTPError:  # not listening yet
         return False
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group (the CLI and its uvicorn worker), SIGKILL if it lingers."""
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 @pytest.fixture()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from infra.stage import ProgressReporter
@@ -15,6 +15,7 @@ class Bar:
     total: int | None
     done: int = 0
     closed: bool = False
+    doing: list[str] = field(default_factory=list)  # every note the stage gave, in order
 
     @property
     def finished(self) -> bool:
@@ -33,13 +34,15 @@ class RecordingProgress(ProgressReporter):
         self.said.append(line)
 
     @contextmanager
-    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    def task(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
         bar = Bar(description, total)
         self.bars.append(bar)
 
-        def advance(n: int = 1) -> None:
+        def advance(n: int = 1, doing: str | None = None) -> None:
             assert not bar.closed, f"{description}: advanced after it closed"
             bar.done += n
+            if doing is not None:
+                bar.doing.append(doing)
 
         try:
             yield advance

@@ -134,6 +134,55 @@ def test_stopping_a_run_terminates_its_processes_and_kills_those_that_ignore_sig
             proc.wait()
 
 
+# A process group's leader with a child in its group; "ignores": both ignore SIGTERM (SIG_IGN survives exec).
+GROUP_LEADER = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    if sys.argv[1] == "ignores":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen(["sleep", "300"])
+    print(child.pid, flush=True)
+    time.sleep(300)
+""")
+
+
+def _start_group(behaviour: str) -> tuple[subprocess.Popen, int]:
+    leader = subprocess.Popen([sys.executable, "-c", GROUP_LEADER, behaviour], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    return leader, int(leader.stdout.readline())
+
+
+@pytest.mark.parametrize("behaviour, grace_s, signalled", [
+    ("ignores", 0.5, signal.SIGKILL),
+    ("exits", 10.0, signal.SIGTERM),
+])
+def test_stop_process_group_terminates_the_group_and_kills_it_only_after_the_grace(behaviour, grace_s, signalled):
+    from infra.lifetime import stop_process_group
+
+    leader, child = _start_group(behaviour)
+    try:
+        started = time.monotonic()
+        assert stop_process_group(leader, grace_s) == -signalled
+        took = time.monotonic() - started
+        assert not _wait_gone([child], 5.0), "the leader's child outlived its group's stop"
+        if signalled == signal.SIGKILL:
+            assert took >= grace_s
+        else:
+            assert took < grace_s / 2
+    finally:
+        if leader.poll() is None:
+            os.killpg(leader.pid, signal.SIGKILL)
+            leader.wait()
+        leader.stdout.close()
+
+
+def test_stop_process_group_leaves_an_ended_process_alone():
+    from infra.lifetime import stop_process_group
+
+    done = subprocess.Popen(["true"], start_new_session=True)
+    done.wait()
+    assert stop_process_group(done, grace_s=0.1) == 0
+
+
 # A run stand-in that starts the supervisor as a plain script (not ``-I -S``, so that coverage.py measures it);
 # ``no-pidfd`` takes away ``os.pidfd_open`` in the supervisor, which then waits on the parent-death signal.
 SUPERVISED = textwrap.dedent("""

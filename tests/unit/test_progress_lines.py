@@ -52,6 +52,46 @@ def test_slow_units_are_reported_as_seconds_each_and_a_bar_without_total_counts_
     assert _lines(out)[-1] == "tokenizer: fitting BPE: done in 5s"
 
 
+def test_a_bar_with_no_unit_done_says_what_it_is_doing_and_gives_an_eta_from_the_first_unit_on():
+    out, clock = io.StringIO(), Clock()
+    progress = PlainProgress(out, interval_s=30, clock=clock, heartbeat=False)
+    with progress.task("sources: reading", total=5) as advance:
+        advance(0, doing="reading handbook_en")
+        clock.now += 43
+        progress.tick()
+        assert _lines(out)[-1] == "sources: reading: 0/5 (reading handbook_en, 43s)"
+        advance(1, doing="reading handbook_zh")
+        clock.now += 30
+        progress.tick()
+        assert _lines(out)[-1] == "sources: reading: 1/5 (20%), 1m13s, 73 s each, ETA 4m52s; reading handbook_zh"
+    with progress.task("corpus: 1 shards × 5 passes", total=6):
+        clock.now += 90
+        progress.tick()  # no note: the line still says why there is no ETA yet
+        assert _lines(out)[-1] == "corpus: 1 shards × 5 passes: 0/6 (the first under way, 1m30s)"
+    with progress.task("tokenizer: fitting BPE", total=None):
+        clock.now += 31
+        progress.tick()
+        assert _lines(out)[-1] == "tokenizer: fitting BPE: 0 done (under way, 31s)"
+
+
+def test_a_terminal_bar_shows_what_it_is_doing_then_its_eta():
+    from flows.progress import _StatusColumn
+
+    clock = Clock()
+    progress = RichProgress(disable=True, clock=clock)
+    column = _StatusColumn()
+    with progress, progress.task("sources: reading", total=4) as advance:
+        task = progress._bars.tasks[0]
+        advance(0, doing="reading handbook_en")
+        clock.now += 43
+        assert column.render(task).plain == "reading handbook_en"
+        advance(1, doing="")
+        clock.now += 7  # 50 s for the first unit: 150 s for the other three
+        assert column.render(task).plain == "ETA 2m30s"
+        advance(3)
+    assert column.render(task).plain == ""  # finished: no ETA, no note
+
+
 def test_silence_longer_than_the_interval_gets_a_line_naming_what_runs():
     out, clock = io.StringIO(), Clock()
     progress = PlainProgress(out, interval_s=30, clock=clock, heartbeat=False)
