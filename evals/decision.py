@@ -147,8 +147,9 @@ class DecisionRecord:
         data["evidence"] = json.dumps(data["evidence"], sort_keys=True, default=str)
         return {c: data[c] for c in DECISION_COLUMNS}
 
-    def line(self) -> str:
-        """One line for a console summary: kind, choice, verdict, the interval and (undetermined) the fallback."""
+    def line(self, *, tail: bool = True) -> str:
+        """One line for a console summary: kind, choice, verdict, the interval and (undetermined, with ``tail``)
+        the fallback and what would resolve it."""
         interval = ""
         if all(map(math.isfinite, (self.estimate, self.low, self.high))):
             sign = "" if self.kind in ("forecast", "peak_lr") else "+"  # signs only where the quantity is a difference
@@ -158,8 +159,8 @@ class DecisionRecord:
         used = f"; used downstream: {self.used}" if self.used else ""
         check = f"; checked: {self.check}" if self.check else ""
         late = " (declared after evidence)" if self.declared_after_evidence else ""
-        tail = f"; {self.fallback}; to resolve: {self.resolve}" if self.verdict == "undetermined" else ""
-        return f"{self.kind}: {self.choice} — {self.verdict}{late}{interval}{on}{used}{check}{tail}"
+        rest = f"; {self.fallback}; to resolve: {self.resolve}" if tail and self.verdict == "undetermined" else ""
+        return f"{self.kind}: {self.choice} — {self.verdict}{late}{interval}{on}{used}{check}{rest}"
 
 
 def decisions_frame(records: list[DecisionRecord]) -> pd.DataFrame:

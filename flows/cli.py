@@ -60,8 +60,16 @@ def preflight(cfg, *args, **kwargs) -> None:
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
 gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
 app.add_typer(gate_app, name="gate")
-# Piped output (CI logs, `| tee`) is not a terminal: rich would wrap tables at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def make_console(terminal: bool, **kwargs) -> Console:
+    """The console of a terminal (rich's width and wrapping), or, for a log file or pipe, one that never wraps a
+    line (``soft_wrap``: a long path or URL stays whole and greppable) and lays tables out 160 columns wide (rich
+    would take 80)."""
+    return Console(**kwargs) if terminal else Console(width=160, soft_wrap=True, **kwargs)
+
+
+console = make_console(sys.stdout.isatty())
 
 def _runs_dir(value: str | None) -> str | None:
     if value is not None and not value.strip():
@@ -718,7 +726,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
     A context longer than the model's seq_len is cropped from the left. Each continuation stops at EOS or after
     --max-new-tokens; the prompt and its continuation go to stdout, the token count and stop reason to stderr.
     """
-    err = Console(stderr=True, width=console.width)
+    err = make_console(sys.stderr.isatty(), stderr=True)
     try:
         from flows.generate import load_generator, read_prompts
         from models.generate import Sampling
