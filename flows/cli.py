@@ -558,7 +558,7 @@ def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
         console.print(f"[yellow]note:[/] the config's [gate] ({gate_hash(cfg.gate)[:12]}) differs from the one in "
                       f"force ({gates['gate_hash'].iloc[0][:12]}); the table below is under the one in force. "
                       "`pretrain gate declare CONFIG` makes the config's gate the one in force.")
-    for table in gate_tables(gates, decisions, cfg.gate):
+    for table in gate_tables(gates, decisions, cfg.gate, width=console.width):
         console.print(table)
 
 
