@@ -57,8 +57,12 @@ def preflight(cfg, *args, **kwargs) -> None:
     check(cfg, *args, **kwargs)
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
-gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
+# Click's plain help (rich_markup_mode=None): flags show as flags, not `<bool>`, and docstring paragraphs are reflowed
+# to the terminal (at most 120 columns) instead of keeping the source's line breaks.
+HELP = {"max_content_width": 120}
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.",
+                  rich_markup_mode=None, context_settings=HELP)
+gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.", rich_markup_mode=None, context_settings=HELP)
 app.add_typer(gate_app, name="gate")
 
 
@@ -301,7 +305,7 @@ def _dry_run(cfg, layout: RunsLayout) -> None:
 
 
 @app.command()
-def fetch(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
+def fetch(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir) -> None:
     """Download and unpack the config's Debian sources into the runs folder's source cache."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -420,7 +424,7 @@ def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_d
 
 @app.command()
 def plan(
-    config: Path = typer.Argument(..., help=r"plan TOML (\[model] + \[\[runs]]) or an experiment TOML (plans \[main])"),
+    config: Path = typer.Argument(..., help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of tables"),
     runs_dir: Optional[str] = RunsDir,
 ) -> None:
@@ -450,8 +454,9 @@ def plan(
 
 
 @gate_app.command("declare")
-def gate_declare(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
-    """Record the config's \\[gate] as the experiment's gate from now on (earlier declarations are kept); a gate
+def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [gate] and name"),
+                 runs_dir: Optional[str] = RunsDir) -> None:
+    """Record the config's [gate] as the experiment's gate from now on (earlier declarations are kept); a gate
     first declared after CPT results of the experiment exist is marked as declared after evidence."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -527,7 +532,9 @@ def gc(runs_dir: Optional[str] = RunsDir,
 
 
 @gate_app.command("show")
-def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
+def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name selects the gates shown, its "
+                                             "[gate] is compared with the one in force"),
+              runs_dir: Optional[str] = RunsDir,
               as_json: bool = typer.Option(False, "--json", help="print the rows as JSON")) -> None:
     """One experiment's gate declarations (the config's name; each marked when declared after evidence) and, for
     the one in force, the decision table with intervals."""
@@ -662,7 +669,9 @@ def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory 
     (logits within 1e-4 in fp32, equal greedy continuations, equal token ids); a failed check writes nothing."""
     try:
         from flows.export import export
+        from flows.runlog import quiet_library_bars
 
+        quiet_library_bars()  # the verification is this command's progress; transformers' bars would interleave
         record = export(checkpoint, out, tokenizer, RunsLayout.resolve(runs_dir))
     except PretrainError as err:
         _fail(err)
