@@ -75,6 +75,15 @@ def make_console(terminal: bool, **kwargs) -> Console:
 
 console = make_console(sys.stdout.isatty())
 
+def stores_wait_line(who: dict | None, layout: RunsLayout) -> str:
+    """What a run waits for when another holds the stores lock: that run (pid, since) and the lock, which it holds
+    only while it opens MLflow's and Prefect's databases and the DuckDB file (creating or migrating them)."""
+    from infra.leases import describe
+
+    return (f"waiting for {describe(who)}: it holds the lock on this runs folder's stores ({layout.stores_lock}) "
+            "while it opens them (MLflow, DuckDB, Prefect's server); this run goes on when it lets go")
+
+
 def _runs_dir(value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise typer.BadParameter("is empty; name a folder (it is created if missing), or leave the option out for "
@@ -221,8 +230,8 @@ def run(
 
         _quiet_expected_failures()
         capture(log_path, verbose=verbose)
-        abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda: console.print(
-            "another run is creating this runs folder's stores (MLflow, DuckDB, Prefect); waiting for it"))
+        abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda who: console.print(
+            escape(stores_wait_line(who, layout)), soft_wrap=True))
         if abandoned:
             console.print(f"[yellow]note:[/] marked FAILED {len(abandoned)} MLflow run(s) left RUNNING by a process "
                           "that has ended")
@@ -501,6 +510,10 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
     width = max((len(s.stage) for s in statuses), default=0)
     for s in statuses:
         state = "[green]cached[/]" if s.cached else "[yellow]would run[/]"
+        if s.computing_by is not None:
+            from infra.leases import describe
+
+            state = f"[cyan]being computed[/] by {escape(describe(s.computing_by))}; a run now waits and reuses it"
         console.print(f"{s.stage:<{width}} {s.key}  {state}", soft_wrap=True)
         if explain and not s.cached:
             if s.nearest:
