@@ -1,5 +1,5 @@
 """One record shape for every decision the platform makes before or after a run: the mixture, the peak LR, the
-gate and the scaling forecast (docs/methods.md §14).
+gate, the scaling forecast and the quality ablation (docs/methods.md §14).
 
 A decision is declared (its rule fixed, hashed and timestamped) before the evidence behind it is computed, names
 the DuckDB rows that are its evidence, carries the interval of the quantity that decides it, and says
@@ -27,7 +27,7 @@ import pandas as pd
 from infra.errors import DataError
 from infra.json_safe import dumps
 
-Kind = Literal["mixture", "peak_lr", "gate", "forecast", "lr_width_exponent"]
+Kind = Literal["mixture", "peak_lr", "gate", "forecast", "lr_width_exponent", "quality_ablation"]
 Verdict = Literal["decided", "undetermined"]
 VERDICTS: tuple[str, ...] = ("decided", "undetermined")
 DECISION_COLUMNS = ("kind", "declared_at", "decided_at", "rule", "rule_hash", "choice", "verdict", "estimate", "low",
@@ -51,7 +51,8 @@ class DecisionRecord:
     """A declared rule and, once settled, its outcome.
 
     Attributes:
-        kind: what is decided (``mixture``, ``peak_lr``, ``lr_width_exponent``, ``gate``, ``forecast``).
+        kind: what is decided (``mixture``, ``peak_lr``, ``lr_width_exponent``, ``gate``, ``forecast``,
+            ``quality_ablation``).
         declared_at / decided_at: ISO-8601 UTC times the rule was fixed and the verdict reached.
         rule: the rule in words; ``rule_hash`` the sha256 of its configuration (:func:`rule_hash`).
         choice: what the platform goes on with (a mixture name, an LR as text, the kept candidate), under the
@@ -146,8 +147,9 @@ class DecisionRecord:
         data["evidence"] = json.dumps(data["evidence"], sort_keys=True, default=str)
         return {c: data[c] for c in DECISION_COLUMNS}
 
-    def line(self) -> str:
-        """One line for a console summary: kind, choice, verdict, the interval and (undetermined) the fallback."""
+    def line(self, *, tail: bool = True) -> str:
+        """One line for a console summary: kind, choice, verdict, the interval and (undetermined, with ``tail``)
+        the fallback and what would resolve it."""
         interval = ""
         if all(map(math.isfinite, (self.estimate, self.low, self.high))):
             sign = "" if self.kind in ("forecast", "peak_lr") else "+"  # signs only where the quantity is a difference
@@ -157,8 +159,8 @@ class DecisionRecord:
         used = f"; used downstream: {self.used}" if self.used else ""
         check = f"; checked: {self.check}" if self.check else ""
         late = " (declared after evidence)" if self.declared_after_evidence else ""
-        tail = f"; {self.fallback}; to resolve: {self.resolve}" if self.verdict == "undetermined" else ""
-        return f"{self.kind}: {self.choice} — {self.verdict}{late}{interval}{on}{used}{check}{tail}"
+        rest = f"; {self.fallback}; to resolve: {self.resolve}" if tail and self.verdict == "undetermined" else ""
+        return f"{self.kind}: {self.choice} — {self.verdict}{late}{interval}{on}{used}{check}{rest}"
 
 
 def decisions_frame(records: list[DecisionRecord]) -> pd.DataFrame:

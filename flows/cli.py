@@ -57,11 +57,32 @@ def preflight(cfg, *args, **kwargs) -> None:
     check(cfg, *args, **kwargs)
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.")
-gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.")
+# Click's plain help (rich_markup_mode=None): flags show as flags, not `<bool>`, and docstring paragraphs are reflowed
+# to the terminal (at most 120 columns) instead of keeping the source's line breaks.
+HELP = {"max_content_width": 120}
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.",
+                  rich_markup_mode=None, context_settings=HELP)
+gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.", rich_markup_mode=None, context_settings=HELP)
 app.add_typer(gate_app, name="gate")
-# Piped output (CI logs, `| tee`) is not a terminal: rich would wrap tables at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def make_console(terminal: bool, **kwargs) -> Console:
+    """The console of a terminal (rich's width and wrapping), or, for a log file or pipe, one that never wraps a
+    line (``soft_wrap``: a long path or URL stays whole and greppable) and lays tables out 160 columns wide (rich
+    would take 80)."""
+    return Console(**kwargs) if terminal else Console(width=160, soft_wrap=True, **kwargs)
+
+
+console = make_console(sys.stdout.isatty())
+
+def stores_wait_line(who: dict | None, layout: RunsLayout) -> str:
+    """What a run waits for when another holds the stores lock: that run (pid, since) and the lock, which it holds
+    only while it opens MLflow's and Prefect's databases and the DuckDB file (creating or migrating them)."""
+    from infra.leases import describe
+
+    return (f"waiting for {describe(who)}: it holds the lock on this runs folder's stores ({layout.stores_lock}) "
+            "while it opens them (MLflow, DuckDB, Prefect's server); this run goes on when it lets go")
+
 
 def _runs_dir(value: str | None) -> str | None:
     if value is not None and not value.strip():
@@ -209,8 +230,8 @@ def run(
 
         _quiet_expected_failures()
         capture(log_path, verbose=verbose)
-        abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda: console.print(
-            "another run is creating this runs folder's stores (MLflow, DuckDB, Prefect); waiting for it"))
+        abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda who: console.print(
+            escape(stores_wait_line(who, layout)), soft_wrap=True))
         if abandoned:
             console.print(f"[yellow]note:[/] marked FAILED {len(abandoned)} MLflow run(s) left RUNNING by a process "
                           "that has ended")
@@ -293,7 +314,7 @@ def _dry_run(cfg, layout: RunsLayout) -> None:
 
 
 @app.command()
-def fetch(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
+def fetch(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir) -> None:
     """Download and unpack the config's Debian sources into the runs folder's source cache."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -412,7 +433,7 @@ def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_d
 
 @app.command()
 def plan(
-    config: Path = typer.Argument(..., help=r"plan TOML (\[model] + \[\[runs]]) or an experiment TOML (plans \[main])"),
+    config: Path = typer.Argument(..., help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of tables"),
     runs_dir: Optional[str] = RunsDir,
 ) -> None:
@@ -442,8 +463,9 @@ def plan(
 
 
 @gate_app.command("declare")
-def gate_declare(config: Path, runs_dir: Optional[str] = RunsDir) -> None:
-    """Record the config's \\[gate] as the experiment's gate from now on (earlier declarations are kept); a gate
+def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [gate] and name"),
+                 runs_dir: Optional[str] = RunsDir) -> None:
+    """Record the config's [gate] as the experiment's gate from now on (earlier declarations are kept); a gate
     first declared after CPT results of the experiment exist is marked as declared after evidence."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -488,6 +510,10 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
     width = max((len(s.stage) for s in statuses), default=0)
     for s in statuses:
         state = "[green]cached[/]" if s.cached else "[yellow]would run[/]"
+        if s.computing_by is not None:
+            from infra.leases import describe
+
+            state = f"[cyan]being computed[/] by {escape(describe(s.computing_by))}; a run now waits and reuses it"
         console.print(f"{s.stage:<{width}} {s.key}  {state}", soft_wrap=True)
         if explain and not s.cached:
             if s.nearest:
@@ -519,7 +545,9 @@ def gc(runs_dir: Optional[str] = RunsDir,
 
 
 @gate_app.command("show")
-def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
+def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name selects the gates shown, its "
+                                             "[gate] is compared with the one in force"),
+              runs_dir: Optional[str] = RunsDir,
               as_json: bool = typer.Option(False, "--json", help="print the rows as JSON")) -> None:
     """One experiment's gate declarations (the config's name; each marked when declared after evidence) and, for
     the one in force, the decision table with intervals."""
@@ -550,7 +578,7 @@ def gate_show(config: Path, runs_dir: Optional[str] = RunsDir,
         console.print(f"[yellow]note:[/] the config's [gate] ({gate_hash(cfg.gate)[:12]}) differs from the one in "
                       f"force ({gates['gate_hash'].iloc[0][:12]}); the table below is under the one in force. "
                       "`pretrain gate declare CONFIG` makes the config's gate the one in force.")
-    for table in gate_tables(gates, decisions, cfg.gate):
+    for table in gate_tables(gates, decisions, cfg.gate, width=console.width):
         console.print(table)
 
 
@@ -654,7 +682,9 @@ def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory 
     (logits within 1e-4 in fp32, equal greedy continuations, equal token ids); a failed check writes nothing."""
     try:
         from flows.export import export
+        from flows.runlog import quiet_library_bars
 
+        quiet_library_bars()  # the verification is this command's progress; transformers' bars would interleave
         record = export(checkpoint, out, tokenizer, RunsLayout.resolve(runs_dir))
     except PretrainError as err:
         _fail(err)
@@ -718,7 +748,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
     A context longer than the model's seq_len is cropped from the left. Each continuation stops at EOS or after
     --max-new-tokens; the prompt and its continuation go to stdout, the token count and stop reason to stderr.
     """
-    err = Console(stderr=True, width=console.width)
+    err = make_console(sys.stderr.isatty(), stderr=True)
     try:
         from flows.generate import load_generator, read_prompts
         from models.generate import Sampling

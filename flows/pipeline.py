@@ -35,6 +35,7 @@ from flows.versions import moved_notices, write_record
 from flows.runlog import adopt_library_loggers, captured_unless_active
 from infra.artifacts import Artifact, ArtifactStore, disk_full_error
 from infra.errors import DataError
+from infra.leases import describe
 from infra.shard_map import RAY_CALLS_FILE, one_connection, shard_map_for
 from infra.runs import RunsLayout
 from infra.stage import Stage, StageContext, scratch_folder
@@ -92,8 +93,9 @@ def execute_stage(name: str, key: str, env: Env, input_paths: dict[str, Path], m
     if existing is not None and name not in env.refresh:
         return {"key": key, "path": str(existing.path), "computed": False}
     asked = time.time()
-    with env.store.computing(name, key, on_wait=lambda: env.progress.say(
-            f"{name}: another run is computing artifact {key}; waiting for it")):
+    with env.store.computing(name, key, on_wait=lambda who: env.progress.say(
+            f"{name}: {describe(who)} holds the lease on artifact {key} ({env.store.lock_path(name, key)}) and is "
+            "computing it; waiting, then reusing it")):
         # Another run of the same config may have finished this artifact while we waited: a fresh one is reused
         # (even under --refresh, since it was computed after this run asked).
         existing = env.store.get(name, key)

@@ -202,6 +202,14 @@ def _route_library_defaults(bars: bool) -> None:
         pass
 
 
+def quiet_library_bars() -> None:
+    """No tqdm bars from transformers and huggingface_hub (``Loading weights``, ``Writing model shards``) for a
+    command that prints its own result and has no run log to send them to (``pretrain export``)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def adopt_library_loggers() -> None:
     """Extend ``capture`` to the loggers made since (a library imported by a stage): their records reach the run log
     and, unless verbose, not the terminal. A no-op before ``capture``."""

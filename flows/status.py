@@ -24,7 +24,8 @@ MAX_SHOWN = 12  # differing fields listed per stage; the count says how many mor
 
 @dataclass
 class StageStatus:
-    """One stage: its key, whether a complete artifact exists, and otherwise why not (``reasons``)."""
+    """One stage: its key, whether a complete artifact exists, otherwise why not (``reasons``) and, when a running
+    run holds its compute lease now, that run's record (``computing_by``: pid, host, since; ``infra.leases``)."""
 
     stage: str
     key: str
@@ -32,6 +33,7 @@ class StageStatus:
     path: str
     nearest: str | None = None
     reasons: list[str] = field(default_factory=list)
+    computing_by: dict[str, Any] | None = None
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[str, str]:
@@ -92,7 +94,8 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 def stage_statuses(cfg: ExperimentConfig, layout: RunsLayout) -> list[StageStatus]:
     """Every stage in order with its key and cache state; uncached stages carry the differences from the nearest
-    stored artifact (or say there is none). Reads the store only; creates nothing."""
+    stored artifact (or say there is none) and the run computing them now, if any. Reads the store and the
+    leases' holder records only; creates nothing."""
     store = ArtifactStore(layout.artifacts)
     out = []
     for name, stage_key in chain_keys(cfg).items():
@@ -103,6 +106,7 @@ def stage_statuses(cfg: ExperimentConfig, layout: RunsLayout) -> list[StageStatu
         key = stage_key.key
         status = StageStatus(name, key, store.get(name, key) is not None, str(store.path(name, key)))
         if not status.cached:
+            status.computing_by = store.lease_holder(name, key)
             candidates = []
             folder = layout.artifacts / name
             for path in sorted(folder.iterdir()) if folder.is_dir() else []:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from rich.console import Console
+from rich.markup import escape
 
 from evals.decision import DecisionRecord
 from flows.registry import STAGES
@@ -50,7 +53,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         console.rule("decisions")
         for record in decisions:
             colour = "green" if record.verdict == "decided" else "yellow"
-            console.print(f"[{colour}]{record.line()}[/]", soft_wrap=True)
+            console.print(f"[{colour}]{escape(record.line())}[/]", soft_wrap=True)  # "[proxy] budget" is no markup
     missing = [stage.name for stage in with_section if stage.name not in paths]
     if missing:
         console.print(f"[bold]Stopped early[/] (--until): not run this time: {', '.join(missing)}")
@@ -58,12 +61,42 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     if layout.remote_tracking:
         console.print(f"MLflow UI:   {layout.tracking_uri}")
     else:
-        console.print(f"MLflow UI:   mlflow ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1")
+        console.print(f"MLflow UI:   {mlflow_ui_command(layout)}", soft_wrap=True)
     if result.get("experiment_id"):  # the training runs, not the GenAI overview MLflow 3.17's UI opens on by default
         base = layout.tracking_uri if layout.remote_tracking else DEFAULT_UI
         console.print(f"Runs:        {runs_page_url(result['experiment_id'], base)}", soft_wrap=True)
-    console.print(f"DuckDB:      {layout.duckdb}   (tables, columns and example queries: docs/duckdb.md)")
+    console.print(f"DuckDB:      {duckdb_command(layout)}   (tables, columns and example queries: docs/duckdb.md)",
+                  soft_wrap=True)
     console.print(f"Artifacts:   {layout.artifacts}")
+
+
+DUCKDB_CLI = Path(".venv-duckdb-cli/bin/duckdb")  # where `make duckdb-cli` installs the DuckDB shell
+
+
+def as_typed(path: Path) -> str:
+    """``path`` as one would type it here: relative to the working directory when under it (``.venv/bin/mlflow``),
+    else absolute."""
+    path = path.absolute()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def mlflow_ui_command(layout: RunsLayout) -> str:
+    """The ``mlflow ui`` command for the runs folder's store, with the ``mlflow`` beside this Python
+    (``.venv/bin/mlflow``: the venv's bin folder need not be on PATH)."""
+    exe = Path(sys.executable).parent / "mlflow"
+    program = as_typed(exe) if exe.is_file() else "mlflow"
+    return f"{program} ui --backend-store-uri {layout.tracking_uri} --host 127.0.0.1"
+
+
+def duckdb_command(layout: RunsLayout) -> str:
+    """A read-only DuckDB shell on the warehouse: ``$PRETRAIN_DUCKDB_CLI``, else the one ``make duckdb-cli``
+    installs; when it is not there, the line says how to install it."""
+    cli = Path(os.environ.get("PRETRAIN_DUCKDB_CLI") or DUCKDB_CLI)
+    command = f"{as_typed(cli)} -readonly {as_typed(layout.duckdb)}"
+    return command if cli.is_file() else f"{command}   (`make duckdb-cli` installs that shell)"
 
 
 def collect_decisions(paths: dict[str, Path]) -> list[DecisionRecord]:

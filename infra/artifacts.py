@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Callable, Iterator
 
-from filelock import FileLock, Timeout
-
 from infra.atomic import publish_dir
 from infra.errors import ConfigError, DiskFullError
+from infra.leases import hold, holder
 from infra.runs import ensure_folder
 
 MARKER = "_COMPLETE"
@@ -279,27 +278,27 @@ class ArtifactStore:
         return Artifact(stage, key, path, meta)
 
     @contextmanager
-    def computing(self, stage: str, key: str, on_wait: Callable[[], None] = lambda: None,
+    def computing(self, stage: str, key: str, on_wait: Callable[[dict[str, Any] | None], None] = lambda who: None,
                   poll_s: float = 5.0) -> Iterator[None]:
         """Hold the lease to compute (stage, key): one process at a time, across processes on this filesystem.
 
-        The lease is an OS file lock (``flock``) on ``<runs>/locks/<stage>/<key>.lock``, beside the artifacts rather
-        than among them: a killed holder releases it with its process, so a crash never leaves a stale lock.
-        ``on_wait`` is called once when another process holds it. Callers re-check ``get`` after entering: the
-        holder may have finished the artifact meanwhile. Raises ``RunsFolderError`` when a file is in the way of the
-        lock's folder.
+        The lease (``infra.leases.hold``) is an OS file lock (``flock``) on ``<runs>/locks/<stage>/<key>.lock``,
+        beside the artifacts rather than among them: a killed holder releases it with its process, so a crash never
+        leaves a stale lock; the holder records its pid beside it (:meth:`lease_holder`). ``on_wait`` is called once
+        when another process holds it, with that process's record (None when unknown). Callers re-check ``get``
+        after entering: the holder may have finished the artifact meanwhile. Raises ``RunsFolderError`` when a file
+        is in the way of the lock's folder.
         """
-        folder = ensure_folder(self.root.parent / "locks" / stage)
-        lock = FileLock(str(folder / f"{key}.lock"))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            on_wait()
-            lock.acquire(poll_interval=poll_s)
-        try:
+        with hold(self.lock_path(stage, key), on_wait, poll_s=poll_s):
             yield
-        finally:
-            lock.release()
+
+    def lock_path(self, stage: str, key: str) -> Path:
+        """The compute lease of (stage, key): ``<runs>/locks/<stage>/<key>.lock``."""
+        return self.root.parent / "locks" / stage / f"{key}.lock"
+
+    def lease_holder(self, stage: str, key: str) -> dict[str, Any] | None:
+        """The record (pid, host, since) of the process computing (stage, key) now, or None (``infra.leases``)."""
+        return holder(self.lock_path(stage, key))
 
     def begin(self, stage: str, key: str) -> Path:
         """A fresh temporary directory to write a stage's outputs into; ``RunsFolderError`` when a file is in the

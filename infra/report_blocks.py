@@ -56,11 +56,19 @@ def fmt_value(value: Any, floats: str) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def rich_table(title: str, frame: pd.DataFrame, floats: str = "{:.3f}") -> Table:
-    """``frame`` as a rich table titled ``title``: numeric columns right-aligned, cells through ``fmt_value``."""
+def rich_table(title: str, frame: pd.DataFrame, floats: str = "{:.3f}", overflow: str = "ellipsis",
+               whole: tuple[str, ...] = (), width: int | None = None) -> Table:
+    """``frame`` as a rich table titled ``title``: numeric columns right-aligned, cells through ``fmt_value``;
+    ``overflow="fold"`` breaks a cell too long for its column onto the next line instead of cutting it, and the
+    columns named in ``whole`` are as wide as their longest cell (names stay on one line while the others wrap)
+    when together they fit in ``width`` characters (None: no limit), else they fold too."""
     table = Table(title=title, title_justify="left", show_lines=False)
+    widest = {c: max([len(str(c))] + [len(str(v)) for v in frame[c]]) for c in frame.columns if c in whole}
+    if width is not None and sum(widest.values()) + 3 * len(frame.columns) + 1 > width:
+        widest = {}  # the whole columns alone would not fit: fold them like the rest
     for column in frame.columns:
-        table.add_column(str(column), justify="right" if frame[column].dtype.kind in "if" else "left")
+        table.add_column(str(column), justify="right" if frame[column].dtype.kind in "if" else "left",
+                         overflow=overflow, min_width=widest.get(column))
     for row in frame.itertuples(index=False):
         table.add_row(*[fmt_value(v, floats) for v in row])
     return table

@@ -83,7 +83,14 @@ def describe_error(root: type[BaseModel], error: Any) -> str:
     got = _short(value)
     if isinstance(value, (int, float, str)) and (cause is None or got not in message):
         message += f" (got {got})"
-    return f"{path}: {message}" if path else message  # a check of the whole section has no field path
+    if not path or _names(message, path):  # a section's own check names its field (``mixture.seeds = 0: ...``)
+        return message
+    return f"{path}: {message}"
+
+
+def _names(message: str, path: str) -> bool:
+    """``message`` starts with the field path ``path`` or one of its fields (``path.key``)."""
+    return message.startswith(path) and message[len(path):len(path) + 1] in ("", ".", ":", " ", "[")
 
 
 def _unquote_hint(kind: str, value: str, key: str) -> str:
@@ -117,9 +124,14 @@ def _key_hint(root: type[BaseModel], loc: tuple) -> str:
     if model is None:
         return "remove it"
     known = sorted(model.model_fields)
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-    suggestion = f"did you mean {close[0]!r}? " if close else ""
-    return f"{suggestion}remove it or use one of {known}"
+    return f"{did_you_mean(str(loc[-1]), known)}remove it or use one of {known}"
+
+
+def did_you_mean(word: str, known: list[str]) -> str:
+    """``did you mean 'tokenizer'? `` for the entry of ``known`` closest to a misspelt ``word`` (difflib's ratio
+    >= 0.6), else ""."""
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:

@@ -15,36 +15,28 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from filelock import FileLock, Timeout
-
+from infra.leases import hold
 from infra.runs import RunsLayout, ensure_folder
 
 
 @contextmanager
-def stores_lock(layout: RunsLayout, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
-    """Hold the runs folder's stores lock (an OS file lock, released with its process if that is killed);
-    ``on_wait`` is called once when another process holds it.
+def stores_lock(layout: RunsLayout,
+                on_wait: Callable[[dict[str, Any] | None], None] = lambda who: None) -> Iterator[None]:
+    """Hold the runs folder's stores lock (``infra.leases.hold``: an OS file lock, released with its process if
+    that is killed); ``on_wait`` is called once when another process holds it, with its record (pid, host, since;
+    None when unknown).
 
     Raises:
         RunsFolderError: a file is in the way of the lock's folder.
     """
-    ensure_folder(layout.stores_lock.parent)
-    lock = FileLock(str(layout.stores_lock))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        on_wait()
-        lock.acquire(poll_interval=0.5)
-    try:
+    with hold(layout.stores_lock, on_wait):
         yield
-    finally:
-        lock.release()
 
 
 def open_stores(layout: RunsLayout, experiment: str, *, server_log: Path,
-                on_wait: Callable[[], None] = lambda: None) -> list[str]:
+                on_wait: Callable[[dict[str, Any] | None], None] = lambda who: None) -> list[str]:
     """Create (or migrate) MLflow's store with the experiment, the DuckDB file and, when Prefect runs without
     ``PREFECT_API_URL``, its local API server with its database, all under the stores lock. Marks FAILED the MLflow
     runs left RUNNING by a process of this host that has ended (``Tracker.fail_abandoned_runs``); returns their

@@ -21,9 +21,14 @@ coverage is not assured, docs/methods.md §16; the row's ``reason`` says which);
 ``unchanged`` when nothing was put back, or the two arms' losses are bit-identical (the proxy never drew the
 re-added rows).
 
+The overall row is also the stage's decision record (``evals.decision``, kind ``quality_ablation``, docs/methods.md
+§14): declared before the first arm trains, ``decided`` when the overall verdict is ``helped`` or ``hurt``, else
+``undetermined`` with what would settle it. The corpus goes on as built either way: the ablation informs, it does
+not switch the classifier off.
+
 Outputs: ``ablation.parquet`` (``ABLATION_COLUMNS``, one row per source), ``windows.parquet`` (the paired window
-losses behind it), ``ablation.json`` (arms, weights, budget, decontamination counts, verdicts, overall row) and
-``ablation.png``. Not requested (``ablate = false`` or no classifier): ``ablation.json`` with ``requested: false``.
+losses behind it), ``ablation.json`` (arms, weights, budget, decontamination counts, verdicts, overall row, the
+decision record under ``"decision"``) and ``ablation.png``. Not requested (``ablate = false`` or no classifier): ``ablation.json`` with ``requested: false``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from evals.decision import DecisionRecord
 from evals.heldout import heldout_loss, window_documents
 from evals.stats import MIN_UNITS, SeedClusterCI, has_width, seed_cluster_mean_ci, units_shortfall
 from infra.atomic import atomic_file
@@ -74,6 +80,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     if not requested(cfg):
         (ctx.out / "ablation.json").write_text(json.dumps({"requested": False}))
         return {"requested": False}
+    declared = declare(cfg.corpus.quality_model.ablate_seeds)  # before any evidence is computed
     corpus_dir, tokenized = Path(ctx.inputs["corpus"]), TokenizedCorpus(ctx.inputs["tokenizer"])
     removed_path = corpus_dir / "quality_removed.parquet"
     if not removed_path.is_file():
@@ -114,10 +121,50 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
         "decontaminated_docs": int(len(decontam)), "confidence": CONFIDENCE, "overall": overall,
         "verdicts": dict(zip(table.source, table.verdict)),
     }
+    record["decision"] = json.loads(settle(declared, overall, readded_docs=record["readded_docs"],
+                                           evidence={"table": "quality_ablation", "artifact_key": ctx.key}).to_json())
     (ctx.out / "ablation.json").write_text(json.dumps(record, indent=2, default=float))
     plot_ablation(table, ctx.out / "ablation.png")
     return {"requested": True, "verdicts": record["verdicts"], "overall": overall["verdict"],
             "overall_delta_bpb": overall["delta_bpb"], "readded_docs": record["readded_docs"]}
+
+
+RULE = ("Δ = bits/byte of the proxy trained with the classifier's removals put back − without them, over the training "
+        "sources' held-out documents, averaged over {seeds} paired seeds; {confidence:.0%} t interval over seeds and "
+        "documents; decided when it excludes 0 (above: the classifier helped, below: it hurt) on >= 3 seeds and >= 5 "
+        "documents, else undetermined; the corpus is built with the classifier either way")
+FALLBACK = "the corpus stays as built, with the classifier's removals left out"
+
+
+def declare(seeds: int) -> DecisionRecord:
+    """The ``quality_ablation`` decision record with its rule fixed, before any arm trains."""
+    return DecisionRecord.declare("quality_ablation", rule=RULE.format(seeds=seeds, confidence=CONFIDENCE),
+                                  rule_config={"seeds": seeds, "confidence": CONFIDENCE, "min_units": MIN_UNITS})
+
+
+def settle(declared: DecisionRecord, overall: dict[str, Any], *, readded_docs: int,
+           evidence: dict[str, Any]) -> DecisionRecord:
+    """``declared`` settled on the overall row of :func:`compare` (Δ bits/byte over the training sources):
+    ``decided`` with choice ``classifier helped`` / ``classifier hurt`` when the verdict is ``helped`` / ``hurt``;
+    otherwise ``undetermined`` (choice ``classifier kept``) with the reason as what would resolve it."""
+    word = overall["verdict"]
+    resolve = ""
+    if word == "unchanged":
+        resolve = ("nothing to put back: no document the classifier removed from the training sources passed the "
+                   "held-out decontamination" if not readded_docs else
+                   f"the proxy never drew the {readded_docs:,} documents put back (both arms bit-identical): a "
+                   "longer proxy ([proxy] budget.steps)")
+    elif word == "undetermined":
+        resolve = overall.get("reason") or ("the interval holds 0: more seeds (corpus.quality_model.ablate_seeds) "
+                                            "or held-out documents ([proxy] budget.eval_tokens) narrow it")
+    decided = word in ("helped", "hurt")
+    return declared.settle(
+        choice=f"classifier {word}" if decided else "classifier kept", verdict="decided" if decided else "undetermined",
+        estimate=overall["delta_bpb"], low=overall["delta_low"], high=overall["delta_high"], unit="bits/byte",
+        confidence=CONFIDENCE, fallback=FALLBACK, resolve=resolve,
+        evidence={**evidence, "verdict": word, "readded_docs": readded_docs, "sources": overall["sources"]},
+        n_units=int(overall["seeds"]), units=f"seeds × {int(overall['heldout_docs']):,} documents",
+        min_units=MIN_UNITS["seeds"])
 
 
 def _readded_documents(ctx: StageContext, cfg: Any, corpus_dir: Path, tokenized: TokenizedCorpus,

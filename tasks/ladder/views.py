@@ -52,7 +52,9 @@ def main_check(forecast: dict[str, Any], paths: Mapping[str, Path]) -> dict[str,
     return forecast_check(p["predicted"], p["low"], p["high"], actual)
 
 
-def _lines(forecast: dict[str, Any], paths: Mapping[str, Path]) -> list[str]:
+def _lines(forecast: dict[str, Any], paths: Mapping[str, Path], *, tail: bool = True) -> list[str]:
+    """The ladder's lines; without ``tail`` the decision's fallback and what would resolve it are left out (the
+    summary's closing decisions block says them)."""
     fit, p, opt, target = forecast["fit"], forecast["prediction"], forecast["optimum"], forecast["target"]
     level = f"{p['confidence']:.0%}"
     out = [f"  {forecast['law']['form_text']}, {fit['points']} rungs fitted (Huber δ {fit['huber_delta']:g} on log L, "
@@ -92,7 +94,7 @@ def _lines(forecast: dict[str, Any], paths: Mapping[str, Path]) -> list[str]:
                  f"{_num(checks.get('extrapolation'))}× the largest rung's compute")
     out.append(f"  forecast of the main run's held-out loss: {p['predicted']:.4f} [{p['low']:.4f}, {p['high']:.4f}] "
                f"nats/token{parts} (forecast {forecast['forecast_hash'][:12]})")
-    out.append("  " + decision_of(forecast).line())
+    out.append("  " + decision_of(forecast).line(tail=tail))
     check = main_check(forecast, paths)
     if check is not None:
         out.append(f"  main run measured {check['actual']:.4f} nats/token: error {check['error']:+.4f} "
@@ -107,7 +109,7 @@ def summary(ctx: SummaryContext) -> list[Any]:
     if forecast is None:
         return []
     return ["[bold]Scaling ladder[/] L(N, D) = E + A/N^α + B/D^β (Hoffmann et al. 2022):",
-            *(escape(line) for line in _lines(forecast, ctx.paths))]  # intervals and field names are not markup
+            *(escape(line) for line in _lines(forecast, ctx.paths, tail=False))]  # intervals and field names are not markup
 
 
 def report(ctx: ReportContext) -> list[Block]:

@@ -31,7 +31,7 @@ CONTENDER = textwrap.dedent("""
     root, name, log = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     store = ArtifactStore(root)
     waited = []
-    with store.computing("corpus", "k1", on_wait=lambda: waited.append(True), poll_s=0.05):
+    with store.computing("corpus", "k1", on_wait=lambda who: waited.append(True), poll_s=0.05):
         if store.get("corpus", "k1") is None:
             tmp = store.begin("corpus", "k1")
             (tmp / "data.txt").write_text(name)
@@ -79,7 +79,7 @@ def test_a_killed_holder_releases_the_lease(tmp_path):
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
     started = time.monotonic()
-    with ArtifactStore(tmp_path / "artifacts").computing("main", "k2", on_wait=lambda: waited.append(1), poll_s=0.05):
+    with ArtifactStore(tmp_path / "artifacts").computing("main", "k2", on_wait=lambda who: waited.append(1), poll_s=0.05):
         pass
     assert not waited, "the lease of a SIGKILLed holder must be free at once"
     assert time.monotonic() - started < 5

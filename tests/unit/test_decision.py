@@ -47,3 +47,10 @@ def test_bad_verdicts_and_intervals_are_refused(verdict, bounds):
     estimate, low, high = bounds
     with pytest.raises(DataError):
         declared.settle(choice="base", verdict=verdict, estimate=estimate, low=low, high=high)
+
+
+def test_a_brief_line_leaves_the_fallback_and_resolution_to_the_closing_block():
+    record = DecisionRecord.declare("forecast", rule="r", rule_config={}).settle(
+        choice="x", verdict="undetermined", fallback="keep going", resolve="more rungs")
+    assert record.line().endswith("; keep going; to resolve: more rungs")
+    assert record.line(tail=False) == "forecast: x — undetermined"

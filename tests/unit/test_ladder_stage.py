@@ -101,6 +101,7 @@ def test_rungs_follow_the_main_run_and_a_two_by_two_ladder_is_undetermined(tmp_p
     assert "forecast: " in lines and "undetermined" in lines and "compute-optimal" in lines
     assert "backtest: not run" in lines and "no backtest" in lines
     assert "main run measured 4.1000 nats/token" in lines
+    assert "to resolve" not in lines  # said once, in the closing decisions block
 
 
 def test_rung_shape_budget_and_lr_rule():

@@ -23,7 +23,7 @@ OPEN = textwrap.dedent("""
     from infra.stores import open_stores
 
     layout = RunsLayout.resolve(sys.argv[1])
-    open_stores(layout, "exp", server_log=layout.logs / "run.log", on_wait=lambda: print("waiting", flush=True))
+    open_stores(layout, "exp", server_log=layout.logs / "run.log", on_wait=lambda who: print("waiting", flush=True))
     print("opened", flush=True)
 """)
 

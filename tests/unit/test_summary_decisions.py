@@ -58,3 +58,33 @@ def test_decisions_are_read_from_the_artifacts_with_nan_written_as_null(tmp_path
     [record] = collect_decisions({"sweep": sweep, **paths})
     assert record.verdict == "undetermined" and record.used == "the main run trained at 0.00412"
     assert record.estimate != record.estimate  # null reads back as NaN
+
+
+def test_where_to_look_next_prints_commands_that_run_from_here(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    from rich.console import Console
+
+    from flows.summary import print_summary
+    from infra.runs import RunsLayout
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PRETRAIN_DUCKDB_CLI", raising=False)
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "mlflow").touch()
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    ablation = tmp_path / "quality_ablation"
+    ablation.mkdir()
+    undetermined = DecisionRecord.declare("quality_ablation", rule="r", rule_config={}).settle(
+        choice="classifier kept", verdict="undetermined", fallback="as built", resolve="raise [proxy] budget.steps")
+    (ablation / "ablation.json").write_text(json.dumps({"requested": False,
+                                                       "decision": json.loads(undetermined.to_json())}))
+    out = io.StringIO()
+    print_summary({"experiment": "e", "paths": {"quality_ablation": ablation}, "cached": {}}, RunsLayout(tmp_path / "runs"),
+                  Console(file=out, width=100, soft_wrap=True))
+    text = out.getvalue()
+    assert "raise [proxy] budget.steps" in text  # a config section in a decision is text, not rich markup
+    assert "MLflow UI:   .venv/bin/mlflow ui --backend-store-uri sqlite:///" in text
+    assert "DuckDB:      .venv-duckdb-cli/bin/duckdb -readonly runs/results.duckdb   (`make duckdb-cli` installs" in text

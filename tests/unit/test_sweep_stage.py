@@ -108,9 +108,9 @@ def _published_and_shown(tmp_path, out, best):
     for item in summary_lines(SummaryContext(path=out, paths={"sweep": out}, layout=RunsLayout(tmp_path / "runs"))):
         console.print(item)
     shown = console.export_text()
-    assert f"Peak LR: {best['best_lr']:.3e} (the best trial {best['best_lr']:.3e}" in shown
-    assert "undetermined; fall back to the best COMPLETE trial's LR" in shown
-    assert "to resolve: needs >= 10 trials, has " in shown
+    assert f"Peak LR: {best['best_lr']:.3e} — the main run trains at it, from the d16 sweep: its best trial" in shown
+    # the fallback and what would settle it are the closing decisions block's, said once
+    assert "— undetermined" in shown and "to resolve" not in shown
     assert "no width exponent: needs ≥ 3 widths" in shown and "d_model^" not in shown
     blocks = report(ReportContext(path=out, paths={"sweep": out}, layout=RunsLayout(tmp_path / "runs"),
                                   warehouse=warehouse, plots_dir=tmp_path))
