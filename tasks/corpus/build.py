@@ -2,9 +2,11 @@
 in parallel; a crash resumes (docs/methods.md §7).
 
 Passes over a work directory. A shard pass writes each shard's outputs under a temporary name and renames them when
-complete, so a rerun skips finished shards and never reads a partial one. The global passes run in the main process
-on DuckDB tables in a file under the work directory (``memory_limit`` bounded, spilling to disk), over integer
-positions in corpus order: no per-document Python object lives in the main process.
+complete, so a rerun skips finished shards and never reads a partial one. The global passes run as
+``execution.partitions`` tasks on the engine, each reading only its hash partition of every shard's output
+(:mod:`tasks.corpus.partitioned`); what stays in the main process (DuckDB tables in a file under the work
+directory, ``memory_limit`` bounded, spilling to disk) is O(removed documents and pairs), over integer positions in
+corpus order: no per-document Python object, and no per-document row, lives in the main process.
 
 1. ``plan``: the raw documents are divided into input shards of ``execution.shard_docs`` documents, in corpus
    order, as slices of the source files (nothing is copied); repeated ``doc_id`` values are found by DuckDB.
@@ -13,25 +15,31 @@ positions in corpus order: no per-document Python object lives in the main proce
 3. ``boilerplate`` (per hash partition of the units): units in ``boilerplate.min_docs`` documents or more,
    counted over every shard by ``execution.partitions`` tasks, each reading only its partition of every shard.
 4. ``key`` (per shard): boilerplate cut, exact-dedup hash (xxh3-128 of the normal form), MinHash band keys
-   (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
-5. global ``candidates``: exact duplicates (first in corpus order kept) and LSH candidate pairs
-   (:func:`tasks.corpus.near_dedup.candidate_pairs`), written partitioned by the shard of each pair's later document.
+   (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits; then ``key parts``: the
+   hashes and band keys split by hash partition (:func:`tasks.corpus.partitioned.split_keys`).
+5. ``exact`` and ``candidates`` (per hash partition): exact duplicates (first in corpus order kept) and the quality
+   classifier's removals (:func:`tasks.corpus.partitioned.exact_partition`), then the LSH candidate pairs of the
+   partition's buckets among the survivors (:func:`tasks.corpus.partitioned.candidate_partition`), written by the
+   shard of each pair's later document.
 6. ``shingle`` (per shard): sorted shingle hashes of the shard's candidate documents
    (:func:`tasks.corpus.near_dedup.shingle_sets`).
-7. ``verify`` (per shard): exact Jaccard of the pairs whose later document is in the shard
+7. ``verify`` (per shard): exact Jaccard of the distinct pairs whose later document is in the shard
    (:func:`tasks.corpus.near_dedup.verify_sets`; each earlier shard's partner sets are copied out of its pass-6
    file in one read through a short-lived memory map).
-8. global ``decide``: leader clustering over the verified pairs in corpus order, families (connected components,
-   for document-aware held-out splits), decontamination, funnel counts; removals partitioned by shard.
+8. global ``decide``: leader clustering over the verified pairs in corpus order and families (connected
+   components, for document-aware held-out splits), both on the ranks of the documents in a pair; the keys of the
+   documents the decisions name are read back by a ``lookup`` shard pass; decontamination, funnel counts (the key
+   pass's per-source totals less the removals); removals partitioned by shard.
 9. ``substring`` (opt-in, ``[corpus.substring_dedup]``): the survivors are planned into partitions (DuckDB); per
    partition, repeated spans are found with a suffix array (:mod:`tasks.corpus.substring`); global: the cuts and
-   the documents left too short, partitioned by shard.
+   the documents left too short, partitioned by shard. This step and the quality classifier's audit read every
+   document's keys into the main process's DuckDB.
 10. ``write`` (per shard): the shard's kept documents (with the substring cuts applied) and its removal rows, each
    in corpus order: the shard's parts of the artifact's ``kept/`` and ``removals/`` datasets, linked into place,
    never joined (``tasks.readers`` reads them).
 
 Invariants: per source, documents in = kept + removed (one ledger row per removed document); the result does not
-depend on the shard size, the engine or the number of workers.
+depend on the shard size, the engine, the number of workers or the number of partitions.
 """
 
 from __future__ import annotations
