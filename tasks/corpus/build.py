@@ -1180,17 +1180,19 @@ def _decontaminate(con: duckdb.DuckDBPyConnection, cfg: CorpusConfig, index: Eva
 def _global_funnel(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     """Funnel rows of the global steps per source: documents and characters before and after each, from the
     sources' totals (``_totals``) less the removals of the earlier steps (O(removed documents))."""
-    frame = con.execute("""
-        WITH r AS (SELECT k.source, r.step, k.n_chars FROM removed r JOIN info k USING (pos)),
-        s AS (SELECT unnest(range(?)) AS step)
-        SELECT t.source, s.step,
-               t.docs - (SELECT count(*) FROM r WHERE r.source = t.source AND r.step < s.step) AS docs_in,
-               t.docs - (SELECT count(*) FROM r WHERE r.source = t.source AND r.step <= s.step) AS docs_out,
-               t.chars - (SELECT coalesce(sum(n_chars), 0) FROM r WHERE r.source = t.source AND r.step < s.step)
-                   AS chars_in,
-               t.chars - (SELECT coalesce(sum(n_chars), 0) FROM r WHERE r.source = t.source AND r.step <= s.step)
-                   AS chars_out
-        FROM _totals t CROSS JOIN s ORDER BY s.step, t.source""", [len(GLOBAL_STEPS)]).df()
+    totals = con.execute("SELECT source, docs, chars FROM _totals ORDER BY source").df()
+    gone = con.execute("SELECT k.source, r.step, count(*)::BIGINT AS docs, sum(k.n_chars)::BIGINT AS chars "
+                       "FROM removed r JOIN info k USING (pos) GROUP BY k.source, r.step").df()
+    steps = len(GLOBAL_STEPS)
+    rows = []
+    for source, docs, chars in zip(totals.source, totals.docs.tolist(), totals.chars.tolist()):
+        mine = gone[gone.source == source]
+        by_step = np.zeros((steps, 2), dtype=np.int64)
+        by_step[mine.step.to_numpy(dtype=np.int64)] = mine[["docs", "chars"]].to_numpy(dtype=np.int64)
+        after = np.array([docs, chars], dtype=np.int64) - np.cumsum(by_step, axis=0)  # (steps, 2)
+        before = np.vstack([[docs, chars], after[:-1]])
+        rows += [(step, source, *before[step], *after[step]) for step in range(steps)]
+    frame = pd.DataFrame(sorted(rows), columns=["step", "source", "docs_in", "chars_in", "docs_out", "chars_out"])
     frame = frame.astype({c: "int64" for c in ("docs_in", "docs_out", "chars_in", "chars_out")})
     frame["stage"] = [GLOBAL_STEPS[s] for s in frame.pop("step")]
     return frame[FUNNEL_COLUMNS]
