@@ -2,9 +2,11 @@
 in parallel; a crash resumes (docs/methods.md §7).
 
 Passes over a work directory. A shard pass writes each shard's outputs under a temporary name and renames them when
-complete, so a rerun skips finished shards and never reads a partial one. The global passes run in the main process
-on DuckDB tables in a file under the work directory (``memory_limit`` bounded, spilling to disk), over integer
-positions in corpus order: no per-document Python object lives in the main process.
+complete, so a rerun skips finished shards and never reads a partial one. The global passes run as
+``execution.partitions`` tasks on the engine, each reading only its hash partition of every shard's output
+(:mod:`tasks.corpus.partitioned`); what stays in the main process (DuckDB tables in a file under the work
+directory, ``memory_limit`` bounded, spilling to disk) is O(removed documents and pairs), over integer positions in
+corpus order: no per-document Python object, and no per-document row, lives in the main process.
 
 1. ``plan``: the raw documents are divided into input shards of ``execution.shard_docs`` documents, in corpus
    order, as slices of the source files (nothing is copied); repeated ``doc_id`` values are found by DuckDB.
@@ -13,25 +15,31 @@ positions in corpus order: no per-document Python object lives in the main proce
 3. ``boilerplate`` (per hash partition of the units): units in ``boilerplate.min_docs`` documents or more,
    counted over every shard by ``execution.partitions`` tasks, each reading only its partition of every shard.
 4. ``key`` (per shard): boilerplate cut, exact-dedup hash (xxh3-128 of the normal form), MinHash band keys
-   (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits.
-5. global ``candidates``: exact duplicates (first in corpus order kept) and LSH candidate pairs
-   (:func:`tasks.corpus.near_dedup.candidate_pairs`), written partitioned by the shard of each pair's later document.
+   (``bands`` × 8 bytes per document, not the whole signature), evaluation n-gram hits; then ``key parts``: the
+   hashes and band keys split by hash partition (:func:`tasks.corpus.partitioned.split_keys`).
+5. ``exact`` and ``candidates`` (per hash partition): exact duplicates (first in corpus order kept) and the quality
+   classifier's removals (:func:`tasks.corpus.partitioned.exact_partition`), then the LSH candidate pairs of the
+   partition's buckets among the survivors (:func:`tasks.corpus.partitioned.candidate_partition`), written by the
+   shard of each pair's later document.
 6. ``shingle`` (per shard): sorted shingle hashes of the shard's candidate documents
    (:func:`tasks.corpus.near_dedup.shingle_sets`).
-7. ``verify`` (per shard): exact Jaccard of the pairs whose later document is in the shard
+7. ``verify`` (per shard): exact Jaccard of the distinct pairs whose later document is in the shard
    (:func:`tasks.corpus.near_dedup.verify_sets`; each earlier shard's partner sets are copied out of its pass-6
    file in one read through a short-lived memory map).
-8. global ``decide``: leader clustering over the verified pairs in corpus order, families (connected components,
-   for document-aware held-out splits), decontamination, funnel counts; removals partitioned by shard.
+8. global ``decide``: leader clustering over the verified pairs in corpus order and families (connected
+   components, for document-aware held-out splits), both on the ranks of the documents in a pair; the keys of the
+   documents the decisions name are read back by a ``lookup`` shard pass; decontamination, funnel counts (the key
+   pass's per-source totals less the removals); removals partitioned by shard.
 9. ``substring`` (opt-in, ``[corpus.substring_dedup]``): the survivors are planned into partitions (DuckDB); per
    partition, repeated spans are found with a suffix array (:mod:`tasks.corpus.substring`); global: the cuts and
-   the documents left too short, partitioned by shard.
+   the documents left too short, partitioned by shard. This step and the quality classifier's audit read every
+   document's keys into the main process's DuckDB.
 10. ``write`` (per shard): the shard's kept documents (with the substring cuts applied) and its removal rows, each
    in corpus order: the shard's parts of the artifact's ``kept/`` and ``removals/`` datasets, linked into place,
    never joined (``tasks.readers`` reads them).
 
 Invariants: per source, documents in = kept + removed (one ledger row per removed document); the result does not
-depend on the shard size, the engine or the number of workers.
+depend on the shard size, the engine, the number of workers or the number of partitions.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from infra.atomic import atomic_dir, atomic_file, atomic_write_text
 from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
-from tasks.corpus import minhash, near_dedup, substring
+from tasks.corpus import minhash, near_dedup, partitioned, substring
 from tasks.corpus.boilerplate import COUNT_COLUMNS, count_units, frequent_units, strip_units
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.filters import (DOC_STEPS, FUNNEL_COLUMNS, INPUT_COLUMNS, OPTIONAL_COLUMNS, REMOVAL_COLUMNS,
@@ -309,29 +317,50 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
     index = EvalIndex.build(eval_items, cfg.decontamination.ngram) if cfg.decontamination.enabled else EvalIndex(13)
     index.save(work / "eval_index.npz")
     model = str(quality_model) if quality_model is not None and cfg.quality_model.enabled else ""
+    n_parts = cfg.execution.partitions
     shard_pass("key", key_shard, [dict(filtered_dir=str(work / "filtered" / name), out_dir=str(work / "keyed" / name),
                                        cfg_json=cfg_json, work=str(work), shard=i, quality_model=model)
                                   for i, name in enumerate(names)])
     offsets = _offsets(work, names)
     np.save(work / "offsets.npy", offsets)
-    tick("candidates", 0, 1)
-    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit) as con:
-        _load_keys(con, work, names, offsets, cfg.near_dedup.bands)
-        n_pairs = _candidates(con, work, cfg)
-    tick("candidates", 1, 1)
-    near_on = cfg.near_dedup.enabled and n_pairs > 0
-    shard_pass("shingle", shingle_shard, [dict(keyed_dir=str(work / "keyed" / name),
-                                               wanted=str(work / "candidates" / "wanted" / f"shard={i}"),
-                                               out_dir=str(work / "shingles" / name), cfg_json=cfg_json)
+    nd = cfg.near_dedup
+    parts = partitioned.key_parts_folder(work, n_parts)
+    shard_pass("key parts", split_shard_keys, [dict(keyed_dir=str(work / "keyed" / name), out_dir=str(parts / name),
+                                                    n_parts=n_parts, bands=nd.bands if nd.enabled else 0)
+                                               for name in names])
+    exact_dir, cand_dir = (partitioned.key_parts_folder(work, n_parts, kind) for kind in ("exact", "candidates"))
+    common = dict(work=str(work), names=",".join(names), n_parts=n_parts)
+    shard_pass("exact", partitioned.exact_partition, [dict(common, part=p, exact_dedup=cfg.exact_dedup,
+                                                           out_dir=str(exact_dir / f"{p:05d}")) for p in range(n_parts)])
+    shard_pass("candidates", partitioned.candidate_partition,
+               [dict(common, part=p, exact_dir=str(exact_dir), scope=nd.scope, max_links=near_dedup.MAX_LINKS,
+                     out_dir=str(cand_dir / f"{p:05d}")) for p in range(n_parts)] if nd.enabled else [])
+    near_on = nd.enabled and any(json.loads((cand_dir / f"{p:05d}" / "count.json").read_text())["pairs"]
+                                 for p in range(n_parts))
+    shard_pass("shingle", shingle_shard, [dict(keyed_dir=str(work / "keyed" / name), candidates=str(cand_dir),
+                                               n_parts=n_parts, shard=i, out_dir=str(work / "shingles" / name),
+                                               cfg_json=cfg_json)
                                           for i, name in enumerate(names)] if near_on else [])
-    shard_pass("verify", verify_shard, [dict(pairs=str(work / "candidates" / "pairs" / f"shard={i}"),
+    shard_pass("verify", verify_shard, [dict(candidates=str(cand_dir), n_parts=n_parts, shard=i,
                                              work=str(work), names=",".join(names),
                                              out_dir=str(work / "verified" / name),
-                                             threshold=cfg.near_dedup.jaccard_threshold)
+                                             threshold=nd.jaccard_threshold)
                                         for i, name in enumerate(names)] if near_on else [])
+    n_pairs = sum(json.loads((work / "verified" / name / "count.json").read_text())["compared"]
+                  for name in names) if near_on else 0
     tick("decide", 0, 1)
-    # The same database: its keys and exact tables were built by the candidates pass of this call.
+    with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit) as con:
+        _verdicts(con, work, names, cfg, offsets, near_on)
+        wanted = con.execute(_WANTED_SQL).fetchnumpy()["pos"]
+    lookup = work / "lookup"
+    shard_pass("lookup", lookup_shard, [dict(keyed_dir=str(work / "keyed" / names[shard]), wanted=str(path),
+                                             start=int(offsets[shard]), shard=shard,
+                                             out_path=str(lookup / f"{names[shard]}.parquet"))
+                                        for shard, path in _write_wanted(lookup, names, offsets, wanted)])
     with _duckdb(work, "decide.duckdb", cfg.execution.memory_limit, fresh=False) as con:
+        _load_info(con, work, names)
+        if cfg.quality_model.enabled or cfg.substring_dedup.enabled:  # the opt-in steps read every document's keys
+            _load_keys(con, work, names, offsets, cfg.near_dedup.bands)
         near_stats = _decide(con, work, names, cfg, index, n_pairs)
         _quality_audit(con, work, names, cfg, out)
     tick("decide", 1, 1)
@@ -581,37 +610,100 @@ def _load_keys(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], off
                 "FROM read_parquet(?) k JOIN _offsets o USING (shard)", [files])
 
 
-def _candidates(con: duckdb.DuckDBPyConnection, work: Path, cfg: CorpusConfig) -> int:
-    """Pass 5: table ``exact`` (pos, first_pos); the LSH candidate pairs among the documents that survive exact
-    dedup, written to ``candidates/pairs`` partitioned by the shard of ``j`` and the documents to shingle to
-    ``candidates/wanted`` partitioned by shard. Returns the number of candidate pairs. Table ``quality_low`` (pos):
-    the documents that survive exact dedup and that the quality classifier does not keep; they are not candidates
-    (cheap filters first: near dedup verifies only what survives)."""
-    _exact_table(con, cfg)
-    con.execute("CREATE OR REPLACE TABLE quality_low AS SELECT pos FROM keys WHERE NOT quality_keep "
-                "AND pos NOT IN (SELECT pos FROM exact)")
-    nd = cfg.near_dedup
-    if not nd.enabled:
-        return 0
-    grp = "src::BIGINT * 2 + by_chars::BIGINT" if nd.scope == "source" else "by_chars::BIGINT"
-    bands = ", ".join(f"band_{b}" for b in range(nd.bands))
-    con.execute(f"CREATE VIEW near_in AS SELECT pos, {grp} AS grp, {bands} FROM keys "
-                f"WHERE has_shingles AND pos NOT IN (SELECT pos FROM exact) AND pos NOT IN (SELECT pos FROM quality_low)")
-    n_pairs = near_dedup.candidate_pairs(con, "near_in", nd.bands, "pairs")
-    target = work / "candidates"
-    if target.exists():  # a killed run got this far: the pairs are a function of the keys, already written
-        return n_pairs
-    with atomic_dir(target, clear_stale=True) as tmp:
-        (tmp / "pairs").mkdir()
-        (tmp / "wanted").mkdir()
-        if n_pairs:
-            con.execute(f"COPY (SELECT p.i, p.j, k.shard FROM pairs p JOIN keys k ON k.pos = p.j) TO "
-                        f"'{tmp / 'pairs'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
-            con.execute(f"COPY (SELECT DISTINCT k.shard, k.row FROM keys k JOIN "
-                        f"(SELECT i AS pos FROM pairs UNION SELECT j FROM pairs) c USING (pos)) TO "
-                        f"'{tmp / 'wanted'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
-        (tmp / "count.json").write_text(json.dumps({"pairs": n_pairs}))
-    return n_pairs
+def split_shard_keys(keyed_dir: str, out_dir: str, n_parts: int, bands: int) -> bool:
+    """The key pass's keys of one shard by hash partition (:func:`tasks.corpus.partitioned.split_keys`)."""
+    if Path(out_dir).exists():
+        return False
+    columns = ["row", "source", "h_hi", "h_lo", "quality_keep", "by_chars", "has_shingles"]
+    keys = pd.read_parquet(Path(keyed_dir) / "keys.parquet", columns=columns + [f"band_{b}" for b in range(bands)])
+    done = partitioned.split_keys(keys, n_parts, bands, Path(out_dir))
+    release_memory()
+    return done
+
+
+def _verdicts(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig,
+              offsets: np.ndarray, near_on: bool) -> None:
+    """The decisions over corpus positions, each table O(removed documents or pairs), none O(documents): ``exact``
+    (pos, first_pos) and ``quality_low`` (pos) from the exact partitions; ``verified`` (i, j, sim) from the verify
+    pass; ``near`` (j, i, sim, shown): leader clustering; ``family_links`` (pos, root); ``hit_rows`` (pos, k,
+    length, hash): the evaluation n-gram hits of the documents these steps kept."""
+    n_parts = cfg.execution.partitions
+    exact_dir = partitioned.key_parts_folder(work, n_parts, "exact")
+    for table, columns in (("exact", "pos, first_pos"), ("quality_low", "pos")):
+        files = [str(exact_dir / f"{p:05d}" / f"{table}.parquet") for p in range(n_parts)]
+        con.execute(f"CREATE TABLE {table} AS SELECT {columns} FROM read_parquet(?)", [files])
+    con.execute("CREATE TABLE verified (i BIGINT, j BIGINT, sim DOUBLE)")
+    files = [str(f) for name in names for f in [work / "verified" / name / "verified.parquet"] if f.exists()]
+    if near_on and files:
+        con.execute("INSERT INTO verified SELECT i, j, sim FROM read_parquet(?)", [files])
+    _leaders(con)
+    _families(con)
+    con.register("_offsets", pa.table({"shard": np.arange(len(names), dtype=np.int32),
+                                       "start": offsets[:-1].astype(np.int64)}))
+    files = [str(work / "keyed" / name / "hits.parquet") for name in names]
+    con.execute("CREATE TABLE hit_rows (pos BIGINT, k INTEGER, length BIGINT, hash UBIGINT)")
+    if cfg.decontamination.enabled and files:
+        con.execute("INSERT INTO hit_rows SELECT o.start + h.row AS pos, h.k, h.length, h.hash "
+                    "FROM read_parquet(?) h JOIN _offsets o USING (shard) WHERE o.start + h.row NOT IN "
+                    "(SELECT pos FROM exact UNION ALL SELECT pos FROM quality_low UNION ALL SELECT j FROM near)",
+                    [files])
+    con.unregister("_offsets")
+
+
+# The documents whose doc_id, source or characters the decisions name: O(removed documents and pairs).
+_WANTED_SQL = ("SELECT pos FROM exact UNION SELECT first_pos FROM exact UNION SELECT pos FROM quality_low "
+               "UNION SELECT i FROM verified UNION SELECT j FROM verified UNION SELECT pos FROM hit_rows ORDER BY pos")
+_INFO_COLUMNS = ["row", "doc_id", "source", "n_chars", "quality_score", "quality_keep_p"]
+
+
+def _write_wanted(folder: Path, names: list[str], offsets: np.ndarray,
+                  wanted: np.ndarray) -> list[tuple[int, Path]]:
+    """The rows of ``wanted`` (corpus positions, ascending) by shard, one ``.npy`` per shard that has any, in a
+    fresh ``folder``; returns (shard, file) of each."""
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "wanted").mkdir(parents=True)
+    shard_of = np.searchsorted(offsets, wanted, side="right") - 1
+    calls = []
+    for shard in np.unique(shard_of).tolist():
+        path = folder / "wanted" / f"{names[shard]}.npy"
+        np.save(path, wanted[shard_of == shard] - offsets[shard])
+        calls.append((shard, path))
+    return calls
+
+
+def lookup_shard(keyed_dir: str, wanted: str, start: int, shard: int, out_path: str) -> bool:
+    """The keys (``pos``, ``shard``, ``_INFO_COLUMNS``) of the rows ``wanted`` (a ``.npy``) of one shard, whose
+    first document is at corpus position ``start``."""
+    rows = np.load(wanted)
+    keys = pq.read_table(Path(keyed_dir) / "keys.parquet", columns=_INFO_COLUMNS).take(rows).to_pandas()
+    keys.insert(0, "shard", np.int32(shard))
+    keys.insert(0, "pos", keys.row.to_numpy(dtype=np.int64) + start)
+    with atomic_file(Path(out_path)) as f:
+        keys.to_parquet(f, index=False)
+    return True
+
+
+def _load_info(con: duckdb.DuckDBPyConnection, work: Path, names: list[str]) -> None:
+    """Table ``info``: the looked-up keys of the documents the decisions name; ``_totals`` (source, docs, chars):
+    the documents and characters of each source entering the global steps, summed from the key pass's funnel
+    rows (O(shards × sources))."""
+    files = sorted(str(f) for f in (work / "lookup").glob("*.parquet"))
+    con.execute("CREATE OR REPLACE TABLE info (pos BIGINT, shard INTEGER, row INTEGER, doc_id VARCHAR, "
+                "source VARCHAR, n_chars BIGINT, quality_score DOUBLE, quality_keep_p DOUBLE)")
+    if files:
+        con.execute("INSERT INTO info SELECT pos, shard, row, doc_id, source, n_chars, quality_score, "
+                    "quality_keep_p FROM read_parquet(?)", [files])
+    funnels = [pd.read_parquet(work / "keyed" / name / "funnel.parquet") for name in names]
+    rows = pd.concat(funnels, ignore_index=True) if funnels else pd.DataFrame(columns=FUNNEL_COLUMNS)
+    rows = rows[rows.stage == "boilerplate"]
+    totals = rows.groupby("source", as_index=False)[["docs_out", "chars_out"]].sum()
+    totals = totals.rename(columns={"docs_out": "docs", "chars_out": "chars"})
+    totals = totals[totals.docs > 0].astype({"source": str, "docs": "int64", "chars": "int64"})
+    con.execute("CREATE OR REPLACE TABLE _totals (source VARCHAR, docs BIGINT, chars BIGINT)")
+    if len(totals):
+        con.register("_t", totals)
+        con.execute("INSERT INTO _totals SELECT source, docs, chars FROM _t")
+        con.unregister("_t")
 
 
 def _read_partition(folder: Path, columns: list[str]) -> pd.DataFrame | None:
@@ -619,15 +711,14 @@ def _read_partition(folder: Path, columns: list[str]) -> pd.DataFrame | None:
     return pd.concat([pd.read_parquet(f, columns=columns) for f in files], ignore_index=True) if files else None
 
 
-def shingle_shard(keyed_dir: str, wanted: str, out_dir: str, cfg_json: str) -> bool:
-    """Pass 6 on one shard: the sorted shingle hashes of its candidate documents, as three arrays
-    (``rows.npy`` ascending, ``starts.npy`` of length rows + 1, ``hashes.npy`` uint64;
+def shingle_shard(keyed_dir: str, candidates: str, n_parts: int, shard: int, out_dir: str, cfg_json: str) -> bool:
+    """Pass 6 on one shard: the sorted shingle hashes of its candidate documents (named by every candidate
+    partition), as three arrays (``rows.npy`` ascending, ``starts.npy`` of length rows + 1, ``hashes.npy`` uint64;
     :class:`tasks.corpus.near_dedup.ShingleSets` by row)."""
     nd = CorpusConfig.model_validate_json(cfg_json).near_dedup
 
     def write(tmp: Path) -> None:
-        rows = _read_partition(Path(wanted), ["row"])
-        rows = np.sort(rows.row.to_numpy(dtype=np.int64)) if rows is not None else np.zeros(0, np.int64)
+        rows = partitioned.shard_wanted(candidates, n_parts, shard)
         docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet", columns=["text", "language"])
         texts = docs.text.to_numpy()[rows].tolist()
         sets = near_dedup.shingle_sets(texts, rows, nd.shingle_size, _by_chars(docs.language.to_numpy()[rows].tolist()))
@@ -678,15 +769,14 @@ class _Shingles:
         return near_dedup.ShingleSets(pos, starts, hashes)
 
 
-def verify_shard(pairs: str, work: str, names: str, out_dir: str, threshold: float) -> bool:
-    """Pass 7 on one shard: exact Jaccard of the candidate pairs whose later document ``j`` is in the shard
-    (:func:`tasks.corpus.near_dedup.verify_sets`, one earlier shard's partners at a time); writes the verified pairs
-    (i, j, sim) sorted by (j, i) and the number of pairs compared."""
+def verify_shard(candidates: str, n_parts: int, shard: int, work: str, names: str, out_dir: str,
+                 threshold: float) -> bool:
+    """Pass 7 on one shard: exact Jaccard of the distinct candidate pairs whose later document ``j`` is in the
+    shard, from every candidate partition (:func:`tasks.corpus.near_dedup.verify_sets`, one earlier shard's
+    partners at a time); writes the verified pairs (i, j, sim) sorted by (j, i) and the number of pairs compared."""
 
     def write(tmp: Path) -> None:
-        found = _read_partition(Path(pairs), ["i", "j"])
-        arr = found[["i", "j"]].to_numpy(dtype=np.int64) if found is not None else np.zeros((0, 2), np.int64)
-        arr = arr[np.lexsort((arr[:, 1], arr[:, 0]))]  # by i: each earlier shard's partners in one stretch
+        arr = partitioned.shard_pairs(candidates, n_parts, shard)  # by i: each earlier shard's partners in one stretch
         store = _Shingles(Path(work), names.split(","))
         own = store.sets(np.unique(arr[:, 1]))
         partner_shard = store.shard_of(arr[:, 0])
@@ -706,15 +796,15 @@ def verify_shard(pairs: str, work: str, names: str, out_dir: str, threshold: flo
 
 def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig, index: EvalIndex,
             n_pairs: int) -> dict[str, dict[str, Any]]:
-    """Pass 8: leader clustering, families, decontamination and the global funnel; writes ``decisions/`` (removal
-    rows and family ids partitioned by shard, the global funnel rows, the hit table). Returns near-dedup statistics
-    per source."""
+    """Pass 8 over the tables of :func:`_verdicts` and :func:`_load_info`: removal rows, families,
+    decontamination and the global funnel; writes ``decisions/`` (removal rows and family ids partitioned by shard,
+    the global funnel rows, the hit table). Returns near-dedup statistics per source."""
     nd = cfg.near_dedup
-    n = int(con.execute("SELECT count(*) FROM keys").fetchone()[0])
+    n = int(con.execute("SELECT coalesce(sum(docs), 0) FROM _totals").fetchone()[0])
     con.execute("CREATE TABLE removed (pos BIGINT, step INTEGER, rule VARCHAR, value DOUBLE, threshold DOUBLE, "
                 "detail VARCHAR)")
     con.execute(f"INSERT INTO removed SELECT e.pos, {_EXACT}, 'dedup.exact', 1.0, 'NaN'::DOUBLE, "
-                "'exact duplicate of ' || k.doc_id FROM exact e JOIN keys k ON k.pos = e.first_pos")
+                "'exact duplicate of ' || k.doc_id FROM exact e JOIN info k ON k.pos = e.first_pos")
     qm = cfg.quality_model
     if qm.action == "threshold":
         detail = f"'quality score ' || printf('%.4f', k.quality_score) || ' < threshold {qm.threshold:g}'"
@@ -724,38 +814,26 @@ def _decide(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: C
                   f"printf('%.4f', k.quality_keep_p) || ' (Pareto alpha {qm.pareto_alpha:g}), not drawn'")
         threshold = "k.quality_keep_p"
     con.execute(f"INSERT INTO removed SELECT q.pos, {_QUALITY}, 'quality_model.low_score', k.quality_score, "
-                f"{threshold}, {detail} FROM quality_low q JOIN keys k USING (pos) ORDER BY q.pos")
-    con.execute("CREATE TABLE near (j BIGINT, i BIGINT, sim DOUBLE)")
-    con.execute("CREATE TABLE verified (i BIGINT, j BIGINT, sim DOUBLE)")
+                f"{threshold}, {detail} FROM quality_low q JOIN info k USING (pos) ORDER BY q.pos")
     near_stats: dict[str, dict[str, Any]] = {}
     if nd.enabled and n:
-        files = [str(f) for name in names for f in [work / "verified" / name / "verified.parquet"] if f.exists()]
-        if files and n_pairs:
-            con.execute("INSERT INTO verified SELECT i, j, sim FROM read_parquet(?)", [files])
-        # A second connection streams the sorted pairs while this one inserts the removals.
-        reader = _stream(con, "SELECT i, j, sim FROM verified ORDER BY j, i")
-        batches = ((b.column("i").to_numpy(), b.column("j").to_numpy(), b.column("sim").to_numpy()) for b in reader)
-        for removed_j, leader_i, sims in near_dedup.iter_leaders(batches, n):
-            con.register("_near_part", pa.table({"j": removed_j, "i": leader_i, "sim": sims,
-                                                 "shown": [f"{s:.3f}" for s in sims.tolist()]}))
-            con.execute("INSERT INTO near SELECT j, i, sim FROM _near_part")
-            con.execute(f"INSERT INTO removed SELECT p.j, {_NEAR}, 'dedup.near', p.sim, {nd.jaccard_threshold}, "
-                        f"'near duplicate of ' || k.doc_id || ' (Jaccard ' || p.shown || ')' "
-                        f"FROM _near_part p JOIN keys k ON k.pos = p.i")
-            con.unregister("_near_part")
+        con.execute(f"INSERT INTO removed SELECT p.j, {_NEAR}, 'dedup.near', p.sim, {nd.jaccard_threshold}, "
+                    f"'near duplicate of ' || k.doc_id || ' (Jaccard ' || p.shown || ')' "
+                    f"FROM near p JOIN info k ON k.pos = p.i")
         near_stats = _near_stats(con, n_pairs, nd.max_removal_share)
-    _families(con, n)
-    hits = _decontaminate(con, work, names, cfg, index)
+    con.execute("CREATE TABLE families AS SELECT f.pos, k.doc_id AS family_id FROM family_links f "
+                "JOIN info k ON k.pos = f.root")
+    hits = _decontaminate(con, cfg, index)
     funnel = _global_funnel(con)
     with atomic_dir(work / "decisions", replace=True) as tmp:
-        con.execute(f"COPY (SELECT k.shard, k.row FROM removed r JOIN keys k USING (pos)) TO '{tmp / 'removed'}' "
+        con.execute(f"COPY (SELECT k.shard, k.row FROM removed r JOIN info k USING (pos)) TO '{tmp / 'removed'}' "
                     f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
-        con.execute(f"COPY (SELECT k.shard, k.row, f.family_id FROM families f JOIN keys k USING (pos)) TO "
+        con.execute(f"COPY (SELECT k.shard, k.row, f.family_id FROM families f JOIN info k USING (pos)) TO "
                     f"'{tmp / 'families'}' (FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
         stage = "CASE r.step " + " ".join(f"WHEN {i} THEN '{name}'" for i, name in enumerate(GLOBAL_STEPS)) + " END"
         con.execute(f"COPY (SELECT k.shard, k.doc_id, k.source, {stage} AS stage, "
                     f"r.rule, r.value, r.threshold, r.detail "
-                    f"FROM removed r JOIN keys k USING (pos)) TO '{tmp / 'removals'}' "
+                    f"FROM removed r JOIN info k USING (pos)) TO '{tmp / 'removals'}' "
                     f"(FORMAT parquet, PARTITION_BY (shard), OVERWRITE_OR_IGNORE)")
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
         hits.astype(_HIT_TYPES).to_parquet(tmp / "decontamination.parquet", index=False)
@@ -1004,21 +1082,14 @@ def _write_quality_removed(con: duckdb.DuckDBPyConnection, work: Path, names: li
             del texts
 
 
-def _exact_table(con: duckdb.DuckDBPyConnection, cfg: CorpusConfig) -> None:
-    if cfg.exact_dedup:
-        con.execute("CREATE TABLE exact AS SELECT k.pos, f.first_pos FROM keys k JOIN ("
-                    "  SELECT h_hi, h_lo, min(pos) AS first_pos FROM keys GROUP BY h_hi, h_lo HAVING count(*) > 1"
-                    ") f USING (h_hi, h_lo) WHERE k.pos > f.first_pos")
-    else:
-        con.execute("CREATE TABLE exact (pos BIGINT, first_pos BIGINT)")
-
-
 def _near_stats(con: duckdb.DuckDBPyConnection, n_pairs: int, warn_share: float) -> dict[str, dict[str, Any]]:
     """Per source: documents entering near dedup, removed, clusters (leaders with a removed copy), largest cluster."""
     rows = con.execute("""
-        WITH ent AS (SELECT source, count(*) AS docs_in FROM keys WHERE pos NOT IN (SELECT pos FROM exact)
-                     AND pos NOT IN (SELECT pos FROM quality_low) GROUP BY source),
-        per_leader AS (SELECT k.source, n.i, count(*) AS copies FROM near n JOIN keys k ON k.pos = n.j
+        WITH gone AS (SELECT k.source, count(*) AS n FROM (SELECT pos FROM exact UNION ALL SELECT pos FROM quality_low) r
+                      JOIN info k USING (pos) GROUP BY k.source),
+        ent AS (SELECT t.source, t.docs - coalesce(g.n, 0) AS docs_in FROM _totals t LEFT JOIN gone g USING (source)
+                WHERE t.docs - coalesce(g.n, 0) > 0),
+        per_leader AS (SELECT k.source, n.i, count(*) AS copies FROM near n JOIN info k ON k.pos = n.j
                        GROUP BY k.source, n.i),
         agg AS (SELECT source, sum(copies)::BIGINT AS removed, count(*)::BIGINT AS clusters,
                        max(copies)::BIGINT + 1 AS largest FROM per_leader GROUP BY source)
@@ -1041,33 +1112,44 @@ def _stream(con: duckdb.DuckDBPyConnection, sql: str) -> pa.RecordBatchReader:
     return con.cursor().sql(sql).to_arrow_reader(_BATCH_ROWS)
 
 
-def _families(con: duckdb.DuckDBPyConnection, n: int) -> None:
-    """Table ``families`` (pos, family_id): the doc_id of the family root of each document whose root is another
-    document (:func:`near_dedup.family_roots` over the verified pairs, streamed; 4 bytes per position)."""
-    reader = _stream(con, "SELECT i, j FROM verified")
-    roots = near_dedup.family_roots(((b.column("i").to_numpy(), b.column("j").to_numpy()) for b in reader), n)
-    con.execute("CREATE TABLE families (pos BIGINT, family_id VARCHAR)")
-    for lo in range(0, n, _BATCH_ROWS):
-        part = roots[lo:lo + _BATCH_ROWS]
-        moved = np.flatnonzero(part != np.arange(lo, lo + len(part)))
-        if len(moved):
-            con.register("_fam", pa.table({"pos": moved.astype(np.int64) + lo, "root": part[moved].astype(np.int64)}))
-            con.execute("INSERT INTO families SELECT f.pos, k.doc_id FROM _fam f JOIN keys k ON k.pos = f.root")
-            con.unregister("_fam")
-    del roots
+def _leaders(con: duckdb.DuckDBPyConnection) -> None:
+    """Table ``near`` (j, i, sim, shown): leader clustering (:func:`near_dedup.iter_leaders`) over the verified
+    pairs, streamed in (j, i) order, on the ranks of the documents in any pair (8 bytes each: O(pairs))."""
+    con.execute("CREATE TABLE near (j BIGINT, i BIGINT, sim DOUBLE, shown VARCHAR)")
+    nodes = con.execute("SELECT i AS pos FROM verified UNION SELECT j FROM verified ORDER BY pos").fetchnumpy()["pos"]
+    reader = _stream(con, "SELECT i, j, sim FROM verified ORDER BY j, i")
+    batches = ((np.searchsorted(nodes, b.column("i").to_numpy()), np.searchsorted(nodes, b.column("j").to_numpy()),
+                b.column("sim").to_numpy()) for b in reader)
+    for removed_j, leader_i, sims in near_dedup.iter_leaders(batches, len(nodes)):
+        con.register("_near_part", pa.table({"j": nodes[removed_j], "i": nodes[leader_i], "sim": sims,
+                                             "shown": [f"{s:.3f}" for s in sims.tolist()]}))
+        con.execute("INSERT INTO near SELECT j, i, sim, shown FROM _near_part")
+        con.unregister("_near_part")
 
 
-def _decontaminate(con: duckdb.DuckDBPyConnection, work: Path, names: list[str], cfg: CorpusConfig,
-                   index: EvalIndex) -> pd.DataFrame:
-    """Remove surviving documents sharing a non-common evaluation n-gram; returns every hit (``HIT_COLUMNS``) of the
-    surviving documents, in corpus order."""
+def _families(con: duckdb.DuckDBPyConnection) -> None:
+    """Table ``family_links`` (pos, root): each document whose family root (:func:`near_dedup.family_roots` over
+    the verified pairs) is another document, with that root; union-find on the ranks of the documents in any pair,
+    so memory is O(pairs)."""
+    pairs = con.execute("SELECT i, j FROM verified").fetchnumpy()
+    nodes, ranks = np.unique(np.concatenate([pairs["i"], pairs["j"]]).astype(np.int64), return_inverse=True)
+    ranks = ranks.reshape(-1)
+    m = len(pairs["i"])
+    roots = nodes[near_dedup.family_roots([(ranks[:m], ranks[m:])], len(nodes))]
+    moved = roots != nodes
+    con.register("_links", pa.table({"pos": nodes[moved], "root": roots[moved].astype(np.int64)}))
+    con.execute("CREATE TABLE family_links AS SELECT pos, root FROM _links")
+    con.unregister("_links")
+
+
+def _decontaminate(con: duckdb.DuckDBPyConnection, cfg: CorpusConfig, index: EvalIndex) -> pd.DataFrame:
+    """Remove surviving documents sharing a non-common evaluation n-gram (``hit_rows``); returns every hit
+    (``HIT_COLUMNS``) of the surviving documents, in corpus order."""
     dc = cfg.decontamination
-    files = [str(work / "keyed" / name / "hits.parquet") for name in names]
-    if not dc.enabled or not files:
+    if not dc.enabled:
         return pd.DataFrame(columns=HIT_COLUMNS)
-    con.execute("CREATE TABLE hits AS SELECT k.pos, k.doc_id, k.source, h.k, h.length, h.hash "
-                "FROM read_parquet(?) h JOIN keys k ON k.shard = h.shard AND k.row = h.row "
-                "WHERE k.pos NOT IN (SELECT pos FROM removed)", [files])
+    con.execute("CREATE TABLE hits AS SELECT h.pos, k.doc_id, k.source, h.k, h.length, h.hash "
+                "FROM hit_rows h JOIN info k USING (pos)")
     found = con.execute("""
         SELECT pos, doc_id, source, length, hash,
                count(DISTINCT pos) OVER (PARTITION BY length, hash) >= ? AS common
@@ -1096,16 +1178,22 @@ def _decontaminate(con: duckdb.DuckDBPyConnection, work: Path, names: list[str],
 
 
 def _global_funnel(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    """Funnel rows of the global steps per source: documents and characters before and after each."""
-    frame = con.execute("""
-        WITH d AS (SELECT k.source, k.n_chars, r.step FROM keys k LEFT JOIN removed r USING (pos)),
-        s AS (SELECT unnest(range(?)) AS step)
-        SELECT d.source, s.step,
-               count(*) FILTER (WHERE d.step IS NULL OR d.step >= s.step)::BIGINT AS docs_in,
-               count(*) FILTER (WHERE d.step IS NULL OR d.step > s.step)::BIGINT AS docs_out,
-               coalesce(sum(d.n_chars) FILTER (WHERE d.step IS NULL OR d.step >= s.step), 0)::BIGINT AS chars_in,
-               coalesce(sum(d.n_chars) FILTER (WHERE d.step IS NULL OR d.step > s.step), 0)::BIGINT AS chars_out
-        FROM d CROSS JOIN s GROUP BY d.source, s.step ORDER BY s.step, d.source""", [len(GLOBAL_STEPS)]).df()
+    """Funnel rows of the global steps per source: documents and characters before and after each, from the
+    sources' totals (``_totals``) less the removals of the earlier steps (O(removed documents))."""
+    totals = con.execute("SELECT source, docs, chars FROM _totals ORDER BY source").df()
+    gone = con.execute("SELECT k.source, r.step, count(*)::BIGINT AS docs, sum(k.n_chars)::BIGINT AS chars "
+                       "FROM removed r JOIN info k USING (pos) GROUP BY k.source, r.step").df()
+    steps = len(GLOBAL_STEPS)
+    rows = []
+    for source, docs, chars in zip(totals.source, totals.docs.tolist(), totals.chars.tolist()):
+        mine = gone[gone.source == source]
+        by_step = np.zeros((steps, 2), dtype=np.int64)
+        by_step[mine.step.to_numpy(dtype=np.int64)] = mine[["docs", "chars"]].to_numpy(dtype=np.int64)
+        after = np.array([docs, chars], dtype=np.int64) - np.cumsum(by_step, axis=0)  # (steps, 2)
+        before = np.vstack([[docs, chars], after[:-1]])
+        rows += [(step, source, *before[step], *after[step]) for step in range(steps)]
+    frame = pd.DataFrame(sorted(rows), columns=["step", "source", "docs_in", "chars_in", "docs_out", "chars_out"])
+    frame = frame.astype({c: "int64" for c in ("docs_in", "docs_out", "chars_in", "chars_out")})
     frame["stage"] = [GLOBAL_STEPS[s] for s in frame.pop("step")]
     return frame[FUNNEL_COLUMNS]
 

@@ -390,9 +390,11 @@ class CorpusExecutionConfig(ExecutionConfig):
     """How the corpus build is executed (``engine``, ``workers``, ``address``, ``recycle_after``: see
     ``infra.execution``); never part of the cache key (results do not depend on it). ``shard_docs``: documents per
     shard (a worker's memory is bounded by it, not by the corpus size). ``partitions``: hash partitions of the
-    global passes run as tasks (the boilerplate unit counts: each task reads its partition of every shard's units,
-    so a task's memory is bounded by the corpus's units ÷ ``partitions``). ``memory_limit``: what the main process's DuckDB (the global passes)
-    may hold in memory before it spills to the scratch folder, in DuckDB's notation ("1GB", "512MB")."""
+    global passes run as tasks (boilerplate unit counts, exact-duplicate groups, LSH candidate pairs: each task
+    reads its partition of every shard's output, so a task's memory is bounded by the corpus's units, documents or
+    band keys ÷ ``partitions``). ``memory_limit``: what the main process's DuckDB (the decisions over removed
+    documents and verified pairs) may hold in memory before it spills to the scratch folder, in DuckDB's notation
+    ("1GB", "512MB")."""
 
     shard_docs: int = Field(default=2000, ge=1)
     partitions: int = Field(default=16, ge=1)

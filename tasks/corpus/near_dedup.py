@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 
 MAX_LINKS = 32
 
-__all__ = ["MAX_LINKS", "NearDuplicates", "ShingleSets", "candidate_pairs", "cluster_pairs", "cluster_verified",
-           "family_roots", "group_labels", "iter_leaders", "leaders", "near_duplicates", "shingle_sets", "verify",
-           "verify_sets"]
+__all__ = ["MAX_LINKS", "NearDuplicates", "ShingleSets", "bucket_pairs", "candidate_pairs", "cluster_pairs",
+           "cluster_verified", "family_roots", "group_labels", "iter_leaders", "leaders", "near_duplicates", "shingle_sets",
+           "unique_pairs", "verify", "verify_sets"]
 
 
 def candidate_pairs(con: duckdb.DuckDBPyConnection, keys: str, bands: int, out: str,
@@ -70,6 +70,44 @@ def candidate_pairs(con: duckdb.DuckDBPyConnection, keys: str, bands: int, out: 
     con.execute(f"CREATE OR REPLACE TABLE {out} AS SELECT DISTINCT i, j FROM _pairs_raw")
     con.execute("DROP TABLE _pairs_raw")
     return int(con.execute(f"SELECT count(*) FROM {out}").fetchone()[0])
+
+
+def bucket_pairs(band: np.ndarray, grp: np.ndarray, key: np.ndarray, pos: np.ndarray,
+                 max_links: int = MAX_LINKS) -> np.ndarray:
+    """:func:`candidate_pairs` in numpy over one partition of the buckets: ``(m, 2)`` int64 pairs ``i < j`` (with
+    repeats: a pair agreeing on several bands comes once per band), sorted by ``(i, j)`` and unique.
+
+    Row ``r`` says document ``pos[r]`` has key ``key[r]`` in band ``band[r]`` of candidate group ``grp[r]``; a
+    bucket is one (band, group, key). As in :func:`candidate_pairs`, each member of a bucket, in corpus order, is
+    paired with the bucket's first ``max_links`` members before it. The build's candidate tasks call it on the
+    buckets of their hash partition, so a bucket is never split between tasks.
+    """
+    pos = np.asarray(pos, dtype=np.int64)
+    order = np.lexsort((pos, key, grp, band))
+    cols = [np.asarray(c)[order] for c in (band, grp, key)]
+    pos = pos[order]
+    n = len(pos)
+    if n < 2:
+        return np.zeros((0, 2), np.int64)
+    new = np.ones(n, dtype=bool)
+    new[1:] = np.logical_or.reduce([c[1:] != c[:-1] for c in cols])
+    start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+    rank = np.arange(n) - start
+    member = np.flatnonzero(rank > 0)
+    links = np.minimum(rank[member], max_links)
+    first = np.cumsum(links) - links
+    head = np.repeat(start[member], links) + (np.arange(int(links.sum())) - np.repeat(first, links))
+    pairs = np.stack([pos[head], np.repeat(pos[member], links)], axis=1)
+    return unique_pairs(pairs)
+
+
+def unique_pairs(pairs: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``pairs`` ((m, 2) int64), sorted by ``(i, j)``."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+    keep = np.ones(len(pairs), dtype=bool)
+    keep[1:] = np.any(pairs[1:] != pairs[:-1], axis=1)
+    return pairs[keep]
 
 
 def verify(pairs: np.ndarray, similarity: Callable[[int, int], float],
