@@ -221,6 +221,9 @@ def run(
         tie_to_this_process()  # the Prefect API server and every worker end with this process, even on SIGKILL
         threads = thread_policy(cfg.torch_threads)
         threads.announce()
+        # Imports and store start-up take tens of seconds on a small machine: say what the wait is.
+        console.print(f"Opening the stores in {layout.root} (Prefect API server, MLflow, DuckDB), then the stages",
+                      soft_wrap=True)
         layout.prepare_environment()
         _quiet_libraries()
         from flows.pipeline import pipeline
