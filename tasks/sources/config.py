@@ -76,8 +76,9 @@ class SourceConfig(Section):
         max_docs: keep only the first N documents in sorted path order (smoke configs); reading stops at the
             N-th document.
         max_file_bytes: the most bytes read into memory as one piece: a whole html, text or fortune file, one
-            JSONL line, one WARC page body (default 64 MiB). Larger ones are rejected (``read.too_large``); JSONL,
-            Parquet and WARC files themselves are streamed, whatever their size.
+            JSONL line, one WARC page body, one Parquet value (UTF-8 bytes; default 64 MiB). Larger ones are
+            rejected (``read.too_large``); JSONL, Parquet and WARC files themselves are streamed, whatever their
+            size.
     """
 
     name: str

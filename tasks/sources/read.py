@@ -32,7 +32,7 @@ damage (a checksum mismatch, invalid data) makes the whole file that one row, an
 Memory does not grow with the input (``read_source``). JSONL files are read one line at a time, Parquet files one
 batch of rows at a time (``iter_batches``) and WARC files one record at a time; html, text and fortune files, a
 JSONL line and a WARC page body are held whole, up to ``SourceConfig.max_file_bytes`` (a larger one is one
-``read.too_large`` reject row). Documents and rejects go to Parquet files through ``RowWriter`` in row groups of
+``read.too_large`` reject row; so is a Parquet value over it, refused once its batch is read). Documents and rejects go to Parquet files through ``RowWriter`` in row groups of
 at most ``ROW_GROUP_ROWS`` rows and ``ROW_GROUP_BYTES`` bytes of text (a single larger document makes a row group
 of its own), so the stages that read them batch by batch hold one row group at a time.
 
@@ -747,7 +747,8 @@ def is_url(text: str) -> bool:
 def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
     """Rows of column ``text_field``, one batch at a time. A missing column raises (every file of the source would
     need the same fix); a file that is not Parquet at all is one reject row, and so is a file that breaks while
-    read (the rows before the break stay documents)."""
+    read (the rows before the break stay documents). A value of more than ``max_file_bytes`` UTF-8 bytes is one
+    ``read.too_large`` row, as an over-long JSONL line is."""
     try:
         parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=_PARQUET_BUFFER_BYTES)
         columns = parquet.schema_arrow.names
@@ -775,7 +776,11 @@ def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
                     if acc.full():
                         return
                     doc_id = f"{acc.cfg.name}/{rel}#{i}"
-                    if isinstance(value, str):
+                    num_bytes = text_bytes(value) if isinstance(value, str) else 0
+                    if num_bytes > acc.cfg.max_file_bytes:
+                        acc.reject(doc_id, "read.too_large", f"{rel} row {i}: {num_bytes:,} bytes, over "
+                                                             f"max_file_bytes={acc.cfg.max_file_bytes:,}")
+                    elif isinstance(value, str):
                         acc.doc(doc_id, rel, scrub(value), "text", acc.url(url) if url_field else None)
                     else:
                         acc.reject(doc_id, "read.missing_field",
