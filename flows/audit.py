@@ -6,7 +6,9 @@
     pretrain audit configs/demo.toml --lsh-layout 20x10 --lsh-design s1=0.8,p1=0.95,s2=0.5,p2=0.05
 
 Per source: inject labelled junk into its first N documents, run the real corpus build with the experiment's
-``[corpus]`` config, and measure (``tasks.audit``). When the pipeline's corpus stage has already produced an
+``[corpus]`` config, and measure (``tasks.audit``). When that build scores with a trained quality classifier the
+runs folder does not hold yet, ``pretrain audit`` first runs ``pretrain run CONFIG --until quality_model`` itself
+and says so. When the pipeline's corpus stage has already produced an
 artifact, up to K of its removed documents per rule are listed for review as well. Outputs go to
 ``<runs>/audit/<experiment>/<source>/``; each source gets an MLflow run (experiment = config name, tag
 ``audit_source``) with the figures as metrics and the folder as artifacts, and its crosstab goes to DuckDB
@@ -64,12 +66,27 @@ def audit_source(cfg: ExperimentConfig, source: str, layout: RunsLayout, audit_c
     return {"out_dir": str(out), "report": result.report}
 
 
+def quality_model_missing(cfg: ExperimentConfig, layout: RunsLayout) -> bool:
+    """Whether the audit needs the classifier the pipeline trains (``corpus.quality_model`` enabled, not
+    ``pretrained``) and ``layout`` holds no quality_model artifact of the current config and code yet."""
+    qm = cfg.corpus.quality_model
+    if not qm.enabled or qm.kind == "pretrained":
+        return False
+    return _quality_artifact(cfg, layout) is None
+
+
+def _quality_artifact(cfg: ExperimentConfig, layout: RunsLayout) -> Artifact | None:
+    key = chain_keys(cfg, until="quality_model")["quality_model"].key
+    return ArtifactStore(layout.artifacts).get("quality_model", key)
+
+
 def _quality_model(cfg: ExperimentConfig, layout: RunsLayout) -> Path | None:
     """The classifier the audited build scores with: the quality_model artifact of the current config (or, for a
     pretrained classifier, its file); None when the model is disabled.
 
     Raises:
-        ConfigError: the model is enabled and no artifact of the current config exists yet.
+        ConfigError: the model is enabled and no artifact of the current config exists yet (``pretrain audit``
+            runs the chain up to it first: ``quality_model_missing``).
     """
     from tasks.corpus.quality_stage import model_path
 
@@ -78,8 +95,7 @@ def _quality_model(cfg: ExperimentConfig, layout: RunsLayout) -> Path | None:
         return None
     if qm.kind == "pretrained":
         return Path(qm.path)
-    artifact = ArtifactStore(layout.artifacts).get("quality_model", chain_keys(cfg, until="quality_model")[
-        "quality_model"].key)
+    artifact = _quality_artifact(cfg, layout)
     if artifact is None:
         raise ConfigError(f"corpus.quality_model is enabled and the audit scores with the trained classifier: run "
                           f"`pretrain run CONFIG --until quality_model --runs-dir {layout.root}` first")

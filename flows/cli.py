@@ -349,7 +349,11 @@ def audit(
         None, "--lsh-design", help="constraints s1=..,p1=..,s2=..,p2=..[,max_hashes=..]: list and draw the layouts "
         "with P(s1) >= p1 and P(s2) <= p2 with the fewest hashes (see `pretrain lsh-design`)"),
 ) -> None:
-    """Audit the corpus filters on labelled junk injected into each source (docs/methods.md §7 (TinyStories filter audit))."""
+    """Audit the corpus filters on labelled junk injected into each source (docs/methods.md §7 (TinyStories filter audit)).
+
+    When the corpus scores with a trained quality classifier that the runs folder does not hold yet, it first
+    runs `pretrain run CONFIG --until quality_model`, the same run, and says so.
+    """
     layout = RunsLayout.resolve(runs_dir)
     options = {k: v for k, v in {"num_originals": originals, "review_per_rule": review,
                                  "benchmark_items": benchmark_items, "lsh_layouts": list(lsh_layout) or None,
@@ -365,8 +369,14 @@ def audit(
             raise ConfigError(f"--source {unknown} not in {config}; its sources are {list(cfg.sources)}")
         layout.prepare_environment()
         _quiet_libraries()
-        from flows.audit import audit as audit_flow, print_audit
+        from flows.audit import audit as audit_flow, print_audit, quality_model_missing
 
+        if quality_model_missing(cfg, layout):
+            console.print(escape(f"The audit scores with the trained quality classifier, which {layout.root} does "
+                                 f"not hold for this config yet: running `pretrain run {config} --until "
+                                 "quality_model` first"), soft_wrap=True)
+            run(config, runs_dir=str(layout.root), refresh=[], until="quality_model", dry_run=False,
+                tracking_uri=None, verbose=False)
         result = audit_flow(str(config.resolve()), str(layout.root), list(source) or None, options)
     except PretrainError as err:
         _fail(err)

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from evals.gate_config import GateConfig
 from infra.errors import ConfigError
+from infra.hub import hub_id_hint
 from infra.section import Section
 from tasks.corpus.config import CorpusConfig
 from tasks.ladder.config import LadderConfig
@@ -147,7 +148,8 @@ class ExperimentConfig(Section):
         elif self.cpt.base_checkpoint and not Path(self.cpt.base_checkpoint).is_dir():
             raise ValueError(f"cpt.base_checkpoint: {self.cpt.base_checkpoint} is not a directory (give a checkpoint "
                              "folder with model.safetensors and state.json, or a Hugging Face model folder with "
-                             "config.json and safetensors; relative paths are read from the working directory)")
+                             "config.json and safetensors; relative paths are read from the working directory)"
+                             f"{hub_id_hint(self.cpt.base_checkpoint)}")
         if self.cpt.base_checkpoint and named is None:
             from tasks.cpt.hf_base import check_hf_base, is_hf_folder
 

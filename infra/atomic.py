@@ -21,13 +21,14 @@ import glob
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
 __all__ = ["TEMP_MARK", "atomic_dir", "atomic_file", "atomic_write_bytes", "atomic_write_text", "fsync_path",
-           "fsync_tree", "publish_dir", "remove_temps", "temp_path"]
+           "fsync_tree", "open_file_modes", "publish_dir", "remove_temps", "temp_path"]
 
 TEMP_MARK = ".tmp-"
 _FILE_MODES = {"w": "x", "wt": "xt", "wb": "xb"}
@@ -73,6 +74,38 @@ def fsync_tree(root: str | Path) -> None:
             if not os.path.islink(path):
                 fsync_path(path)
         _fsync_folder(Path(folder))
+
+
+def current_umask() -> int:
+    """The process's umask; read from /proc where it can be (setting it to read it races with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def open_file_modes(root: str | Path) -> None:
+    """Give every regular file under ``root`` (links not followed) at least the permissions a plain ``open()``
+    gives a new file, 0o666 less the umask; bits a file already has are kept.
+
+    Some writers create their files owner-only (the safetensors library: 0o600), which would make one file of
+    an artifact unreadable to the group and others who can read the rest.
+
+    Raises:
+        OSError: a file cannot be changed (not its owner).
+    """
+    wanted = 0o666 & ~current_umask()
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISREG(mode) and stat.S_IMODE(mode) & wanted != wanted:
+                os.chmod(path, stat.S_IMODE(mode) | wanted)
 
 
 def remove_temps(path: str | Path) -> list[Path]:
@@ -166,13 +199,17 @@ def publish_dir(temp: str | Path, path: str | Path, *, replace: bool = False, du
             caller's to remove.
         durable: fsync everything under ``temp`` before the rename and ``path``'s folder after it.
 
+    Every file under ``temp`` gets at least the mode a plain ``open()`` gives (``open_file_modes``).
+
     Returns:
         True when ``temp`` became ``path``.
 
     Raises:
-        OSError: an fsync or rename fails (``path`` is then as it was; ``temp`` is left for the caller to remove).
+        OSError: a mode change, an fsync or a rename fails (``path`` is then as it was; ``temp`` is left for the
+            caller to remove).
     """
     temp, path = Path(temp), Path(path)
+    open_file_modes(temp)
     if durable:
         fsync_tree(temp)
     if replace and (path.exists() or path.is_symlink()):

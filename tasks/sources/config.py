@@ -76,8 +76,15 @@ class SourceConfig(Section):
         max_docs: keep only the first N documents in sorted path order (smoke configs); reading stops at the
             N-th document.
         max_file_bytes: the most bytes read into memory as one piece: a whole html, text or fortune file, one
-            JSONL line, one WARC page body (default 64 MiB). Larger ones are rejected (``read.too_large``); JSONL,
-            Parquet and WARC files themselves are streamed, whatever their size.
+            JSONL line, one WARC page body, one Parquet value (UTF-8 bytes; default 64 MiB). Larger ones are
+            rejected (``read.too_large``); JSONL, Parquet and WARC files themselves are streamed, whatever their
+            size.
+        follow_symlinks: for ``local`` sources, whether a matched file whose real path lies outside the folder it
+            was matched in (a symlink out of it, of the file or of a folder on the way) is read. Off by default: a
+            link can bring in any file the process can read (a key, a credentials file), and a document once
+            trained on cannot be taken back; such a file is one ``read.link_outside`` reject row naming the link
+            and its target, and a warning. On, it is read, with the same warning. Links that stay inside the
+            folder are read either way.
     """
 
     name: str
@@ -92,6 +99,7 @@ class SourceConfig(Section):
     role: Literal["general", "domain"] = "general"
     max_docs: int | None = None
     max_file_bytes: int = 64 * 2**20
+    follow_symlinks: bool = False
 
     @field_validator("name")
     @classmethod
@@ -146,6 +154,8 @@ class SourceConfig(Section):
             raise ConfigError(f"source {self.name!r}: kind='deb' needs package='<debian package name>'")
         if self.kind == "local" and self.package is not None:
             raise ConfigError(f"source {self.name!r}: package={self.package!r} is only for kind='deb'; remove it")
+        if self.kind != "local" and self.follow_symlinks:
+            raise ConfigError(f"source {self.name!r}: follow_symlinks is only for kind='local'; remove it")
         if self.kind != "deb" and self.version is not None:
             raise ConfigError(f"source {self.name!r}: version={self.version!r} is only for kind='deb'; remove it")
         if self.url_field and self.format not in ("auto", "jsonl", "parquet"):

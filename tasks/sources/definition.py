@@ -13,11 +13,11 @@ def key_sources(cfg: Any) -> dict[str, Any]:
 
     Debian sources: the release the apt package lists resolve now (version, architecture, .deb SHA256; offline,
     ``tasks.sources.deb.resolve_debs``) instead of the pin, so a moved archive is a new key and pinning the version
-    already used keeps the key. Local files: a digest of each matched file's relative path, size and bytes
+    already used keeps the key. Local files: a digest of each file read's relative path, size and bytes
     (metadata such as mtimes can stay the same while bytes change, as with ``cp -p`` or ``touch -r``).
     """
     from tasks.sources import deb
-    from tasks.sources.read import local_files_digest, match_files
+    from tasks.sources.read import local_files, local_files_digest
 
     releases = deb.resolve_debs((s.package, s.version) for s in cfg.sources.values() if s.kind == "deb")
     keyed = {}
@@ -26,7 +26,7 @@ def key_sources(cfg: Any) -> dict[str, Any]:
         if src.kind == "deb":
             keyed[name]["resolved"] = releases[(src.package, src.version)].key_fields()
         else:
-            keyed[name]["files"] = local_files_digest(match_files(src.include, None))
+            keyed[name]["files"] = local_files_digest(local_files(src)[0])
     return {"sources": keyed}
 
 

@@ -32,7 +32,7 @@ damage (a checksum mismatch, invalid data) makes the whole file that one row, an
 Memory does not grow with the input (``read_source``). JSONL files are read one line at a time, Parquet files one
 batch of rows at a time (``iter_batches``) and WARC files one record at a time; html, text and fortune files, a
 JSONL line and a WARC page body are held whole, up to ``SourceConfig.max_file_bytes`` (a larger one is one
-``read.too_large`` reject row). Documents and rejects go to Parquet files through ``RowWriter`` in row groups of
+``read.too_large`` reject row; so is a Parquet value over it, refused once its batch is read). Documents and rejects go to Parquet files through ``RowWriter`` in row groups of
 at most ``ROW_GROUP_ROWS`` rows and ``ROW_GROUP_BYTES`` bytes of text (a single larger document makes a row group
 of its own), so the stages that read them batch by batch hold one row group at a time.
 
@@ -42,7 +42,9 @@ order; symlinked folders are not followed) and archives (``infra.archives.ARCHIV
 ``<cache_dir>/archives/<SHA-256 of its bytes>/`` once, and its members are read like files in sorted order, with
 the format chosen per member; their relative path is ``<archive>!<member>`` (ids ``<source>/<archive>!<member>``,
 then ``#<n>`` as for a file). Archives inside an archive are read as files; an archive without files is one
-reject row (``read.empty_archive``).
+reject row (``read.empty_archive``). A matched file whose real path lies outside the folder it was matched in (a
+symlink out of it) is one ``read.link_outside`` reject row and a warning, unless ``follow_symlinks`` reads it
+(``local_files``).
 
 Every document records how its bytes became text (``encoding``, ``encoding_from``: bom/declared/utf8/detected/
 fallback) and the damage repaired: ``num_replaced`` (undecodable bytes and lone surrogates → U+FFFD) and
@@ -326,12 +328,14 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
         files = match_files(cfg.include, pkg.root)
         snapshot, licence = pkg.version, pkg.licence
     else:
-        files = match_files(cfg.include, None)
+        files, links_out = local_files(cfg)
         snapshot, licence = _local_snapshot(files), "unknown (local files)"
     schema = doc_schema(with_urls=bool(cfg.url_field) or _may_hold_warc(cfg, files),
                         with_language=cfg.language is not None)
     with RowWriter(docs_path, schema) as docs:
         acc = _Acc(cfg, docs, rejects, licence, snapshot, Path(cache_dir))
+        if cfg.kind == "local":
+            _links_out(acc, links_out)
         for rel, path in files:
             if acc.full():
                 break
@@ -386,6 +390,53 @@ def match_files(patterns: list[str], root: Path | None) -> list[tuple[str, Path]
         raise SourceError(f"no file matches include={patterns!r}{where}; check the patterns (globs, '**' allowed, "
                           "or a folder)")
     return files
+
+
+@dataclass(frozen=True)
+class LinkOut:
+    """A matched file whose real path lies outside the folder it was matched in: ``rel`` and ``path`` as
+    ``match_files`` gives them, ``folder`` that folder and ``target`` the real path."""
+
+    rel: str
+    path: Path
+    folder: Path
+    target: Path
+
+
+def local_files(cfg: SourceConfig) -> tuple[list[tuple[str, Path]], list[LinkOut]]:
+    """(files a ``local`` source reads, links out of their folder): ``match_files`` of ``cfg.include``, and the
+    matched files whose real path lies outside the folder they were matched in, which are left out of the files
+    read unless ``cfg.follow_symlinks``.
+
+    Raises:
+        SourceError: as ``match_files``.
+    """
+    files = match_files(cfg.include, None)
+    links = [link for link in (_link_out(rel, path) for rel, path in files) if link is not None]
+    if cfg.follow_symlinks or not links:
+        return files, links
+    skipped = {link.path for link in links}
+    return [(rel, path) for rel, path in files if path not in skipped], links
+
+
+def _link_out(rel: str, path: Path) -> LinkOut | None:
+    """A ``LinkOut`` when ``path`` (matched as ``rel`` below its folder) resolves outside that folder, else None."""
+    folder = Path(os.path.normpath(os.path.join(path, *[os.pardir] * len(Path(rel).parts))))
+    target = Path(os.path.realpath(path))
+    return None if target.is_relative_to(os.path.realpath(folder)) else LinkOut(rel, path, folder, target)
+
+
+def _links_out(acc: _Acc, links: list[LinkOut]) -> None:
+    """One warning per link out of its folder; when they are not followed, one ``read.link_outside`` row each."""
+    follow = acc.cfg.follow_symlinks
+    for link in links:
+        log.warning("source %r: %s is a link to %s, outside %s; %s", acc.cfg.name, link.path, link.target,
+                    link.folder, "read (follow_symlinks = true)" if follow else
+                    "not read (read.link_outside; follow_symlinks = true reads it)")
+        if not follow:
+            acc.reject(f"{acc.cfg.name}/{link.rel}", "read.link_outside",
+                       f"{link.rel}: a link to {link.target}, outside {link.folder}; not read (set follow_symlinks "
+                       "= true to read it)")
 
 
 def _unique_files(hits: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
@@ -747,7 +798,8 @@ def is_url(text: str) -> bool:
 def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
     """Rows of column ``text_field``, one batch at a time. A missing column raises (every file of the source would
     need the same fix); a file that is not Parquet at all is one reject row, and so is a file that breaks while
-    read (the rows before the break stay documents)."""
+    read (the rows before the break stay documents). A value of more than ``max_file_bytes`` UTF-8 bytes is one
+    ``read.too_large`` row, as an over-long JSONL line is."""
     try:
         parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=_PARQUET_BUFFER_BYTES)
         columns = parquet.schema_arrow.names
@@ -775,7 +827,11 @@ def _read_parquet(acc: _Acc, rel: str, path: Path) -> None:
                     if acc.full():
                         return
                     doc_id = f"{acc.cfg.name}/{rel}#{i}"
-                    if isinstance(value, str):
+                    num_bytes = text_bytes(value) if isinstance(value, str) else 0
+                    if num_bytes > acc.cfg.max_file_bytes:
+                        acc.reject(doc_id, "read.too_large", f"{rel} row {i}: {num_bytes:,} bytes, over "
+                                                             f"max_file_bytes={acc.cfg.max_file_bytes:,}")
+                    elif isinstance(value, str):
                         acc.doc(doc_id, rel, scrub(value), "text", acc.url(url) if url_field else None)
                     else:
                         acc.reject(doc_id, "read.missing_field",

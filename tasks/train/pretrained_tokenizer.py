@@ -23,11 +23,13 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from infra.errors import ConfigError
+from infra.hub import hub_id_hint
 from tasks.train.shards import vocab_span
 
 TOKENIZER_FILE = "tokenizer.json"
 # The files that define a Hugging Face tokenizer: its identity in cache keys is their content.
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+HUB_TOKENIZER_FILES = "--include '*.json'"  # the files above without the weights, from a Hub repository
 # End-of-document tokens of released tokenizers (GPT-2/Qwen, Llama 2/Mistral, Llama 3, Gemma), for a bare file.
 CONVENTIONAL_EOS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 
@@ -68,7 +70,8 @@ def tokenizer_file(path: str | Path) -> Path:
     """The ``tokenizer.json`` of a pretrained tokenizer given as a folder or as the file itself.
 
     Raises:
-        ConfigError: the path does not exist, or is a folder without ``tokenizer.json``.
+        ConfigError: the path does not exist (the message says so when it reads as a Hugging Face Hub id, with
+            the command that downloads it), or is a folder without ``tokenizer.json``.
     """
     path = Path(path)
     if path.is_file():
@@ -78,7 +81,8 @@ def tokenizer_file(path: str | Path) -> Path:
             return path / TOKENIZER_FILE
         raise ConfigError(f"{path} has no {TOKENIZER_FILE}: give a Hugging Face tokenizer folder (saved with "
                           "save_pretrained by a fast tokenizer) or the tokenizer.json file itself")
-    raise ConfigError(f"{path} does not exist (relative paths are read from the working directory)")
+    raise ConfigError(f"{path} does not exist (relative paths are read from the working directory)"
+                      f"{hub_id_hint(path, files=HUB_TOKENIZER_FILES)}")
 
 
 def read_pretrained(path: str | Path) -> PretrainedTokenizer:

@@ -139,6 +139,9 @@ def test_removed_mixture_main_tokens_says_where_d_comes_from():
     ("cpt", {"replay_weights": {"python_doc": 1.0}}, "are not general sources"),
     ("cpt", {"replay_fractions": [0.1, 0.1]}, "repeats a value"),
     ("cpt", {"base_checkpoint": "no/such/dir"}, "is not a directory"),
+    ("cpt", {"base_checkpoint": "meta-llama/Llama-3.2-1B"}, r"is not a directory.* looks like a Hugging Face Hub "
+     r"id: download it into a folder first, e\.g\. `\.venv/bin/hf download meta-llama/Llama-3\.2-1B --local-dir "
+     r"hf-models/Llama-3\.2-1B`, and give that folder"),
     ("gate", {"cloze_items": []}, "at least one cloze item file"),
     ("main", {"distributed": {"launch": "accelerate", "processes": 2, "accelerate_config": "no/such.yaml"}},
      "not found"),

@@ -39,6 +39,8 @@ def test_config_checks_name_and_kind():
         SourceConfig(name="Bad-Name", kind="local", include=["x"])
     with pytest.raises(ConfigError, match="package"):
         SourceConfig(name="s", kind="deb", include=["x"])
+    with pytest.raises(ConfigError, match="follow_symlinks is only for kind='local'"):
+        SourceConfig(name="s", kind="deb", package="fortunes", include=["x"], follow_symlinks=True)
 
 
 def test_missing_apt_raises_source_error(monkeypatch, tmp_path):
@@ -57,6 +59,36 @@ def test_fortunes_split_strip_ansi_and_skip_index_and_symlinks(tmp_path):
     assert out.docs.doc_id.tolist() == ["src/poems#0", "src/poems#1", "src/poems#2", "src/poems#3"]
     assert list(out.docs.columns) == DOC_COLUMNS and (out.docs.language_hint == "zh").all()
     assert out.snapshot.startswith("local-") and out.rejects.empty
+
+
+def _folder_with_a_link_out(tmp_path):
+    """docs/ with a text file and a link to a file outside docs/ (a key beside it), and a link that stays inside."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("A document inside the folder.")
+    (tmp_path / "secret.key").write_text("PRIVATE KEY 1234")
+    os.symlink(tmp_path / "secret.key", tmp_path / "docs" / "b.txt")
+    os.symlink("a.txt", tmp_path / "docs" / "c.txt")
+    return tmp_path / "secret.key"
+
+
+def test_a_link_out_of_a_local_folder_is_skipped_with_a_reject_row_and_a_warning(tmp_path, caplog):
+    target = _folder_with_a_link_out(tmp_path)
+    for include in (["docs"], ["docs/*.txt"]):
+        caplog.clear()
+        out = read_small_source(local(tmp_path, include), tmp_path)
+        assert out.docs.doc_id.tolist() == ["src/a.txt"]  # c.txt is a second name of a.txt, inside
+        assert out.rejects[["doc_id", "rule"]].values.tolist() == [["src/b.txt", "read.link_outside"]]
+        assert str(target) in out.rejects.detail.iloc[0] and "follow_symlinks = true" in out.rejects.detail.iloc[0]
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and str(tmp_path / "docs" / "b.txt") in warnings[0] and str(target) in warnings[0]
+
+
+def test_follow_symlinks_reads_a_link_out_of_the_folder_and_warns(tmp_path, caplog):
+    target = _folder_with_a_link_out(tmp_path)
+    out = read_small_source(local(tmp_path, ["docs"], follow_symlinks=True), tmp_path)
+    assert out.docs.content.tolist() == ["A document inside the folder.", "PRIVATE KEY 1234"] and out.rejects.empty
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(tmp_path / "docs" / "b.txt") in warnings[0] and str(target) in warnings[0]
 
 
 def test_jsonl_bad_lines_become_rejects(tmp_path):

@@ -197,6 +197,15 @@ def test_an_over_long_jsonl_line_is_one_reject_and_later_line_numbers_stay_right
                                            "a.jsonl line 3: Expecting value at column 1"]
 
 
+def test_a_parquet_value_over_max_file_bytes_is_one_reject_and_the_rows_after_it_are_read(tmp_path):
+    # "é" is two UTF-8 bytes: 600 characters are 1,200 bytes, over the limit; 1,000 ASCII characters are not
+    pq.write_table(pa.table({"text": ["first", "é" * 600, "x" * 1000, "last"]}), tmp_path / "a.parquet")
+    out = read_small_source(local(tmp_path, ["*.parquet"], max_file_bytes=1000), tmp_path)
+    assert out.docs.doc_id.tolist() == ["src/a.parquet#0", "src/a.parquet#2", "src/a.parquet#3"]
+    assert out.rejects[["doc_id", "rule", "detail"]].values.tolist() == [
+        ["src/a.parquet#1", "read.too_large", "a.parquet row 1: 1,200 bytes, over max_file_bytes=1,000"]]
+
+
 def test_a_jsonl_line_that_is_not_utf8_is_one_reject_and_a_bom_opens_the_file(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "one"}\n{"text": "bad \xff"}\n{"text": "three"}')
     out = read_small_source(local(tmp_path, ["*.jsonl"]), tmp_path)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -138,9 +140,17 @@ def test_warehouse_the_rewrite_cannot_hold_stops_with_one_message(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.duckdb"]
 
 
+def documented_optuna_command(doc: str) -> str:
+    """The ``optuna studies`` command ``doc`` gives for the sweeps' journal."""
+    found = re.findall(r"`(\.venv/bin/optuna studies [^`]+)`", (REPO / doc).read_text())
+    assert len(found) == 1, f"{doc} gives {len(found)} `optuna studies` commands"
+    return found[0]
+
+
 def test_optuna_cli_lists_the_sweep_study(tmp_path: Path):
-    """``optuna studies --storage <runs>/optuna/<experiment>/optuna_journal.log --storage-class JournalFileBackend``
-    finds the study the sweep wrote, and ``optuna trials --study-name NAME`` (same storage flags) its trials."""
+    """The ``optuna studies`` command README.md and docs/runs-folder.md give (the journal file under
+    ``<runs>/optuna/<experiment>/`` and ``--storage-class JournalFileBackend``) finds the study the sweep wrote,
+    and ``optuna trials --study-name NAME`` (same storage flags) its trials."""
     storage = tmp_path / "optuna" / "demo"  # <runs>/optuna/<experiment>, as the sweep stage lays it out
 
     def objective(peak_lr: float, seed: int, report) -> float:
@@ -149,11 +159,14 @@ def test_optuna_cli_lists_the_sweep_study(tmp_path: Path):
 
     cfg = SweepConfig(n_trials=3, lr_min=1e-4, lr_max=1e-2, report_every=1, sampler="grid")
     run_sweep(objective, cfg, storage_path=storage, study_name="demo-lr-d64-abc123")
-    journal = storage / JOURNAL_FILE
+    documented = {doc: documented_optuna_command(doc) for doc in ("README.md", "docs/runs-folder.md")}
+    assert len(set(documented.values())) == 1, documented
     optuna_cli = Path(sys.executable).parent / "optuna"
-    command = [str(optuna_cli), "studies", "--storage", str(journal), "--storage-class", "JournalFileBackend",
-               "--format", "json"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    command = [str(optuna_cli) if arg == ".venv/bin/optuna" else arg.replace("runs/", f"{tmp_path}/", 1)
+               for arg in shlex.split(documented["README.md"])]
+    journal = Path(command[command.index("--storage") + 1])
+    assert journal == storage / JOURNAL_FILE and journal.is_file()
+    done = subprocess.run([*command, "--format", "json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     studies = json.loads(done.stdout)
     assert [(s["name"], s["n_trials"], s["direction"]) for s in studies] == [("demo-lr-d64-abc123", 3, ["MINIMIZE"])]

@@ -94,6 +94,17 @@ def test_missing_path_is_a_config_error_naming_the_field(tmp_path):
             load_config(config)
 
 
+def test_a_hub_id_is_named_as_one_with_the_command_that_downloads_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths are read from the working directory: nothing is there
+    with pytest.raises(ConfigError, match=r"meta-llama/Llama-3\.2-1B does not exist .*looks like a Hugging Face Hub "
+                       r"id: download it into a folder first, e\.g\. `\.venv/bin/hf download meta-llama/Llama-3\.2-1B "
+                       r"--include '\*\.json' --local-dir hf-models/Llama-3\.2-1B`, and give that folder"):
+        read_pretrained("meta-llama/Llama-3.2-1B")
+    with pytest.raises(ConfigError, match="does not exist") as err:
+        read_pretrained("no/such/tokenizer")  # not an id: owner/name has one slash
+    assert "Hub" not in str(err.value)
+
+
 def test_more_than_65536_ids_are_stored_as_uint32(tmp_path):
     vocab = {"</s>": 0, **{f"w{i}": i + 1 for i in range(70_000)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="</s>"))

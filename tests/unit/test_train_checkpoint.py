@@ -1,6 +1,8 @@
 """Checkpoints: docs/methods.md §9 resume exactness, fresh-optimiser control, integrity checks, atomic layout."""
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import torch
 from infra.errors import CheckpointError
 from models.config import ModelConfig
 from models.decoder import Decoder
-from tasks.train.checkpoint import Checkpointer, latest_checkpoint, load_model
+from tasks.train.checkpoint import Checkpointer, latest_checkpoint, load_model, save_weights
 from tasks.train.config import OptimConfig
 from tasks.train.data import MixtureSampler
 from tasks.train.loop import TrainState, train
@@ -86,6 +88,19 @@ def small_checkpoint(path):
     model = Decoder(CFG)
     return Checkpointer(path.parent).save(path, model=model, optimizer=build_optimizer(model, OPTIM),
                                           state=TrainState(step=1), sampler_state={})
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_checkpoint_files_get_the_mode_a_plain_open_gives(tmp_path, umask):
+    # safetensors creates its file owner-only (0o600); every file of a checkpoint reads like the others
+    old = os.umask(umask)
+    try:
+        directory = small_checkpoint(tmp_path / "c")
+        weights = save_weights(tmp_path / "w", model=Decoder(CFG), state=TrainState(step=1))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for d in (directory, weights) for p in d.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes
 
 
 def test_corrupt_byte_rejected(tmp_path):
