@@ -3,7 +3,8 @@
 Each trial trains the proxy with its own seed and reports the token-weighted held-out loss over the
 general sources every ``sweep.report_every`` steps, so the median pruner can stop bad trials early. The
 studies live in ``<runs>/optuna/`` (journal file with a lock, shared by workers, resumable after a kill). A study's
-name leaves ``n_trials`` out (TPE), so raising it continues the study instead of starting over.
+name leaves ``n_trials`` out (TPE), so raising it continues the study instead of starting over; under
+``--refresh sweep`` (``StageContext.refresh``) the study is deleted and run again from its first trial.
 
 Outputs: ``trials.parquet`` (every trial of every width, numbered as an uninterrupted study numbers them:
 ``sweep_table``) and ``best.json``: per width, a cubic fit of held-out loss in ln(peak LR) with the Fieller
@@ -35,7 +36,7 @@ from tasks.sweep.config import SweepConfig
 from tasks.sweep.forecast import forecast
 from evals.stats import MIN_UNITS
 from tasks.sweep.lr_fit import N_BOOTSTRAP, LrFit, LrRule, exponent_verdict, fit_lr, judge, width_exponent
-from tasks.sweep.study import SweepResult, run_sweep
+from tasks.sweep.study import SweepResult, drop_study, run_sweep
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.loop import Callback
 from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_training, token_weighted_loss
@@ -114,8 +115,12 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
                     advance(1)
                 return curve[-1]["heldout_loss_nats"]
 
-            results[width] = run_sweep(objective, cfg, storage_path=ctx.layout.optuna / ctx.experiment,
-                                       study_name=f"{ctx.experiment}-lr-d{width}-{study_key(ctx, cfg, proxy, shape, packing)}")
+            storage = ctx.layout.optuna / ctx.experiment
+            name = f"{ctx.experiment}-lr-d{width}-{study_key(ctx, cfg, proxy, shape, packing)}"
+            if not ctx.reuses(name, True):  # --refresh sweep: the study starts over (once: a rerun after a kill resumes)
+                drop_study(storage, name)
+                ctx.wrote(name)
+            results[width] = run_sweep(objective, cfg, storage_path=storage, study_name=name)
     trials = pd.concat([sweep_table(r, w) for w, r in results.items()], ignore_index=True)
     best = results[base]
     tokens_per_step = budget.batch_size * proxy.model.seq_len

@@ -145,6 +145,16 @@ def run_sweep(
     return sweep_result(study)
 
 
+def drop_study(storage_path: Path, study_name: str) -> bool:
+    """Delete the study ``study_name`` from the journal in ``storage_path`` (a sweep run again from its first trial);
+    False when there was none."""
+    try:
+        optuna.delete_study(study_name=study_name, storage=open_storage(storage_path))
+    except KeyError:  # Optuna's answer for a study the storage does not hold
+        return False
+    return True
+
+
 def counts_towards_n_trials(trial: FrozenTrial) -> bool:
     """Finished trials (an interrupted one excepted) and running ones count; queued and interrupted ones do not."""
     if trial.state == TrialState.WAITING:
