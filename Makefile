@@ -27,7 +27,10 @@ $(VENV)/.installed: pyproject.toml
 	@echo "install: torch 2.13.0, CPU build (~200 MB download)"
 	$(PY) -m pip install --quiet torch==2.13.0
 	@echo "install: pretrain and its dependencies (Prefect, MLflow, DuckDB, transformers, Ray, ...)"
-	$(PY) -m pip install --quiet -e '.[test]'
+	@# setuptools reports each editable install of a layout with several top-level packages as a warning
+	@# ("Editable installation ... folders in your working directory with the same name"), which pip prints:
+	@# it is information only, so the filter drops that one message and keeps every other warning.
+	PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(PY) -m pip install --quiet -e '.[test]'
 	@echo "install: done"
 	touch $@
 

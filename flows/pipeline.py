@@ -59,7 +59,8 @@ class Env:
     warehouse: Warehouse
     parent_run_id: str
     flow_run_id: str
-    refresh: set[str] = field(default_factory=set)
+    refresh: set[str] = field(default_factory=set)  # recomputed: the stages --refresh names and their downstream
+    named: set[str] = field(default_factory=set)  # the stages --refresh names: they do not read their own caches
     progress: RichProgress | PlainProgress = field(default_factory=make_progress)
     threads: ThreadPolicy = field(default_factory=lambda: thread_policy(None))
 
@@ -114,7 +115,7 @@ def _compute(name: str, key: str, env: Env, input_paths: dict[str, Path], meta: 
         out=tmp, inputs=input_paths, layout=env.layout, key=key, key_config=meta["config"], experiment=env.cfg.name,
         seed=env.cfg.seed,
         torch_threads=env.threads.torch_threads, threads=env.threads, progress=env.progress,
-        refresh=name in env.refresh,
+        refresh=name in env.named,
         log_metrics=lambda metrics, step: env.tracker.log_metrics(meta["mlflow_run_id"], metrics, step),
         log_child=lambda child, params, rows: _log_child(env, meta["mlflow_run_id"], child, params, rows),
         shard_map_for=partial(shard_map_for, record=tmp / RAY_CALLS_FILE),  # Ray records where calls ran
@@ -263,7 +264,7 @@ def _pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None, 
     cfg = load_config(config_path, overrides)
     layout = RunsLayout.resolve(runs_dir)
     preflight(cfg, refresh or [], until=until)
-    env = _environment(cfg, layout, downstream(set(refresh or [])))
+    env = _environment(cfg, layout, set(refresh or []))
     upstream: dict[str, Artifact] = {}
     cached: dict[str, bool] = {}
     try:
@@ -299,7 +300,7 @@ def _pipeline(config_path: str, runs_dir: str, refresh: list[StageName] | None, 
             "paths": {n: str(a.path) for n, a in upstream.items()}}
 
 
-def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -> Env:
+def _environment(cfg: ExperimentConfig, layout: RunsLayout, named: set[str]) -> Env:
     threads = thread_policy(cfg.torch_threads)  # before the parent run: a bad export leaves no run behind
     torch.set_num_threads(threads.torch_threads)  # every in-process stage (proxies, sweep trials, CPT) uses it
     tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, cfg.name)
@@ -308,7 +309,8 @@ def _environment(cfg: ExperimentConfig, layout: RunsLayout, refresh: set[str]) -
     tracker.log_params(parent, {"config": cfg.name, "seed": cfg.seed, **threads.params()})
     threads.announce()
     return Env(cfg=cfg, layout=layout, store=ArtifactStore(layout.artifacts), tracker=tracker,
-               warehouse=Warehouse(layout.duckdb), parent_run_id=parent, flow_run_id=flow_run_id, refresh=refresh,
+               warehouse=Warehouse(layout.duckdb), parent_run_id=parent, flow_run_id=flow_run_id,
+               refresh=downstream(named), named=named,
                threads=threads)
 
 

@@ -16,8 +16,9 @@ all-to-all traffic, expert-parallel memory). The arithmetic is ``models.scaleout
     pretrain plan configs/demo.toml --runs-dir runs   # with the law its scaling ladder fitted, when there is one
 
 The scaling table uses the published Chinchilla constants (Hoffmann et al. 2022), or, for an experiment config whose
-``[ladder]`` artifact is in the runs folder, the constants that ladder fitted (``ladder_law``; N is then the
-non-embedding parameter count, the ladder's convention). The table's title and its ``law`` row say which.
+``[ladder]`` artifact is in the runs folder and decided its forecast, the constants that ladder fitted
+(``ladder_law``; N is then the non-embedding parameter count, the ladder's convention). The table's title and its
+``law`` row say which, and why an undetermined fit was not used.
 """
 
 from __future__ import annotations
@@ -337,7 +338,8 @@ def build_plan(plan: PlanConfig, law: FittedLaw | None = None, law_note: str = "
     """The tables of a plan: shape (and its routed layers with ``[moe]``), then per run compute/time, memory,
     parallelism and recovery (and expert parallelism), then the scaling allocation: with ``law`` the ladder's
     fitted constants (N non-embedding), else the published Chinchilla ones (``law_note``: why no fitted law was
-    used, shown in the table)."""
+    used, shown in the table). A fitted law whose forecast is not decided is not planned on: the published
+    constants are, and the ``law`` row says why."""
     cfg = plan.model
     counts = param_count(cfg)
     shape = PlanTable("Model" if plan.moe is None else "Model: the dense shape, before routing")
@@ -349,6 +351,11 @@ def build_plan(plan: PlanConfig, law: FittedLaw | None = None, law_note: str = "
         tables.append(_moe_table(cfg, plan.moe))
     for run in plan.runs:
         tables += _run_tables(cfg, run, plan.moe)
+    if law is not None and law.verdict != "decided":
+        # An undetermined fit's constants can sit on their bounds (α = 4): its allocation would be meaningless.
+        law_note = (f"ladder artifact {law.artifact_key} fitted a law whose forecast is {law.verdict} "
+                    f"({law.reason or 'see its forecast.json'}): its constants are not used")
+        law = None
     if law is None:
         table = _chinchilla(cfg, plan.runs[0].tokens, Chinchilla(), param_count(cfg).total,
                             "Chinchilla allocation (L = 1.69 + 406.4/N^0.34 + 410.7/D^0.28, C6 = 6ND)")
@@ -358,12 +365,8 @@ def build_plan(plan: PlanConfig, law: FittedLaw | None = None, law_note: str = "
         table = _chinchilla(cfg, plan.runs[0].tokens, c, param_count(cfg).blocks,
                             f"Fitted scaling law of the ladder (L = {c.E:.4g} + {c.A:.4g}/N^{c.alpha:.3g} + "
                             f"{c.B:.4g}/D^{c.beta:.3g}, N non-embedding, C6 = 6ND)")
-        trust = "" if law.verdict == "decided" else f"; its forecast is {law.verdict}"
         table.rows.insert(0, ("law", f"fitted by ladder artifact {law.artifact_key}",
-                              f"{law.form} form{trust}; used instead of the published Chinchilla constants"))
-        if law.verdict != "decided":
-            table.rows.insert(1, ("warning", f"the ladder's law is {law.verdict}: do not plan on this allocation",
-                                  law.reason or "see the ladder's forecast.json"))
+                              f"{law.form} form, decided; used instead of the published Chinchilla constants"))
     if plan.moe is not None:
         table.rows.insert(1, ("mixture of experts", "not covered", "the allocation is the dense [model]'s; routed "
                               "models follow laws of their own (Clark et al. 2022)"))
@@ -401,6 +404,15 @@ def _moe_table(cfg: ModelConfig, moe: MoEPlan) -> PlanTable:
               f"capacity C·tokens·k/E, C = {c:g}: at most max(0, 1 − C·k/E) = {most:.1%} (every token on the same "
               f"{k} experts); an expert overflows past {c:g}× its balanced load")
     return table
+
+
+def _elapsed(seconds: float) -> str:
+    """A time under a day, in the unit that shows it: 3.2 h, 41.0 min, 12.50 s, 3.1 ms, 7.6 µs."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else _duration(seconds)
 
 
 def _duration(seconds: float) -> str:
@@ -456,11 +468,12 @@ def _run_tables(plan_cfg: ModelConfig, run: RunPlan, moe: MoEPlan | None = None)
     compute.add("6ND shortcut", f"{c6:.4g}", f"{(c6 / flops - 1):+.1%} ({c6_note})")
     compute.add("GPU-hours", f"{gpu_hours(flops, run.rate):,.1f}", f"at {run.rate:.3g} FLOP/s per device")
     hours = elapsed_hours(flops, run.devices, run.rate)
-    compute.add("elapsed", f"{hours:,.2f} h = {hours / 24:.2f} days")
+    compute.add("elapsed", f"{hours:,.2f} h = {hours / 24:.2f} days" if hours >= 1 else _elapsed(hours * 3600))
     peak = DEVICE_PEAK_BF16[run.device]
     for mfu in run.mfu:
         days = elapsed_hours(flops, run.devices, rate_at_mfu(mfu, peak)) / 24
-        compute.add(f"elapsed at MFU {mfu:.0%}", f"{days:.1f} days", f"of {peak / 1e12:.0f} TFLOP/s bf16 peak")
+        compute.add(f"elapsed at MFU {mfu:.0%}", f"{days:.1f} days" if days >= 1 else _elapsed(days * 86400),
+                    f"of {peak / 1e12:.0f} TFLOP/s bf16 peak")
     if run.flop_conventions:
         _conventions(compute, cfg, run, n_flops, flops, peak)
     for label, text in run.notes.items():
@@ -481,8 +494,12 @@ def _run_tables(plan_cfg: ModelConfig, run: RunPlan, moe: MoEPlan | None = None)
     if run.devices > 1:
         _data_parallel_rows(parallel, cfg, run, routed, flops / run.tokens)
     tau, overhead = young_interval(run.save_seconds, run.mtbf_hours * 3600)
-    parallel.add("checkpoint interval", f"{tau / 60:.1f} min", f"Young, δ = {run.save_seconds:g} s, "
-                 f"M = {run.mtbf_hours:g} h: overhead {overhead:.1%}")
+    young = f"δ = {run.save_seconds:g} s, M = {run.mtbf_hours:g} h"
+    if tau < hours * 3600:
+        parallel.add("checkpoint interval", f"{tau / 60:.1f} min", f"Young, {young}: overhead {overhead:.1%}")
+    else:  # a run shorter than the interval needs no checkpoint before its end
+        parallel.add("checkpoint interval", "none: the run is shorter than one",
+                     f"Young's interval {tau / 60:.1f} min ({young}) > the run's {_elapsed(hours * 3600)}")
     states, with_weights = checkpoint_bytes(n)
     parallel.add("checkpoint size", f"{states / GB:.1f} GB master + moments; {with_weights / GB:.1f} GB with bf16 "
                  "weights",
@@ -648,11 +665,11 @@ def _chinchilla(cfg: ModelConfig, tokens: float, law: Chinchilla, n: int, title:
     c6 = 6.0 * n * tokens
     table = PlanTable(title)
     loss = law.loss(n, tokens)
-    table.add("this run", f"N {_si(n)}, D {_si(tokens)}", f"loss {loss:.6f}")
+    table.add("this run", f"N {_si(n)}, D {_si(tokens)}", f"loss {loss:.3f}")
     n_opt, d_opt = law.optimum(c6)
-    table.add("same-compute optimum", f"N {_si(n_opt)}, D {_si(d_opt)}", f"loss {law.loss(n_opt, d_opt):.6f}")
+    table.add("same-compute optimum", f"N {_si(n_opt)}, D {_si(d_opt)}", f"loss {law.loss(n_opt, d_opt):.3f}")
     n20, d20 = tokens_per_param_allocation(c6)
-    table.add("20 tokens/param", f"N {_si(n20)}, D {_si(d20)}", f"loss {law.loss(n20, d20):.6f}")
+    table.add("20 tokens/param", f"N {_si(n20)}, D {_si(d20)}", f"loss {law.loss(n20, d20):.3f}")
     try:
         n_eq, d_eq = law.equal_loss_optimum(loss)
     except ValueError as err:  # far outside the fit's range (a toy model): say so instead of a wrong answer
@@ -667,10 +684,13 @@ def _chinchilla(cfg: ModelConfig, tokens: float, law: Chinchilla, n: int, title:
 
 
 def _si(x: float) -> str:
-    """3 decimals in the largest unit ≥ 1: 9.551B, 1.230T, 1.263M."""
+    """3 significant digits in the largest unit ≥ 1: 9.55B, 2.00T, 126M; past 1000T as 1.14e+34; below 1k plain."""
+    rounded = float(f"{x:.3g}")
+    if rounded >= 1e15:
+        return f"{rounded:.3g}"
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3f}{unit}"
+        if rounded >= scale:
+            return f"{rounded / scale:#.3g}".rstrip(".") + unit  # '#' keeps the zeros of 15.0B and 2.00T
     return f"{x:.3g}"
 
 

@@ -41,7 +41,7 @@ def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: War
     thread_policy(cfg.torch_threads)  # an exported OMP_NUM_THREADS/OMP_WAIT_POLICY that OpenMP cannot use
     for name, source in cfg.sources.items():
         if source.kind == "local":
-            match_files(source.include, None)  # raises SourceError naming the patterns when nothing matches
+            match_files(source.include, None, name)  # raises SourceError naming the source and its patterns
     # The sources key needs every Debian release resolved; on a machine without package lists this fetches them.
     resolve_debs(((s.package, s.version) for s in cfg.sources.values() if s.kind == "deb"), update_lists=True)
     for pattern in cfg.corpus.decontamination.eval_files:  # else the corpus stage fails after reading every source

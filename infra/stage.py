@@ -8,11 +8,13 @@ the stage's MLflow run and a rich progress display.
 from __future__ import annotations
 
 import importlib
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
+from infra.atomic import atomic_file
 from infra.shard_map import ShardMap, sequential_map_for
 from infra.runs import RunsLayout, ensure_folder
 from infra.threads import ThreadPolicy
@@ -64,8 +66,11 @@ class StageContext:
         log_metrics: metrics at an explicit step to this stage's MLflow run (step unit stated by the caller).
         log_child: one nested MLflow run under this stage (name, params, metric rows each with a "step").
         progress: progress bars.
-        refresh: the user asked to recompute this stage (``--refresh``): state shared across keys, such as a WSD
-            run's cached stable phase, is not reused; its own resumable scratch still is, after a kill.
+        refresh: the user named this stage with ``--refresh``: it reads nothing back from its caches under
+            ``runs/cache/`` (proxies, candidates, rungs, branches, a WSD run's stable phase, the sweep's study) but
+            trains afresh and overwrites them (``reuses``, ``wrote``); its own resumable scratch is still read after
+            a kill. False for a stage recomputed only because it is downstream of a refreshed one: its cache entries
+            are keyed by content, so one whose key matches is the same result.
         shard_map_for: ``(execution, on_done=None) → shard map`` for an ``infra.execution.ExecutionConfig``,
             running shard functions where its engine says (Prefect tasks or Ray tasks in the pipeline; a loop in
             this process by default); ``on_done()`` is called after each finished call (progress bars).
@@ -92,6 +97,25 @@ class StageContext:
         once the artifact is committed, never the stage (a kill between the two must still find it).
         Raises ``RunsFolderError`` when a file is in its way."""
         return ensure_folder(scratch_folder(self.layout.root, self.out.parent.name, self.key))
+
+    def reuses(self, entry: str, present: bool) -> bool:
+        """Whether to read back the cache entry ``entry`` (its content key) that is ``present`` in the stage's cache:
+        always, unless the stage is refreshed; then only an entry this attempt, or an interrupted attempt at the same
+        artifact key, trained (``wrote``), so that rerunning the same ``--refresh`` command resumes."""
+        return present and (not self.refresh or entry in self._refreshed())
+
+    def wrote(self, entry: str) -> None:
+        """Note that the stage trained the cache entry ``entry`` anew (kept in its scratch under ``--refresh``)."""
+        if self.refresh:
+            with atomic_file(self.scratch / REFRESHED, "w") as f:
+                json.dump(sorted(self._refreshed() | {entry}), f)
+
+    def _refreshed(self) -> set[str]:
+        path = scratch_folder(self.layout.root, self.out.parent.name, self.key) / REFRESHED
+        return set(json.loads(path.read_text())) if path.is_file() else set()
+
+
+REFRESHED = "refreshed_entries.json"  # in a refreshed stage's scratch: the cache entries it has trained anew
 
 
 def scratch_folder(runs: Path, stage: str, key: str) -> Path:

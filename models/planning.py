@@ -211,9 +211,9 @@ class Chinchilla:
         """
         lo, hi = 1e10, 1e35  # FLOPs
         if not (self.loss(*self.optimum(hi)) <= target <= self.loss(*self.optimum(lo))):
-            raise ValueError(f"target loss {target} is outside what {lo:.0e}–{hi:.0e} FLOPs reach "
-                             f"({self.loss(*self.optimum(hi)):.4f}–{self.loss(*self.optimum(lo)):.2f}); the "
-                             f"irreducible loss is {self.E}")
+            raise ValueError(f"target loss {target:.3f} is outside what {lo:.0e}–{hi:.0e} FLOPs reach "
+                             f"({self.loss(*self.optimum(hi)):.3f}–{self.loss(*self.optimum(lo)):.3f}); the "
+                             f"irreducible loss is {self.E:.3f}")
         for _ in range(200):
             mid = math.sqrt(lo * hi)
             if self.loss(*self.optimum(mid)) > target:

@@ -92,7 +92,7 @@ def run(ctx: StageContext, cfg: Any) -> dict[str, Any]:
     mixtures = {MAIN_MIXTURE: main_weights} | ({ANNEAL: {s: float(w) for s, w in spec.weights.items() if w > 0}}
                                                if spec.weights else {})
     cache = _Cache(ctx.layout.root / "cache" / "branches", tokenizer=Path(ctx.inputs["tokenizer"]).name, trunk=trunk,
-                   main=main, sources=sources)
+                   main=main, sources=sources, ctx=ctx)
     plan = [(s, spec.length(s)) for s in sorted(spec.at_steps)]
     needed = [s for s, k in plan if not cache.has(cache.point_key(s)) or
               any(not cache.has(cache.branch_key(s, k, w)) for w in mixtures.values())]
@@ -237,10 +237,12 @@ def _main_run_bpb(main_artifact: Path) -> dict[str, float]:
 
 
 class _Cache:
-    """Per-branch and per-branch-point results under ``folder``, keyed as the module docstring says."""
+    """Per-branch and per-branch-point results under ``folder``, keyed as the module docstring says. Under
+    ``--refresh branches`` (``ctx.reuses``) every entry is computed again and overwritten."""
 
-    def __init__(self, folder: Path, *, tokenizer: str, trunk: str, main: MainConfig, sources: list[str]):
-        self.folder, self.tokenizer, self.trunk = Path(folder), tokenizer, trunk
+    def __init__(self, folder: Path, *, tokenizer: str, trunk: str, main: MainConfig, sources: list[str],
+                 ctx: StageContext):
+        self.folder, self.tokenizer, self.trunk, self.ctx = Path(folder), tokenizer, trunk, ctx
         self.eval = {"eval_tokens": main.budget.eval_tokens, "sources": sorted(sources)}
         self.decay = {"decay_shape": main.budget.decay_shape, "min_lr_ratio": main.min_lr_ratio,
                       "stability": main.stability.model_dump()}
@@ -257,16 +259,17 @@ class _Cache:
         return artifact_key("decay-branch", config, {"tokenizer": self.tokenizer}, self.code)
 
     def has(self, key: str) -> bool:
-        return (self.folder / f"{key}.parquet").is_file()
+        return self.ctx.reuses(key, (self.folder / f"{key}.parquet").is_file())
 
     def get(self, key: str, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         path = self.folder / f"{key}.parquet"
-        if path.is_file():
+        if self.has(key):
             self.reused += 1
             return pd.read_parquet(path)
         frame = compute()
         ensure_folder(self.folder)
         with atomic_file(path) as f:  # whole or absent: a crash never leaves a half-written result
             frame.to_parquet(f, index=False)
+        self.ctx.wrote(key)
         self.computed += 1
         return frame

@@ -227,8 +227,9 @@ class CandidateTrainer:
         return [row for c in callbacks if isinstance(c, PeriodicSamples) for row in c.rows]
 
     def _cached(self, path: Path, name: str, advance: Callable[[int], None], steps: int) -> bool:
-        """True when ``path`` holds a finished candidate: its metrics are logged again under ``name``."""
-        if not (path / "train.json").is_file():
+        """True when ``path`` holds a finished candidate: its metrics are logged again under ``name``. Under
+        ``--refresh cpt`` (``ctx.reuses``) the candidate trains again and its entry is overwritten."""
+        if not self.ctx.reuses(path.name, (path / "train.json").is_file()):
             return False
         _Recorder(self.ctx.log_metrics, f"{name}.", json.loads((path / "metrics.json").read_text())).replay()
         advance(steps)
@@ -238,7 +239,7 @@ class CandidateTrainer:
     def _save(self, path: Path, model, result, sampler, extra: dict, recorder: _Recorder, samples: list[dict],
               info: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, replace=self.ctx.refresh) as tmp:  # refreshed: the new candidate replaces the old
             Checkpointer(tmp, extra=extra).save(tmp / "checkpoint", model=model, optimizer=result.optimizer,
                                                 state=result.state, sampler_state=sampler.state_dict())
             if samples:
@@ -247,4 +248,5 @@ class CandidateTrainer:
             (tmp / "train.json").write_text(json.dumps({"step": int(result.state.step),
                                                         "tokens_seen": int(result.state.tokens_seen),
                                                         "params": info}, indent=2))
+        self.ctx.wrote(path.name)
         self.trained += 1

@@ -377,10 +377,11 @@ class _CandidateTrainer:
         model_cfg = extended_config(base.cfg, self.cfg.context.target_seq_len, recipe)
         train_key = self.key(model_cfg, fraction, peak_lr, seed)
         path, reused = self.folder / train_key, True
-        if not (path / "train.json").is_file():
+        if not self.ctx.reuses(train_key, (path / "train.json").is_file()):  # --refresh cpt: train afresh
             self.folder.mkdir(parents=True, exist_ok=True)
-            with atomic_dir(path) as tmp:
+            with atomic_dir(path, replace=self.ctx.refresh) as tmp:  # refreshed: the new one replaces the old
                 self._train(tmp, name, recipe, fraction, peak_lr, seed, base, params, advance)
+            self.ctx.wrote(train_key)
             self.trained, reused = self.trained + 1, False
         else:
             self.reused += 1

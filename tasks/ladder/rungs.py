@@ -123,14 +123,16 @@ class RungTrainer:
         Raises:
             DataError: the training diverged (a non-finite loss the stability settings could not skip past).
         """
-        path = self.folder / f"{self.key(rung)}.parquet"
-        if path.is_file():
+        key = self.key(rung)
+        path = self.folder / f"{key}.parquet"
+        if self.ctx.reuses(key, path.is_file()):  # under --refresh ladder: trained again, the entry overwritten
             self.reused += 1
             return pd.read_parquet(path), True
         scored = self._train(rung)
         self.folder.mkdir(parents=True, exist_ok=True)
         with atomic_file(path) as f:  # whole or absent: a crash never leaves a half-written result
             scored.to_parquet(f, index=False)
+        self.ctx.wrote(key)
         self.trained += 1
         return scored, False
 

@@ -170,7 +170,7 @@ def _choice_record(decision: MixtureDecision, record: DecisionRecord, by_name: d
 
 class _ProxyTrainer:
     """Trains (or reads back from the proxy cache) one proxy and returns its per-source rows and per-window
-    held-out losses."""
+    held-out losses. A refreshed stage (``ctx.refresh``) trains every proxy again and overwrites its cache entry."""
 
     def __init__(self, ctx: StageContext, corpus: TokenizedCorpus, proxy: ProxyConfig, general: list[str],
                  packing: PackingConfig):
@@ -194,7 +194,7 @@ class _ProxyTrainer:
         on disk always has its windows beside it."""
         key = self.key(weights, shape, seed)
         path, windows_path = self.folder / f"{key}.parquet", self.folder / f"{key}.windows.parquet"
-        if path.is_file() and windows_path.is_file():
+        if self.ctx.reuses(key, path.is_file() and windows_path.is_file()):
             scored, windows = pd.read_parquet(path), pd.read_parquet(windows_path)
             self.reused += 1
         else:
@@ -203,6 +203,7 @@ class _ProxyTrainer:
             for frame, target in ((windows, windows_path), (scored, path)):
                 with atomic_file(target) as f:  # whole or absent: a crash never leaves a half-written result
                     frame.to_parquet(f, index=False)
+            self.ctx.wrote(key)
             self.trained += 1
         prefix = "" if size == "proxy" else f"{size}."
         tag = "" if seed == self.ctx.seed else f"seed{seed}."

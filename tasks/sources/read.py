@@ -325,7 +325,7 @@ def read_source(cfg: SourceConfig, cache_dir: Path, docs_path: Path, rejects: Ro
     """
     if cfg.kind == "deb":
         pkg = package if package is not None else fetch_deb(cfg.package, cache_dir, cfg.version, release=release)
-        files = match_files(cfg.include, pkg.root)
+        files = match_files(cfg.include, pkg.root, cfg.name)
         snapshot, licence = pkg.version, pkg.licence
     else:
         files, links_out = local_files(cfg)
@@ -366,12 +366,13 @@ def _may_hold_warc(cfg: SourceConfig, files: list[tuple[str, Path]]) -> bool:
     return any(is_warc(path) or (cfg.kind == "local" and is_archive(path)) for _, path in files)
 
 
-def match_files(patterns: list[str], root: Path | None) -> list[tuple[str, Path]]:
+def match_files(patterns: list[str], root: Path | None, source: str | None = None) -> list[tuple[str, Path]]:
     """(relative path, path) of matched regular files, sorted, without symlinked duplicates.
 
     A pattern is a glob (``**`` allowed) or a folder without wildcards, which matches every file under it
     (recursively, hidden files included, symlinked folders not followed). Relative paths start below ``root``
     (deb), else below the pattern's part before its first wildcard (a folder pattern: the folder itself).
+    ``source``, the source's name, starts the error.
 
     Raises:
         SourceError: nothing matches any pattern.
@@ -387,8 +388,9 @@ def match_files(patterns: list[str], root: Path | None) -> list[tuple[str, Path]
     files = _unique_files(hits)
     if not files:
         where = f" under {root}" if root is not None else ""
-        raise SourceError(f"no file matches include={patterns!r}{where}; check the patterns (globs, '**' allowed, "
-                          "or a folder)")
+        named = f"source {source!r}: " if source is not None else ""
+        raise SourceError(f"{named}no file matches include={patterns!r}{where}; check the patterns (globs, '**' "
+                          "allowed, or a folder)")
     return files
 
 
@@ -411,7 +413,7 @@ def local_files(cfg: SourceConfig) -> tuple[list[tuple[str, Path]], list[LinkOut
     Raises:
         SourceError: as ``match_files``.
     """
-    files = match_files(cfg.include, None)
+    files = match_files(cfg.include, None, cfg.name)
     links = [link for link in (_link_out(rel, path) for rel, path in files) if link is not None]
     if cfg.follow_symlinks or not links:
         return files, links

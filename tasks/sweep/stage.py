@@ -3,7 +3,8 @@
 Each trial trains the proxy with its own seed and reports the token-weighted held-out loss over the
 general sources every ``sweep.report_every`` steps, so the median pruner can stop bad trials early. The
 studies live in ``<runs>/optuna/`` (journal file with a lock, shared by workers, resumable after a kill). A study's
-name leaves ``n_trials`` out (TPE), so raising it continues the study instead of starting over.
+name leaves ``n_trials`` out (TPE), so raising it continues the study instead of starting over; under
+``--refresh sweep`` (``StageContext.refresh``) the study is deleted and run again from its first trial.
 
 Outputs: ``trials.parquet`` (every trial of every width, numbered as an uninterrupted study numbers them:
 ``sweep_table``) and ``best.json``: per width, a cubic fit of held-out loss in ln(peak LR) with the Fieller
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,7 +37,7 @@ from tasks.sweep.config import SweepConfig
 from tasks.sweep.forecast import forecast
 from evals.stats import MIN_UNITS
 from tasks.sweep.lr_fit import N_BOOTSTRAP, LrFit, LrRule, exponent_verdict, fit_lr, judge, width_exponent
-from tasks.sweep.study import SweepResult, run_sweep
+from tasks.sweep.study import SweepResult, drop_study, finished_trials, run_sweep
 from tasks.train.corpus import TokenizedCorpus
 from tasks.train.loop import Callback
 from tasks.train.runner import build_model, evaluate_sources, make_sampler, run_training, token_weighted_loss
@@ -94,7 +96,17 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
                                                            "min_trials_per_width": MIN_UNITS["trials"]})
                        if len(widths) > 1 else None)
     results: dict[int, SweepResult] = {}
-    with ctx.progress.task("sweep: Optuna trials", cfg.n_trials * len(widths)) as advance:
+    storage = ctx.layout.optuna / ctx.experiment
+    studies = {w: f"{ctx.experiment}-lr-d{w}-{study_key(ctx, cfg, proxy, at_width(proxy.model, w), packing)}"
+               for w in widths}
+    for name in studies.values():
+        if not ctx.reuses(name, True):  # --refresh sweep: the study starts over (once: a rerun after a kill resumes)
+            drop_study(storage, name)
+            ctx.wrote(name)
+    # The bar counts the trials still to run: a resumed sweep's finished ones are not work of this call.
+    to_run = sum(max(0, cfg.n_trials - finished_trials(storage, name)) for name in studies.values())
+    bar = ctx.progress.task("sweep: Optuna trials", to_run) if to_run else nullcontext(lambda n=1, doing=None: None)
+    with bar as advance:
         for width in widths:
             shape = at_width(proxy.model, width)
             model_cfg = shape.build(corpus.vocab_size)
@@ -114,8 +126,7 @@ def run(ctx: StageContext, cfg: SweepConfig, proxy: ProxyConfig, *, general: lis
                     advance(1)
                 return curve[-1]["heldout_loss_nats"]
 
-            results[width] = run_sweep(objective, cfg, storage_path=ctx.layout.optuna / ctx.experiment,
-                                       study_name=f"{ctx.experiment}-lr-d{width}-{study_key(ctx, cfg, proxy, shape, packing)}")
+            results[width] = run_sweep(objective, cfg, storage_path=storage, study_name=studies[width])
     trials = pd.concat([sweep_table(r, w) for w, r in results.items()], ignore_index=True)
     best = results[base]
     tokens_per_step = budget.batch_size * proxy.model.seq_len

@@ -145,6 +145,26 @@ def run_sweep(
     return sweep_result(study)
 
 
+def finished_trials(storage_path: Path, study_name: str) -> int:
+    """How many trials of the study ``study_name`` are finished and count towards ``n_trials`` (0 without one):
+    what a resumed sweep need not run again."""
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(storage_path))
+    except KeyError:  # no such study yet
+        return 0
+    return sum(t.state.is_finished() and counts_towards_n_trials(t) for t in study.get_trials(deepcopy=False))
+
+
+def drop_study(storage_path: Path, study_name: str) -> bool:
+    """Delete the study ``study_name`` from the journal in ``storage_path`` (a sweep run again from its first trial);
+    False when there was none."""
+    try:
+        optuna.delete_study(study_name=study_name, storage=open_storage(storage_path))
+    except KeyError:  # Optuna's answer for a study the storage does not hold
+        return False
+    return True
+
+
 def counts_towards_n_trials(trial: FrozenTrial) -> bool:
     """Finished trials (an interrupted one excepted) and running ones count; queued and interrupted ones do not."""
     if trial.state == TrialState.WAITING:

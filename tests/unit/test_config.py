@@ -97,7 +97,7 @@ def test_preflight_rejects_bad_refresh_missing_cloze_and_unmatched_local_source(
     with pytest.raises(ConfigError, match=r"corpus\.decontamination\.eval_files: .*missing\*\.jsonl' matches no file"):
         preflight(no_eval)
     src = cfg.sources["handbook_en"].model_copy(update={"include": [str(tmp_path / "*.html")]})
-    with pytest.raises(SourceError, match="no file matches"):
+    with pytest.raises(SourceError, match=r"^source 'handbook_en': no file matches include=\['.*\*\.html'\]"):
         preflight(cfg.model_copy(update={"sources": {**cfg.sources, "handbook_en": src}}))
 
 

@@ -3,6 +3,7 @@ main run's LR rule, cached per rung, a reduced fit with an undetermined verdict,
 and the check against the main run's held-out loss (docs/methods.md §5)."""
 
 import json
+import re
 import time
 
 import pandas as pd
@@ -217,10 +218,13 @@ def test_plan_uses_the_fitted_law_when_the_configs_ladder_artifact_exists(tmp_pa
 
     n, d = param_count(cfg).blocks, 16 * 8 * 64  # N non-embedding, D = steps · batch · seq_len of [main]
     expected = 1.5 + 30.0 / n ** 0.3 + 40.0 / d ** 0.25
-    assert rows["this run"]["note"] == f"loss {expected:.6f}" and "warning" not in rows
+    assert rows["this run"]["note"] == f"loss {expected:.3f}"
+    assert rows["law"]["note"] == "full form, decided; used instead of the published Chinchilla constants"
 
 
-def test_plan_warns_when_the_ladders_law_is_undetermined(monkeypatch):
+def test_plan_falls_back_to_the_published_law_when_the_ladders_is_undetermined(monkeypatch):
+    """A degenerate fit (α on its bound) would plan D ≈ 1e34 tokens: the published constants are planned on instead,
+    the law row says why, and the numbers are rounded to what they can tell."""
     from pathlib import Path
 
     from flows.plan import FittedLaw, as_rows, build_plan, load_plan
@@ -229,7 +233,17 @@ def test_plan_warns_when_the_ladders_law_is_undetermined(monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     law = FittedLaw(Chinchilla(E=1.5, A=1.7e17, B=40.0, alpha=4.0, beta=0.25), "k1", "full", "undetermined",
                     "α = 4 sits on its bound 4 (within ladder.bound_tolerance = 0.02)")
-    rows = {row["label"]: row for row in as_rows(build_plan(load_plan("configs/smoke.toml"), law, ""))}
-    warning = rows["warning"]
-    assert warning["value"] == "the ladder's law is undetermined: do not plan on this allocation"
-    assert warning["note"] == "α = 4 sits on its bound 4 (within ladder.bound_tolerance = 0.02)"
+    tables = build_plan(load_plan("configs/smoke.toml"), law, "")
+    rows = {row["label"]: row for row in as_rows(tables)}
+    assert rows["law"]["value"] == "published (Hoffmann et al. 2022)"
+    assert rows["law"]["section"].startswith("Chinchilla allocation (L = 1.69 + 406.4/N^0.34")
+    assert rows["law"]["note"] == ("ladder artifact k1 fitted a law whose forecast is undetermined (α = 4 sits on its "
+                                   "bound 4 (within ladder.bound_tolerance = 0.02)): its constants are not used")
+    assert rows["this run"]["value"] == "N 57.5k, D 8.19k" and rows["same-compute optimum"]["value"] == "N 11.1k, D 42.4k"
+    for label in ("this run", "same-compute optimum", "20 tokens/param"):
+        assert re.fullmatch(r"loss \d+\.\d{3}", rows[label]["note"]), rows[label]
+    assert re.fullmatch(r"target loss \d+\.\d{3} is outside .* \(\d+\.\d{3}–\d+\.\d{3}\); the irreducible loss is 1\.690",
+                        rows["equal-loss optimum"]["note"])
+    # The smoke run takes microseconds: shorter than any checkpoint interval.
+    assert rows["checkpoint interval"]["value"] == "none: the run is shorter than one"
+    assert rows["elapsed"]["value"].endswith("µs")

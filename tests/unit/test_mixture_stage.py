@@ -4,6 +4,7 @@ proposal."""
 import json
 
 import pandas as pd
+import pytest
 
 from infra.runs import RunsLayout
 from infra.stage import StageContext
@@ -33,12 +34,13 @@ def _results(cache):
     return sorted(p for p in cache.glob("*.parquet") if not p.name.endswith(".windows.parquet"))
 
 
-def _run(tmp_path, inputs, name, cfg, metrics=None):
+def _run(tmp_path, inputs, name, cfg, metrics=None, *, refresh=False, log=None):
     out = tmp_path / "runs" / "artifacts" / "mixture" / name
-    out.mkdir(parents=True)
-    log = (lambda m, step: metrics.update(m)) if metrics is not None else (lambda m, step: None)
+    out.mkdir(parents=True, exist_ok=True)
+    if log is None:
+        log = (lambda m, step: metrics.update(m)) if metrics is not None else (lambda m, step: None)
     ctx = StageContext(out=out, inputs={"tokenizer": inputs["tokenizer"]}, layout=RunsLayout(tmp_path / "runs"),
-                       key=name, experiment="t", torch_threads=1, log_metrics=log)
+                       key=name, experiment="t", torch_threads=1, log_metrics=log, refresh=refresh)
     return run(ctx, cfg, PROXY, general=["a", "b"]), out
 
 
@@ -106,3 +108,33 @@ def test_choice_is_the_same_after_an_interrupted_run(tmp_path, inputs):  # noqa:
     assert (summary["proxies_trained"], summary["proxies_reused"]) == (6, 1)
     assert _decision_content(resumed) == _decision_content(cold)
     pd.testing.assert_frame_equal(pd.read_parquet(resumed / "trials.parquet"), pd.read_parquet(cold / "trials.parquet"))
+
+
+def test_a_refreshed_stage_trains_every_proxy_again_and_resumes_after_a_kill(tmp_path, inputs):  # noqa: F811
+    """--refresh mixture reads nothing back from the proxy cache; a refreshed attempt killed part-way and run again
+    with --refresh keeps the proxies it had trained; a stage recomputed only downstream reuses the cache."""
+    cfg = MixtureConfig(candidates=CANDIDATES)
+    summary, first = _run(tmp_path, inputs, "first", cfg)
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (6, 0)
+    summary, _ = _run(tmp_path, inputs, "downstream", cfg)
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (0, 6)
+    cache = tmp_path / "runs" / "cache" / "proxies"
+    before = {p.name: p.stat().st_mtime_ns for p in _results(cache)}
+
+    summary, refreshed = _run(tmp_path, inputs, "refreshed", cfg, refresh=True)
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (6, 0)
+    assert all(p.stat().st_mtime_ns > before[p.name] for p in _results(cache))  # every entry written again
+    pd.testing.assert_frame_equal(pd.read_parquet(refreshed / "trials.parquet"),
+                                  pd.read_parquet(first / "trials.parquet"))
+
+    logged = []
+
+    def killed_after_two(metrics, step):  # logged once per proxy, after its result is cached
+        logged.append(step)
+        if len(logged) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, inputs, "again", cfg, refresh=True, log=killed_after_two)
+    summary, _ = _run(tmp_path, inputs, "again", cfg, refresh=True)
+    assert (summary["proxies_trained"], summary["proxies_reused"]) == (4, 2)

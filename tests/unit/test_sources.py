@@ -301,7 +301,7 @@ def test_a_bare_folder_in_include_reads_every_file_under_it_sorted(tmp_path):
     assert out.docs.content.tolist() == ["hidden", "top", "deep"]
     assert read_small_source(local(tmp_path, ["docs/"]), tmp_path).docs.doc_id.tolist() == out.docs.doc_id.tolist()
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SourceError, match="no file matches"):
+    with pytest.raises(SourceError, match=r"^source 'src': no file matches include=\['.*/empty'\]"):
         read_small_source(local(tmp_path, ["empty"]), tmp_path)
 
 

@@ -25,6 +25,7 @@ from tasks.sweep.stage import at_width, json_safe, lr_rule, lr_spread, run, widt
 from tasks.sweep.study import SweepResult
 from tasks.sweep.views import report, summary as summary_lines
 from tasks.train.sections import ModelShape, ProxyConfig, RunBudget
+from tests.unit.recording_progress import RecordingProgress
 from tests.unit.test_train_stage import inputs  # noqa: F401  (fixture: tokenizer artifact + mixture choice)
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -38,11 +39,11 @@ def _no_constant(name):
     raise AssertionError(f"best.json holds {name}")
 
 
-def _run(tmp_path, inputs, name, cfg, children=None):
+def _run(tmp_path, inputs, name, cfg, children=None, **context):
     out = tmp_path / "runs" / "artifacts" / "sweep" / name
     out.mkdir(parents=True)
     ctx = StageContext(out=out, inputs=inputs, layout=RunsLayout(tmp_path / "runs"), key=name, experiment="t",
-                       torch_threads=1,
+                       torch_threads=1, **context,
                        log_child=(lambda n, params, rows: children.append((n, params))) if children is not None
                        else (lambda *a: None))
     return run(ctx, cfg, PROXY, general=["a", "b"]), out
@@ -88,6 +89,22 @@ def test_widths_spread_forecast_and_a_growing_study(tmp_path, inputs):  # noqa: 
     assert len(second) == 8 and set(second["study_name"]) == set(first["study_name"])
     kept = second.merge(first, on=["study_name", "number"], suffixes=("", "_before"))
     assert len(kept) == 6 and (kept["peak_lr"] == kept["peak_lr_before"]).all()
+
+
+def test_the_trials_bar_counts_what_is_left_and_a_refreshed_sweep_starts_over(tmp_path, inputs):  # noqa: F811
+    """A resumed study's finished trials are not on the bar (no bar when none is left); --refresh sweep runs every
+    trial again."""
+    cfg = CFG.model_copy(update={"widths": []})
+
+    def bars(name, cfg, **context):
+        progress, children = RecordingProgress(), []
+        _run(tmp_path, inputs, name, cfg, children, progress=progress, **context)
+        return [(b.description, b.total, b.done) for b in progress.bars], len(children)
+
+    assert bars("first", cfg) == ([("sweep: Optuna trials", 3, 3)], 3)
+    assert bars("again", cfg) == ([], 0)  # all 3 already complete: nothing to count
+    assert bars("more", cfg.model_copy(update={"n_trials": 4})) == ([("sweep: Optuna trials", 1, 1)], 1)
+    assert bars("refreshed", cfg, refresh=True) == ([("sweep: Optuna trials", 3, 3)], 3)
 
 
 def _published_and_shown(tmp_path, out, best):
