@@ -591,7 +591,7 @@ def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name
         console.print(f"[yellow]note:[/] the config's [gate] ({gate_hash(cfg.gate)[:12]}) differs from the one in "
                       f"force ({gates['gate_hash'].iloc[0][:12]}); the table below is under the one in force. "
                       "`pretrain gate declare CONFIG` makes the config's gate the one in force.")
-    for table in gate_tables(gates, decisions, cfg.gate, width=console.width):
+    for table in gate_tables(gates, decisions, cfg.gate):
         console.print(table)
 
 
