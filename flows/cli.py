@@ -67,9 +67,9 @@ app.add_typer(gate_app, name="gate")
 
 
 def make_console(terminal: bool, **kwargs) -> Console:
-    """The console of a terminal (rich's width and wrapping), or, for a log file or pipe, one that never wraps a
+    """The console of a terminal (rich's width and word wrapping), or, for a log file or pipe, one that never wraps a
     line (``soft_wrap``: a long path or URL stays whole and greppable) and lays tables out 160 columns wide (rich
-    would take 80)."""
+    would take 80). Lines are printed without a ``soft_wrap`` of their own, so this choice holds for each."""
     return Console(**kwargs) if terminal else Console(width=160, soft_wrap=True, **kwargs)
 
 
@@ -139,7 +139,7 @@ def _quiet_expected_failures() -> None:
 
 
 def _fail(err: PretrainError) -> None:
-    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(str(err))}", soft_wrap=True)  # one line
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(str(err))}")  # one line in a log file
     raise typer.Exit(code=2)
 
 
@@ -178,8 +178,7 @@ def _fail_run(err: Exception, log_path: Path, runs: Path | None = None) -> None:
         _fail(cause)
     where = f" (traceback in {log_path})" if write_traceback(log_path, err) else \
         f" (its traceback could not be written to {log_path})"
-    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(_one_line(err))}{escape(where)}",
-                  soft_wrap=True)
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(_one_line(err))}{escape(where)}")
     raise typer.Exit(code=1)
 
 
@@ -222,8 +221,7 @@ def run(
         threads = thread_policy(cfg.torch_threads)
         threads.announce()
         # Imports and store start-up take tens of seconds on a small machine: say what the wait is.
-        console.print(f"Opening the stores in {layout.root} (Prefect API server, MLflow, DuckDB), then the stages",
-                      soft_wrap=True)
+        console.print(f"Opening the stores in {layout.root} (Prefect API server, MLflow, DuckDB), then the stages")
         layout.prepare_environment()
         _quiet_libraries()
         from flows.pipeline import pipeline
@@ -234,21 +232,19 @@ def run(
         _quiet_expected_failures()
         capture(log_path, verbose=verbose)
         abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda who: console.print(
-            escape(stores_wait_line(who, layout)), soft_wrap=True))
+            escape(stores_wait_line(who, layout))))
         if abandoned:
             console.print(f"[yellow]note:[/] marked FAILED {len(abandoned)} MLflow run(s) left RUNNING by a process "
                           "that has ended")
         result = pipeline(str(config.resolve()), str(layout.root), list(refresh), until)
         print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs, cfg=cfg)
-        console.print(f"Run log:     {log_path}   (every library's records; --verbose shows them here too)",
-                      soft_wrap=True)
+        console.print(f"Run log:     {log_path}   (every library's records; --verbose shows them here too)")
     except KeyboardInterrupt as err:
         from flows.interrupt import interrupted_line
 
         if log_path.parent.is_dir():
             write_traceback(log_path, err)
-        console.print(f"[bold yellow]interrupted[/] {escape(interrupted_line(stop.name, layout, log_path))}",
-                      soft_wrap=True)
+        console.print(f"[bold yellow]interrupted[/] {escape(interrupted_line(stop.name, layout, log_path))}")
         stop.before_exit()
         raise typer.Exit(code=stop.exit_code) from None
     except typer.Exit:
@@ -298,7 +294,7 @@ def serve(
         _quiet_expected_failures()
         log_path = capture(run_log_path(layout, "serve"), verbose=verbose)  # Prefect's runner's records
         console.print(f"Serve log: {log_path}   (each flow run logs to {layout.logs}/run-*.log; --verbose shows "
-                      "every library's records here)", soft_wrap=True)
+                      "every library's records here)")
         parameters = {"until": until} if until else {}
         serve_pipeline(config, layout, name=name or cfg.name, cron=cron, interval=interval, timezone=timezone,
                        parameters=parameters, limit=limit, port=port)
@@ -374,7 +370,7 @@ def audit(
         if quality_model_missing(cfg, layout):
             console.print(escape(f"The audit scores with the trained quality classifier, which {layout.root} does "
                                  f"not hold for this config yet: running `pretrain run {config} --until "
-                                 "quality_model` first"), soft_wrap=True)
+                                 "quality_model` first"))
             run(config, runs_dir=str(layout.root), refresh=[], until="quality_model", dry_run=False,
                 tracking_uri=None, verbose=False)
         result = audit_flow(str(config.resolve()), str(layout.root), list(source) or None, options)
@@ -490,14 +486,14 @@ def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [
     except PretrainError as err:
         _fail(err)
     # The runs folder defaults to ./runs: say which one, so a declaration in the wrong place is noticed.
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    console.print(f"runs folder: {layout.root}")
     what = "declared" if added else f"already declared at {row['declared_at']}; nothing added"
     console.print(escape(f"gate {row['gate_hash'][:12]} of '{cfg.name}' {what} (DuckDB table gates in "
-                         f"{layout.duckdb})"), soft_wrap=True)
+                         f"{layout.duckdb})"))
     if row.get("declared_after_evidence"):
         console.print("[yellow]declared after evidence:[/] " + escape(f"{row['evidence_before']}; decisions under "
-                      "this gate are marked as no predeclaration (docs/methods.md §11)"), soft_wrap=True)
-    console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2), soft_wrap=True)
+                      "this gate are marked as no predeclaration (docs/methods.md §11)"))
+    console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2))
 
 
 @app.command()
@@ -519,7 +515,7 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
 
         print(json.dumps([asdict(s) for s in statuses], indent=2))
         return
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    console.print(f"runs folder: {layout.root}")
     width = max((len(s.stage) for s in statuses), default=0)
     for s in statuses:
         state = "[green]cached[/]" if s.cached else "[yellow]would run[/]"
@@ -527,12 +523,12 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
             from infra.leases import describe
 
             state = f"[cyan]being computed[/] by {escape(describe(s.computing_by))}; a run now waits and reuses it"
-        console.print(f"{s.stage:<{width}} {s.key}  {state}", soft_wrap=True)
+        console.print(f"{s.stage:<{width}} {s.key}  {state}")
         if explain and not s.cached:
             if s.nearest:
-                console.print(f"           nearest stored artifact {s.nearest}:", soft_wrap=True)
+                console.print(f"           nearest stored artifact {s.nearest}:")
             for reason in s.reasons:
-                console.print(escape(f"             {reason}"), soft_wrap=True)
+                console.print(escape(f"             {reason}"))
 
 
 @app.command()
@@ -546,7 +542,7 @@ def gc(runs_dir: Optional[str] = RunsDir,
         plan = collect(layout)
     except PretrainError as err:
         _fail(err)
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    console.print(f"runs folder: {layout.root}")
     for stage, key, _, size in plan.remove:
         console.print(f"{'would remove' if dry_run else 'removing'} {stage}/{key} ({size / 1e6:,.1f} MB)")
     for path in plan.unfinished:
@@ -585,8 +581,8 @@ def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name
     from evals.gate import gate_hash
     from tasks.gate.views import gate_tables
 
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
-    console.print(escape(f"experiment: {cfg.name} (its gates only)"), soft_wrap=True)
+    console.print(f"runs folder: {layout.root}")
+    console.print(escape(f"experiment: {cfg.name} (its gates only)"))
     if len(gates) and gates["gate_hash"].iloc[0] != gate_hash(cfg.gate):
         console.print(f"[yellow]note:[/] the config's [gate] ({gate_hash(cfg.gate)[:12]}) differs from the one in "
                       f"force ({gates['gate_hash'].iloc[0][:12]}); the table below is under the one in force. "
@@ -624,7 +620,7 @@ def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
     except PretrainError as err:
         _fail(err)
     for path in written:
-        console.print(f"wrote {path}", soft_wrap=True)
+        console.print(f"wrote {path}")
     if built.missing:
         console.print(f"[yellow]missing stages:[/] {', '.join(built.missing)} (reported what exists)")
 
@@ -676,7 +672,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
         return
     from infra.report_blocks import rich_table
 
-    console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})", soft_wrap=True)
+    console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})")
     console.print(rich_table("Held-out loss per source", result["heldout"]))
     console.print(rich_table("Cloze accuracy per scoring (binomial SE in points, Wilson 95% interval; "
                              "docs/methods.md §10)", result["cloze"]))
@@ -703,7 +699,7 @@ def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory 
         _fail(err)
     console.print(f"wrote {out} ({record['architecture']}, tokenizer {record['tokenizer_dir']}): max |logit "
                   f"difference| {record['max_abs_logit_diff']:.2g} (tolerance {record['tolerance']:g}), greedy "
-                  "continuations equal; verification in export.json", soft_wrap=True)
+                  "continuations equal; verification in export.json")
 
 
 def _eval_harness(checkpoint: Path, config: Optional[Path], harness: Optional[str], tokenizer: Optional[Path],
@@ -737,10 +733,10 @@ def _eval_harness(checkpoint: Path, config: Optional[Path], harness: Optional[st
         return
     from infra.report_blocks import rich_table
 
-    console.print(f"checkpoint {checkpoint} (tokenizer {result['tokenizer']})", soft_wrap=True)
+    console.print(f"checkpoint {checkpoint} (tokenizer {result['tokenizer']})")
     console.print(rich_table("Harness results (DuckDB harness_results)", result["results"]))
     console.print(f"samples and results.json in {result['out']}; MLflow run {result['mlflow_run_id']} in experiment "
-                  f"'{result['experiment']}'", soft_wrap=True)
+                  f"'{result['experiment']}'")
 
 
 @app.command()
@@ -770,8 +766,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
         sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed)
         loaded = load_generator(checkpoint, tokenizer=tokenizer, runs_dir=runs_dir)
-        err.print(escape(f"checkpoint {loaded.checkpoint}, tokenizer {loaded.tokenizer_path}, {sampling.describe()}"),
-                  soft_wrap=True)
+        err.print(escape(f"checkpoint {loaded.checkpoint}, tokenizer {loaded.tokenizer_path}, {sampling.describe()}"))
         for i, text in enumerate(prompts):
             if i:
                 sys.stdout.write("\n")
@@ -782,7 +777,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
             sys.stdout.flush()
             reason = "EOS" if done.stop_reason == "eos" else "max_new_tokens"
             cropped = f", prompt cropped by {done.cropped} tokens on the left" if done.cropped else ""
-            err.print(f"[dim]({len(done.tokens)} new tokens, stopped at {reason}{cropped})[/]", soft_wrap=True)
+            err.print(f"[dim]({len(done.tokens)} new tokens, stopped at {reason}{cropped})[/]")
     except PretrainError as error:
         _fail(error)
 
