@@ -473,7 +473,8 @@ def plan(
 
 @gate_app.command("declare")
 def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [gate] and name"),
-                 runs_dir: Optional[str] = RunsDir) -> None:
+                 runs_dir: Optional[str] = RunsDir,
+                 as_json: bool = typer.Option(False, "--json", help="print the declaration in force as JSON")) -> None:
     """Record the config's [gate] as the experiment's gate from now on (earlier declarations are kept); a gate
     first declared after CPT results of the experiment exist is marked as declared after evidence."""
     layout = RunsLayout.resolve(runs_dir)
@@ -485,15 +486,26 @@ def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [
         row, added = declare_gate(cfg, Warehouse(layout.duckdb))
     except PretrainError as err:
         _fail(err)
+    if as_json:
+        shown = {k: str(v) for k, v in row.items()} | {
+            "gate": json.loads(row["gate_json"]), "declared_after_evidence": bool(row.get("declared_after_evidence")),
+            "added": added}
+        shown.pop("gate_json")
+        print(json.dumps(shown, indent=2))
+        return
+    from tasks.gate.views import criteria_lines
+
     # The runs folder defaults to ./runs: say which one, so a declaration in the wrong place is noticed.
     console.print(f"runs folder: {layout.root}")
-    what = "declared" if added else f"already declared at {row['declared_at']}; nothing added"
+    what = "declared" if added else f"unchanged: already declared at {row['declared_at']}; nothing added"
     console.print(escape(f"gate {row['gate_hash'][:12]} of '{cfg.name}' {what} (DuckDB table gates in "
                          f"{layout.duckdb})"))
     if row.get("declared_after_evidence"):
         console.print("[yellow]declared after evidence:[/] " + escape(f"{row['evidence_before']}; decisions under "
                       "this gate are marked as no predeclaration (docs/methods.md §11)"))
-    console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2))
+    console.print("criteria:")
+    for line in criteria_lines(cfg.gate):
+        console.print(escape(f"  {line}"))
 
 
 @app.command()

@@ -89,9 +89,7 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
     if gates.empty:
         return ["no gate declared yet for this experiment: `pretrain run` or `pretrain gate declare` records it"]
     out.append(rich_table("Gate declarations", declarations_frame(gates)))
-    lines = [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}{_scoring_note(c.model_dump())}"
-             for c in gate_cfg.criteria]
-    out.append("criteria in the config: " + "; ".join(lines))
+    out.append("criteria in the config: " + "; ".join(criteria_lines(gate_cfg)))
     if decisions.empty:
         out.append("no decisions recorded under the gate in force yet")
         return out
@@ -104,6 +102,12 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
         verdicts = frame.melt(id_vars="candidate", value_vars=criteria, var_name="criterion", value_name="verdict")
         out.append(rich_table("Criterion verdicts per candidate", verdicts.sort_values("candidate", kind="stable")))
     return out
+
+
+def criteria_lines(gate_cfg) -> list[str]:
+    """Each criterion of a ``[gate]`` config as ``name: metric op threshold at confidence``."""
+    return [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}{_scoring_note(c.model_dump())}"
+            for c in gate_cfg.criteria]
 
 
 def _scoring_note(criterion: dict) -> str:
