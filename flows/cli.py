@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 
+from flows.registry import stage_names
 from flows.runlog import run_log_path, write_traceback
 from infra.errors import PretrainError
 from infra.runs import RUNS_ENV, TRACKING_ENV, RunsLayout
@@ -59,11 +61,33 @@ def preflight(cfg, *args, **kwargs) -> None:
 
 # Click's plain help (rich_markup_mode=None): flags show as flags, not `<bool>`, and docstring paragraphs are reflowed
 # to the terminal (at most 120 columns) instead of keeping the source's line breaks.
-HELP = {"max_content_width": 120}
+HELP = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.",
                   rich_markup_mode=None, context_settings=HELP)
-gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.", rich_markup_mode=None, context_settings=HELP)
-app.add_typer(gate_app, name="gate")
+gate_app = typer.Typer(no_args_is_help=True, help="The experiment's gate: declare it, show its declarations and "
+                       "decisions.", rich_markup_mode=None, context_settings=HELP)
+app.add_typer(gate_app, name="gate", short_help="Declare the gate; show its declarations and decisions.")
+
+
+class _Command(typer.core.TyperCommand):
+    """Usage lines name a required argument as CONFIG, not in braces as Typer writes it ({CONFIG})."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"pretrain {version('pretrain')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="print the installed version and exit")) -> None:
+    """LLM pretraining experiments, end to end."""
 
 
 def make_console(terminal: bool, **kwargs) -> Console:
@@ -91,9 +115,10 @@ def _runs_dir(value: str | None) -> str | None:
     return value
 
 
-RunsDir = typer.Option(None, "--runs-dir", callback=_runs_dir,
+RunsDir = typer.Option(None, "--runs-dir", metavar="DIR", callback=_runs_dir,
                        help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
-TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking server, e.g. http://127.0.0.1:5000 (default: "
+TrackingUri = typer.Option(None, "--tracking-uri", metavar="URI",
+                           help="MLflow tracking server, e.g. http://127.0.0.1:5000 (default: "
                            "$PRETRAIN_TRACKING_URI, else the SQLite file in the runs folder)")
 
 
@@ -187,12 +212,14 @@ def _one_line(err: BaseException, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Run the pipeline and print what the evidence says.")
 def run(
-    config: Path = typer.Argument(..., help="experiment TOML"),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
     runs_dir: Optional[str] = RunsDir,
-    refresh: list[str] = typer.Option([], "--refresh", help="recompute this stage and everything downstream"),
-    until: Optional[str] = typer.Option(None, "--until", help="stop after this stage (e.g. tokenizer)"),
+    refresh: list[str] = typer.Option([], "--refresh", metavar="STAGE",
+                                      help="recompute this stage and everything downstream (repeatable)"),
+    until: Optional[str] = typer.Option(None, "--until", metavar="STAGE", help="stop after this stage: "
+                                 + ", ".join(stage_names())),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
     tracking_uri: Optional[str] = TrackingUri,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="show other libraries' log records and progress "
@@ -256,16 +283,22 @@ def run(
         stop.restore()
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Serve the pipeline as a scheduled Prefect deployment.")
 def serve(
-    config: Path = typer.Argument(..., help="experiment TOML"),
-    cron: Optional[str] = typer.Option(None, "--cron", help="cron schedule, e.g. '0 3 * * *' (03:00 every day)"),
-    interval: Optional[int] = typer.Option(None, "--interval", help="seconds between scheduled runs"),
-    timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default UTC)"),
-    name: Optional[str] = typer.Option(None, "--name", help="deployment name (default: the experiment name)"),
-    until: Optional[str] = typer.Option(None, "--until", help="scheduled runs stop after this stage"),
-    limit: int = typer.Option(1, "--limit", help="flow runs this process executes at once"),
-    port: int = typer.Option(4200, "--port", help="port of the local Prefect server (when PREFECT_API_URL is unset)"),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+    cron: Optional[str] = typer.Option(None, "--cron", metavar="CRON",
+                                       help="cron schedule, e.g. '0 3 * * *' (03:00 every day)"),
+    interval: Optional[int] = typer.Option(None, "--interval", metavar="SECONDS",
+                                           help="seconds between scheduled runs"),
+    timezone: Optional[str] = typer.Option(None, "--timezone", metavar="TZ",
+                                           help="IANA time zone of --cron (default UTC)"),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
+                                       help="deployment name (default: the experiment name)"),
+    until: Optional[str] = typer.Option(None, "--until", metavar="STAGE", help="scheduled runs stop after this "
+                                 "stage (one of those `run --until` names)"),
+    limit: int = typer.Option(1, "--limit", metavar="N", help="flow runs this process executes at once"),
+    port: int = typer.Option(4200, "--port", metavar="PORT",
+                             help="port of the local Prefect server (when PREFECT_API_URL is unset)"),
     runs_dir: Optional[str] = RunsDir,
     tracking_uri: Optional[str] = TrackingUri,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="show every library's log records here too"),
@@ -312,8 +345,9 @@ def _dry_run(cfg, layout: RunsLayout) -> None:
         console.print(f"{stage.name:<{width}} ← {inputs:<28} → {layout.artifacts / stage.name}/<key>/")
 
 
-@app.command()
-def fetch(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir) -> None:
+@app.command(cls=_Command, short_help="Download and unpack the config's Debian sources.")
+def fetch(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+          runs_dir: Optional[str] = RunsDir) -> None:
     """Download and unpack the config's Debian sources into the runs folder's source cache."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -328,21 +362,27 @@ def fetch(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: 
         _fail(err)
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Audit the corpus filters on injected, labelled junk.")
 def audit(
-    config: Path = typer.Argument(..., help="experiment TOML"),
-    source: list[str] = typer.Option([], "--source", help="source to audit (repeatable; default: every source)"),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+    source: list[str] = typer.Option([], "--source", metavar="SOURCE",
+                                     help="source to audit (repeatable; default: every source)"),
     runs_dir: Optional[str] = RunsDir,
-    originals: Optional[int] = typer.Option(None, "--originals", help="first N documents per source (default 5000)"),
-    review: Optional[int] = typer.Option(None, "--review", help="removed documents listed per rule (default 5)"),
+    originals: Optional[int] = typer.Option(None, "--originals", metavar="N",
+                                            help="first N documents per source (default 5000)"),
+    review: Optional[int] = typer.Option(None, "--review", metavar="N",
+                                         help="removed documents listed per rule (default 5)"),
     benchmark_items: Optional[int] = typer.Option(
-        None, "--benchmark-items", help="planted documents per form of the mock benchmark on which near dedup and "
+        None, "--benchmark-items", metavar="N",
+        help="planted documents per form of the mock benchmark on which near dedup and "
         "13-gram decontamination are compared (default 50; 0 skips the comparison)"),
     lsh_layout: list[str] = typer.Option(
-        [], "--lsh-layout", help="an LSH layout BANDSxROWS whose S-curve is drawn beside the configured one in "
+        [], "--lsh-layout", metavar="BANDSxROWS",
+        help="an LSH layout BANDSxROWS whose S-curve is drawn beside the configured one in "
         "lsh_layouts.png (repeatable), e.g. 20x10"),
     lsh_design: Optional[str] = typer.Option(
-        None, "--lsh-design", help="constraints s1=..,p1=..,s2=..,p2=..[,max_hashes=..]: list and draw the layouts "
+        None, "--lsh-design", metavar="CONSTRAINTS",
+        help="constraints s1=..,p1=..,s2=..,p2=..[,max_hashes=..]: list and draw the layouts "
         "with P(s1) >= p1 and P(s2) <= p2 with the fewest hashes (see `pretrain lsh-design`)"),
 ) -> None:
     """Audit the corpus filters on labelled junk injected into each source (docs/methods.md §7 (TinyStories filter audit)).
@@ -379,14 +419,15 @@ def audit(
     print_audit(result, console)
 
 
-@app.command("lsh-design")
+@app.command("lsh-design", cls=_Command, short_help="LSH bands x rows meeting two detection constraints.")
 def lsh_design(
-    s1: float = typer.Option(..., "--s1", help="detect pairs at Jaccard >= s1 ..."),
-    p1: float = typer.Option(..., "--p1", help="... with probability >= p1"),
-    s2: float = typer.Option(..., "--s2", help="admit pairs at Jaccard <= s2 ..."),
-    p2: float = typer.Option(..., "--p2", help="... with probability <= p2"),
-    max_hashes: int = typer.Option(1024, "--max-hashes", min=1, help="budget on bands x rows (the num_perm needed)"),
-    top: int = typer.Option(10, "--top", min=1, help="layouts listed, fewest hashes first"),
+    s1: float = typer.Option(..., "--s1", metavar="S1", help="detect pairs at Jaccard >= s1 ..."),
+    p1: float = typer.Option(..., "--p1", metavar="P1", help="... with probability >= p1"),
+    s2: float = typer.Option(..., "--s2", metavar="S2", help="admit pairs at Jaccard <= s2 ..."),
+    p2: float = typer.Option(..., "--p2", metavar="P2", help="... with probability <= p2"),
+    max_hashes: int = typer.Option(1024, "--max-hashes", metavar="N", min=1,
+                                   help="budget on bands x rows (the num_perm needed)"),
+    top: int = typer.Option(10, "--top", metavar="N", min=1, help="layouts listed, fewest hashes first"),
     as_json: bool = typer.Option(False, "--json", help="print the layouts as JSON"),
 ) -> None:
     """LSH layouts (bands x rows) meeting P(s1) >= p1 and P(s2) <= p2 with the fewest hashes, P(s) = 1-(1-s^r)^b
@@ -415,9 +456,11 @@ def lsh_design(
     console.print(escape(f"[corpus.near_dedup] bands = {best.bands}, rows = {best.rows}, num_perm = {best.hashes}"))
 
 
-@app.command()
-def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir) -> None:
-    """stability grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's shards."""
+@app.command(cls=_Command, short_help="Stability grid: peak LR x training interventions.")
+def stability(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+              runs_dir: Optional[str] = RunsDir) -> None:
+    """Stability grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's
+    shards."""
     from rich.table import Table
 
     layout = RunsLayout.resolve(runs_dir)
@@ -440,9 +483,10 @@ def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_d
     console.print(out)
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Pre-launch arithmetic: FLOPs, time, memory, scaling allocation.")
 def plan(
-    config: Path = typer.Argument(..., help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
+    config: Path = typer.Argument(..., metavar="CONFIG",
+                                  help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of tables"),
     runs_dir: Optional[str] = RunsDir,
 ) -> None:
@@ -471,8 +515,8 @@ def plan(
         console.print(out)
 
 
-@gate_app.command("declare")
-def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [gate] and name"),
+@gate_app.command("declare", cls=_Command, short_help="Declare the config's [gate] as the one in force.")
+def gate_declare(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML: its [gate] and name"),
                  runs_dir: Optional[str] = RunsDir,
                  as_json: bool = typer.Option(False, "--json", help="print the declaration in force as JSON")) -> None:
     """Record the config's [gate] as the experiment's gate from now on (earlier declarations are kept); a gate
@@ -508,8 +552,9 @@ def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [
         console.print(escape(f"  {line}"))
 
 
-@app.command()
-def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir,
+@app.command(cls=_Command, short_help="Each stage's key and whether a rerun would reuse it.")
+def status(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+           runs_dir: Optional[str] = RunsDir,
            explain: bool = typer.Option(False, "--explain", help="for stages that would run: what differs from "
                                         "the nearest stored artifact"),
            as_json: bool = typer.Option(False, "--json", help="print the statuses as JSON")) -> None:
@@ -543,7 +588,7 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
                 console.print(escape(f"             {reason}"))
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Remove artifacts that nothing refers to.")
 def gc(runs_dir: Optional[str] = RunsDir,
        dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed; remove nothing")) -> None:
     """Remove artifacts that no active MLflow run and no registered model version refers to."""
@@ -565,8 +610,9 @@ def gc(runs_dir: Optional[str] = RunsDir,
         apply(plan)
 
 
-@gate_app.command("show")
-def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name selects the gates shown, its "
+@gate_app.command("show", cls=_Command, short_help="Declarations and the decision table with intervals.")
+def gate_show(config: Path = typer.Argument(..., metavar="CONFIG",
+                                            help="experiment TOML: its name selects the gates shown, its "
                                              "[gate] is compared with the one in force"),
               runs_dir: Optional[str] = RunsDir,
               as_json: bool = typer.Option(False, "--json", help="print the rows as JSON")) -> None:
@@ -603,11 +649,13 @@ def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name
         console.print(table)
 
 
-@app.command()
-def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir,
-           out: Optional[Path] = typer.Option(None, "--out", help="folder for the report (default: "
+@app.command(cls=_Command, short_help="Report the evidence: terminal tables, report.md, report.html.")
+def report(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+           runs_dir: Optional[str] = RunsDir,
+           out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="folder for the report (default: "
                                               "<runs>/reports/<experiment>/)"),
-           fmt: Optional[str] = typer.Option(None, "--format", help="md or html (default: both)")) -> None:
+           fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
+                                             help="md or html (default: both)")) -> None:
     """Report the evidence of the config's artifacts: terminal tables, report.md with plots/, report.html."""
     import tempfile
 
@@ -638,23 +686,29 @@ def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
 
 
 # `pretrain eval CHECKPOINT --harness TASKS` (flows/harness.py): options of the eval command.
-HarnessTasks = typer.Option(None, "--harness", help="comma list of lm-evaluation-harness task names or task YAML paths "
+HarnessTasks = typer.Option(None, "--harness", metavar="TASKS",
+                            help="comma list of lm-evaluation-harness task names or task YAML paths "
                             "(e.g. pretrain_cloze_general,arc_easy)")
-HarnessTokenizer = typer.Option(None, "--tokenizer", help="with --harness: tokenizer folder (default: the one the "
+HarnessTokenizer = typer.Option(None, "--tokenizer", metavar="PATH",
+                                help="with --harness: tokenizer folder (default: the one the "
                                 "checkpoint was trained with)")
-HarnessLimit = typer.Option(None, "--limit", help="with --harness: the first N documents of each task")
-HarnessFewshot = typer.Option(None, "--num-fewshot", help="with --harness: K examples in each prompt (default: the "
+HarnessLimit = typer.Option(None, "--limit", metavar="N", help="with --harness: the first N documents of each task")
+HarnessFewshot = typer.Option(None, "--num-fewshot", metavar="K",
+                              help="with --harness: K examples in each prompt (default: the "
                               "task's)")
-HarnessOut = typer.Option(None, "--out", help="with --harness: folder for results.json and the per-document samples "
+HarnessOut = typer.Option(None, "--out", metavar="DIR",
+                          help="with --harness: folder for results.json and the per-document samples "
                           "(default: <runs>/harness/<key>/, in --runs-dir, else the runs folder holding the "
                           "checkpoint, else ./runs)")
 
 
-@app.command("eval")
-def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json), "
+@app.command("eval", cls=_Command, short_help="Score a checkpoint on held-out loss and cloze, or harness tasks.")
+def evaluate(checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                               help="checkpoint directory (model.safetensors, state.json), "
                                                "or a named checkpoint of a main run: main@step_00000400, main@ema, "
                                                "runs/artifacts/main/<key>@average"),
-             config: Optional[Path] = typer.Argument(None, help="experiment TOML: its tokenizer, sources and cloze "
+             config: Optional[Path] = typer.Argument(None, metavar="CONFIG",
+                                                     help="experiment TOML: its tokenizer, sources and cloze "
                                                      "sets (not with --harness)"),
              runs_dir: Optional[str] = RunsDir,
              as_json: bool = typer.Option(False, "--json", help="print the results as JSON"),
@@ -690,13 +744,16 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
                              "docs/methods.md §10)", result["cloze"]))
 
 
-@app.command("export")
-def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json), "
+@app.command("export", cls=_Command, short_help="Write a checkpoint as a verified Hugging Face folder.")
+def export_hf(checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                                help="checkpoint directory (model.safetensors, state.json), "
                                                 "or runs/artifacts/main/<key>@<name> (step_00000400, ema, "
                                                 "average; main@<name> for the runs folder's only main run)"),
-              out: Path = typer.Argument(..., help="new folder for the Hugging Face model (must not exist, or be "
+              out: Path = typer.Argument(..., metavar="OUT",
+                                         help="new folder for the Hugging Face model (must not exist, or be "
                                                    "empty)"),
-              tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer artifact folder "
+              tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="PATH",
+                                                       help="tokenizer artifact folder "
                                                        "(default: the one the checkpoint was trained with)"),
               runs_dir: Optional[str] = RunsDir) -> None:
     """Write a checkpoint and its tokenizer as a folder transformers loads, verified against the checkpoint
@@ -751,17 +808,24 @@ def _eval_harness(checkpoint: Path, config: Optional[Path], harness: Optional[st
                   f"'{result['experiment']}'")
 
 
-@app.command()
-def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json) or "
+@app.command(cls=_Command, short_help="Continue prompts with a checkpoint, streamed.")
+def generate(checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                               help="checkpoint directory (model.safetensors, state.json) or "
                                                "a stage artifact folder holding checkpoint/"),
-             prompt: list[str] = typer.Option([], "--prompt", help="text to continue (repeatable)"),
-             prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 file, one prompt a line"),
-             max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="most tokens generated per prompt"),
-             temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples from softmax(z/τ)"),
-             top_p: float = typer.Option(1.0, "--top-p", help="nucleus: smallest set of mass ≥ p (1 = off)"),
-             top_k: int = typer.Option(0, "--top-k", help="sample among the k most probable tokens (0 = off)"),
-             seed: int = typer.Option(0, "--seed", help="seed of the sampling generator"),
-             tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer folder or tokenizer.json "
+             prompt: list[str] = typer.Option([], "--prompt", metavar="TEXT", help="text to continue (repeatable)"),
+             prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", metavar="FILE",
+                                                         help="UTF-8 file, one prompt a line"),
+             max_new_tokens: int = typer.Option(64, "--max-new-tokens", metavar="N",
+                                                help="most tokens generated per prompt"),
+             temperature: float = typer.Option(0.0, "--temperature", metavar="T",
+                                               help="0 = greedy; > 0 samples from softmax(z/τ)"),
+             top_p: float = typer.Option(1.0, "--top-p", metavar="P",
+                                         help="nucleus: smallest set of mass ≥ p (1 = off)"),
+             top_k: int = typer.Option(0, "--top-k", metavar="K",
+                                       help="sample among the k most probable tokens (0 = off)"),
+             seed: int = typer.Option(0, "--seed", metavar="SEED", help="seed of the sampling generator"),
+             tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="PATH",
+                                                      help="tokenizer folder or tokenizer.json "
                                                       "(default: the one the checkpoint was trained with)"),
              runs_dir: Optional[str] = RunsDir) -> None:
     """Continue prompts with a checkpoint, streaming the text as it is generated (KV cache; greedy by default).
