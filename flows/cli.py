@@ -582,10 +582,13 @@ def status(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment
             state = f"[cyan]being computed[/] by {escape(describe(s.computing_by))}; a run now waits and reuses it"
         console.print(f"{s.stage:<{width}} {s.key}  {state}")
         if explain and not s.cached:
+            pad = " " * (width + 1)  # under the key column
             if s.nearest:
-                console.print(f"           nearest stored artifact {s.nearest}:")
+                console.print(escape(f"{pad}nearest stored artifact {s.nearest}:"))
             for reason in s.reasons:
-                console.print(escape(f"             {reason}"))
+                console.print(escape(f"{pad}  {reason}"))
+    if explain and all(s.cached for s in statuses):
+        console.print("nothing changed since the cached artifacts: each stage's key names a complete artifact")
 
 
 @app.command(cls=_Command, short_help="Remove artifacts that nothing refers to.")
