@@ -309,7 +309,7 @@ def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
             console.print(_table(_layouts_title(layouts["design"]), _layouts_for_display(layouts["rows"])))
         quality = report.get("quality_model")
         if quality is not None:
-            console.print(escape(_quality_line(quality)), soft_wrap=True)
+            console.print(escape(_quality_line(quality)))
         removed = pd.read_csv(out / "originals_removed.csv")
         if len(removed):
             console.print(_table(f"Originals removed ({len(removed):,}; first 20, all in originals_removed.csv): "
@@ -325,8 +325,7 @@ def print_audit(result: dict[str, Any], console: Console | None = None) -> None:
             console.print(_table(title, frame[["doc_id", "rule", "value", "threshold", "excerpt"]]) if len(frame)
                           else escape(f"{title}: none"))
         console.print(f"files: {out}  (MLflow run {info['mlflow_run_id']}, DuckDB tables audit_crosstab, "
-                      "audit_extractors, audit_detectors)",
-                      soft_wrap=True)
+                      "audit_extractors, audit_detectors)")
 
 
 def detectors_for_display(rows: list[dict[str, Any]]) -> pd.DataFrame:

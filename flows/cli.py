@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 
+from flows.registry import stage_names
 from flows.runlog import run_log_path, write_traceback
 from infra.errors import PretrainError
 from infra.runs import RUNS_ENV, TRACKING_ENV, RunsLayout
@@ -59,17 +61,39 @@ def preflight(cfg, *args, **kwargs) -> None:
 
 # Click's plain help (rich_markup_mode=None): flags show as flags, not `<bool>`, and docstring paragraphs are reflowed
 # to the terminal (at most 120 columns) instead of keeping the source's line breaks.
-HELP = {"max_content_width": 120}
+HELP = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="LLM pretraining experiments, end to end.",
                   rich_markup_mode=None, context_settings=HELP)
-gate_app = typer.Typer(no_args_is_help=True, help="Gate declarations.", rich_markup_mode=None, context_settings=HELP)
-app.add_typer(gate_app, name="gate")
+gate_app = typer.Typer(no_args_is_help=True, help="The experiment's gate: declare it, show its declarations and "
+                       "decisions.", rich_markup_mode=None, context_settings=HELP)
+app.add_typer(gate_app, name="gate", short_help="Declare the gate; show its declarations and decisions.")
+
+
+class _Command(typer.core.TyperCommand):
+    """Usage lines name a required argument as CONFIG, not in braces as Typer writes it ({CONFIG})."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"pretrain {version('pretrain')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="print the installed version and exit")) -> None:
+    """LLM pretraining experiments, end to end."""
 
 
 def make_console(terminal: bool, **kwargs) -> Console:
-    """The console of a terminal (rich's width and wrapping), or, for a log file or pipe, one that never wraps a
+    """The console of a terminal (rich's width and word wrapping), or, for a log file or pipe, one that never wraps a
     line (``soft_wrap``: a long path or URL stays whole and greppable) and lays tables out 160 columns wide (rich
-    would take 80)."""
+    would take 80). Lines are printed without a ``soft_wrap`` of their own, so this choice holds for each."""
     return Console(**kwargs) if terminal else Console(width=160, soft_wrap=True, **kwargs)
 
 
@@ -91,9 +115,10 @@ def _runs_dir(value: str | None) -> str | None:
     return value
 
 
-RunsDir = typer.Option(None, "--runs-dir", callback=_runs_dir,
+RunsDir = typer.Option(None, "--runs-dir", metavar="DIR", callback=_runs_dir,
                        help="runs folder (default: $PRETRAIN_RUNS_DIR or ./runs)")
-TrackingUri = typer.Option(None, "--tracking-uri", help="MLflow tracking server, e.g. http://127.0.0.1:5000 (default: "
+TrackingUri = typer.Option(None, "--tracking-uri", metavar="URI",
+                           help="MLflow tracking server, e.g. http://127.0.0.1:5000 (default: "
                            "$PRETRAIN_TRACKING_URI, else the SQLite file in the runs folder)")
 
 
@@ -139,7 +164,7 @@ def _quiet_expected_failures() -> None:
 
 
 def _fail(err: PretrainError) -> None:
-    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(str(err))}", soft_wrap=True)  # one line
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(str(err))}")  # one line in a log file
     raise typer.Exit(code=2)
 
 
@@ -178,8 +203,7 @@ def _fail_run(err: Exception, log_path: Path, runs: Path | None = None) -> None:
         _fail(cause)
     where = f" (traceback in {log_path})" if write_traceback(log_path, err) else \
         f" (its traceback could not be written to {log_path})"
-    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(_one_line(err))}{escape(where)}",
-                  soft_wrap=True)
+    console.print(f"[bold red]error:[/] {type(err).__name__}: {escape(_one_line(err))}{escape(where)}")
     raise typer.Exit(code=1)
 
 
@@ -188,12 +212,14 @@ def _one_line(err: BaseException, limit: int = 2000) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Run the pipeline and print what the evidence says.")
 def run(
-    config: Path = typer.Argument(..., help="experiment TOML"),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
     runs_dir: Optional[str] = RunsDir,
-    refresh: list[str] = typer.Option([], "--refresh", help="recompute this stage and everything downstream"),
-    until: Optional[str] = typer.Option(None, "--until", help="stop after this stage (e.g. tokenizer)"),
+    refresh: list[str] = typer.Option([], "--refresh", metavar="STAGE",
+                                      help="recompute this stage and everything downstream (repeatable)"),
+    until: Optional[str] = typer.Option(None, "--until", metavar="STAGE", help="stop after this stage: "
+                                 + ", ".join(stage_names())),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resolved config and stage graph; run nothing"),
     tracking_uri: Optional[str] = TrackingUri,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="show other libraries' log records and progress "
@@ -222,8 +248,7 @@ def run(
         threads = thread_policy(cfg.torch_threads)
         threads.announce()
         # Imports and store start-up take tens of seconds on a small machine: say what the wait is.
-        console.print(f"Opening the stores in {layout.root} (Prefect API server, MLflow, DuckDB), then the stages",
-                      soft_wrap=True)
+        console.print(f"Opening the stores in {layout.root} (Prefect API server, MLflow, DuckDB), then the stages")
         layout.prepare_environment()
         _quiet_libraries()
         from flows.pipeline import pipeline
@@ -234,21 +259,19 @@ def run(
         _quiet_expected_failures()
         capture(log_path, verbose=verbose)
         abandoned = open_stores(layout, cfg.name, server_log=log_path, on_wait=lambda who: console.print(
-            escape(stores_wait_line(who, layout)), soft_wrap=True))
+            escape(stores_wait_line(who, layout))))
         if abandoned:
             console.print(f"[yellow]note:[/] marked FAILED {len(abandoned)} MLflow run(s) left RUNNING by a process "
                           "that has ended")
         result = pipeline(str(config.resolve()), str(layout.root), list(refresh), until)
         print_summary(result, layout, console, max_epochs=cfg.mixture.max_epochs, cfg=cfg)
-        console.print(f"Run log:     {log_path}   (every library's records; --verbose shows them here too)",
-                      soft_wrap=True)
+        console.print(f"Run log:     {log_path}   (every library's records; --verbose shows them here too)")
     except KeyboardInterrupt as err:
         from flows.interrupt import interrupted_line
 
         if log_path.parent.is_dir():
             write_traceback(log_path, err)
-        console.print(f"[bold yellow]interrupted[/] {escape(interrupted_line(stop.name, layout, log_path))}",
-                      soft_wrap=True)
+        console.print(f"[bold yellow]interrupted[/] {escape(interrupted_line(stop.name, layout, log_path))}")
         stop.before_exit()
         raise typer.Exit(code=stop.exit_code) from None
     except typer.Exit:
@@ -260,16 +283,22 @@ def run(
         stop.restore()
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Serve the pipeline as a scheduled Prefect deployment.")
 def serve(
-    config: Path = typer.Argument(..., help="experiment TOML"),
-    cron: Optional[str] = typer.Option(None, "--cron", help="cron schedule, e.g. '0 3 * * *' (03:00 every day)"),
-    interval: Optional[int] = typer.Option(None, "--interval", help="seconds between scheduled runs"),
-    timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default UTC)"),
-    name: Optional[str] = typer.Option(None, "--name", help="deployment name (default: the experiment name)"),
-    until: Optional[str] = typer.Option(None, "--until", help="scheduled runs stop after this stage"),
-    limit: int = typer.Option(1, "--limit", help="flow runs this process executes at once"),
-    port: int = typer.Option(4200, "--port", help="port of the local Prefect server (when PREFECT_API_URL is unset)"),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+    cron: Optional[str] = typer.Option(None, "--cron", metavar="CRON",
+                                       help="cron schedule, e.g. '0 3 * * *' (03:00 every day)"),
+    interval: Optional[int] = typer.Option(None, "--interval", metavar="SECONDS",
+                                           help="seconds between scheduled runs"),
+    timezone: Optional[str] = typer.Option(None, "--timezone", metavar="TZ",
+                                           help="IANA time zone of --cron (default UTC)"),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
+                                       help="deployment name (default: the experiment name)"),
+    until: Optional[str] = typer.Option(None, "--until", metavar="STAGE", help="scheduled runs stop after this "
+                                 "stage (one of those `run --until` names)"),
+    limit: int = typer.Option(1, "--limit", metavar="N", help="flow runs this process executes at once"),
+    port: int = typer.Option(4200, "--port", metavar="PORT",
+                             help="port of the local Prefect server (when PREFECT_API_URL is unset)"),
     runs_dir: Optional[str] = RunsDir,
     tracking_uri: Optional[str] = TrackingUri,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="show every library's log records here too"),
@@ -298,7 +327,7 @@ def serve(
         _quiet_expected_failures()
         log_path = capture(run_log_path(layout, "serve"), verbose=verbose)  # Prefect's runner's records
         console.print(f"Serve log: {log_path}   (each flow run logs to {layout.logs}/run-*.log; --verbose shows "
-                      "every library's records here)", soft_wrap=True)
+                      "every library's records here)")
         parameters = {"until": until} if until else {}
         serve_pipeline(config, layout, name=name or cfg.name, cron=cron, interval=interval, timezone=timezone,
                        parameters=parameters, limit=limit, port=port)
@@ -316,8 +345,9 @@ def _dry_run(cfg, layout: RunsLayout) -> None:
         console.print(f"{stage.name:<{width}} ← {inputs:<28} → {layout.artifacts / stage.name}/<key>/")
 
 
-@app.command()
-def fetch(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir) -> None:
+@app.command(cls=_Command, short_help="Download and unpack the config's Debian sources.")
+def fetch(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+          runs_dir: Optional[str] = RunsDir) -> None:
     """Download and unpack the config's Debian sources into the runs folder's source cache."""
     layout = RunsLayout.resolve(runs_dir)
     try:
@@ -332,21 +362,27 @@ def fetch(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: 
         _fail(err)
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Audit the corpus filters on injected, labelled junk.")
 def audit(
-    config: Path = typer.Argument(..., help="experiment TOML"),
-    source: list[str] = typer.Option([], "--source", help="source to audit (repeatable; default: every source)"),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+    source: list[str] = typer.Option([], "--source", metavar="SOURCE",
+                                     help="source to audit (repeatable; default: every source)"),
     runs_dir: Optional[str] = RunsDir,
-    originals: Optional[int] = typer.Option(None, "--originals", help="first N documents per source (default 5000)"),
-    review: Optional[int] = typer.Option(None, "--review", help="removed documents listed per rule (default 5)"),
+    originals: Optional[int] = typer.Option(None, "--originals", metavar="N",
+                                            help="first N documents per source (default 5000)"),
+    review: Optional[int] = typer.Option(None, "--review", metavar="N",
+                                         help="removed documents listed per rule (default 5)"),
     benchmark_items: Optional[int] = typer.Option(
-        None, "--benchmark-items", help="planted documents per form of the mock benchmark on which near dedup and "
+        None, "--benchmark-items", metavar="N",
+        help="planted documents per form of the mock benchmark on which near dedup and "
         "13-gram decontamination are compared (default 50; 0 skips the comparison)"),
     lsh_layout: list[str] = typer.Option(
-        [], "--lsh-layout", help="an LSH layout BANDSxROWS whose S-curve is drawn beside the configured one in "
+        [], "--lsh-layout", metavar="BANDSxROWS",
+        help="an LSH layout BANDSxROWS whose S-curve is drawn beside the configured one in "
         "lsh_layouts.png (repeatable), e.g. 20x10"),
     lsh_design: Optional[str] = typer.Option(
-        None, "--lsh-design", help="constraints s1=..,p1=..,s2=..,p2=..[,max_hashes=..]: list and draw the layouts "
+        None, "--lsh-design", metavar="CONSTRAINTS",
+        help="constraints s1=..,p1=..,s2=..,p2=..[,max_hashes=..]: list and draw the layouts "
         "with P(s1) >= p1 and P(s2) <= p2 with the fewest hashes (see `pretrain lsh-design`)"),
 ) -> None:
     """Audit the corpus filters on labelled junk injected into each source (docs/methods.md §7 (TinyStories filter audit)).
@@ -374,7 +410,7 @@ def audit(
         if quality_model_missing(cfg, layout):
             console.print(escape(f"The audit scores with the trained quality classifier, which {layout.root} does "
                                  f"not hold for this config yet: running `pretrain run {config} --until "
-                                 "quality_model` first"), soft_wrap=True)
+                                 "quality_model` first"))
             run(config, runs_dir=str(layout.root), refresh=[], until="quality_model", dry_run=False,
                 tracking_uri=None, verbose=False)
         result = audit_flow(str(config.resolve()), str(layout.root), list(source) or None, options)
@@ -383,14 +419,15 @@ def audit(
     print_audit(result, console)
 
 
-@app.command("lsh-design")
+@app.command("lsh-design", cls=_Command, short_help="LSH bands x rows meeting two detection constraints.")
 def lsh_design(
-    s1: float = typer.Option(..., "--s1", help="detect pairs at Jaccard >= s1 ..."),
-    p1: float = typer.Option(..., "--p1", help="... with probability >= p1"),
-    s2: float = typer.Option(..., "--s2", help="admit pairs at Jaccard <= s2 ..."),
-    p2: float = typer.Option(..., "--p2", help="... with probability <= p2"),
-    max_hashes: int = typer.Option(1024, "--max-hashes", min=1, help="budget on bands x rows (the num_perm needed)"),
-    top: int = typer.Option(10, "--top", min=1, help="layouts listed, fewest hashes first"),
+    s1: float = typer.Option(..., "--s1", metavar="S1", help="detect pairs at Jaccard >= s1 ..."),
+    p1: float = typer.Option(..., "--p1", metavar="P1", help="... with probability >= p1"),
+    s2: float = typer.Option(..., "--s2", metavar="S2", help="admit pairs at Jaccard <= s2 ..."),
+    p2: float = typer.Option(..., "--p2", metavar="P2", help="... with probability <= p2"),
+    max_hashes: int = typer.Option(1024, "--max-hashes", metavar="N", min=1,
+                                   help="budget on bands x rows (the num_perm needed)"),
+    top: int = typer.Option(10, "--top", metavar="N", min=1, help="layouts listed, fewest hashes first"),
     as_json: bool = typer.Option(False, "--json", help="print the layouts as JSON"),
 ) -> None:
     """LSH layouts (bands x rows) meeting P(s1) >= p1 and P(s2) <= p2 with the fewest hashes, P(s) = 1-(1-s^r)^b
@@ -419,9 +456,11 @@ def lsh_design(
     console.print(escape(f"[corpus.near_dedup] bands = {best.bands}, rows = {best.rows}, num_perm = {best.hashes}"))
 
 
-@app.command()
-def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir) -> None:
-    """stability grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's shards."""
+@app.command(cls=_Command, short_help="Stability grid: peak LR x training interventions.")
+def stability(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+              runs_dir: Optional[str] = RunsDir) -> None:
+    """Stability grid: peak LR × cumulative interventions (warmup, clipping, z-loss, QK-norm) on the experiment's
+    shards."""
     from rich.table import Table
 
     layout = RunsLayout.resolve(runs_dir)
@@ -444,9 +483,10 @@ def stability(config: Path = typer.Argument(..., help="experiment TOML"), runs_d
     console.print(out)
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Pre-launch arithmetic: FLOPs, time, memory, scaling allocation.")
 def plan(
-    config: Path = typer.Argument(..., help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
+    config: Path = typer.Argument(..., metavar="CONFIG",
+                                  help="plan TOML ([model] + [[runs]]) or an experiment TOML (plans [main])"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of tables"),
     runs_dir: Optional[str] = RunsDir,
 ) -> None:
@@ -475,9 +515,10 @@ def plan(
         console.print(out)
 
 
-@gate_app.command("declare")
-def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [gate] and name"),
-                 runs_dir: Optional[str] = RunsDir) -> None:
+@gate_app.command("declare", cls=_Command, short_help="Declare the config's [gate] as the one in force.")
+def gate_declare(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML: its [gate] and name"),
+                 runs_dir: Optional[str] = RunsDir,
+                 as_json: bool = typer.Option(False, "--json", help="print the declaration in force as JSON")) -> None:
     """Record the config's [gate] as the experiment's gate from now on (earlier declarations are kept); a gate
     first declared after CPT results of the experiment exist is marked as declared after evidence."""
     layout = RunsLayout.resolve(runs_dir)
@@ -489,19 +530,31 @@ def gate_declare(config: Path = typer.Argument(..., help="experiment TOML: its [
         row, added = declare_gate(cfg, Warehouse(layout.duckdb))
     except PretrainError as err:
         _fail(err)
+    if as_json:
+        shown = {k: str(v) for k, v in row.items()} | {
+            "gate": json.loads(row["gate_json"]), "declared_after_evidence": bool(row.get("declared_after_evidence")),
+            "added": added}
+        shown.pop("gate_json")
+        print(json.dumps(shown, indent=2))
+        return
+    from tasks.gate.views import criteria_lines
+
     # The runs folder defaults to ./runs: say which one, so a declaration in the wrong place is noticed.
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
-    what = "declared" if added else f"already declared at {row['declared_at']}; nothing added"
+    console.print(f"runs folder: {layout.root}")
+    what = "declared" if added else f"unchanged: already declared at {row['declared_at']}; nothing added"
     console.print(escape(f"gate {row['gate_hash'][:12]} of '{cfg.name}' {what} (DuckDB table gates in "
-                         f"{layout.duckdb})"), soft_wrap=True)
+                         f"{layout.duckdb})"))
     if row.get("declared_after_evidence"):
         console.print("[yellow]declared after evidence:[/] " + escape(f"{row['evidence_before']}; decisions under "
-                      "this gate are marked as no predeclaration (docs/methods.md §11)"), soft_wrap=True)
-    console.print(json.dumps({k: str(v) for k, v in row.items()}, indent=2), soft_wrap=True)
+                      "this gate are marked as no predeclaration (docs/methods.md §11)"))
+    console.print("criteria:")
+    for line in criteria_lines(cfg.gate):
+        console.print(escape(f"  {line}"))
 
 
-@app.command()
-def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir,
+@app.command(cls=_Command, short_help="Each stage's key and whether a rerun would reuse it.")
+def status(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+           runs_dir: Optional[str] = RunsDir,
            explain: bool = typer.Option(False, "--explain", help="for stages that would run: what differs from "
                                         "the nearest stored artifact"),
            as_json: bool = typer.Option(False, "--json", help="print the statuses as JSON")) -> None:
@@ -519,7 +572,7 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
 
         print(json.dumps([asdict(s) for s in statuses], indent=2))
         return
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    console.print(f"runs folder: {layout.root}")
     width = max((len(s.stage) for s in statuses), default=0)
     for s in statuses:
         state = "[green]cached[/]" if s.cached else "[yellow]would run[/]"
@@ -527,15 +580,18 @@ def status(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
             from infra.leases import describe
 
             state = f"[cyan]being computed[/] by {escape(describe(s.computing_by))}; a run now waits and reuses it"
-        console.print(f"{s.stage:<{width}} {s.key}  {state}", soft_wrap=True)
+        console.print(f"{s.stage:<{width}} {s.key}  {state}")
         if explain and not s.cached:
+            pad = " " * (width + 1)  # under the key column
             if s.nearest:
-                console.print(f"           nearest stored artifact {s.nearest}:", soft_wrap=True)
+                console.print(escape(f"{pad}nearest stored artifact {s.nearest}:"))
             for reason in s.reasons:
-                console.print(escape(f"             {reason}"), soft_wrap=True)
+                console.print(escape(f"{pad}  {reason}"))
+    if explain and all(s.cached for s in statuses):
+        console.print("nothing changed since the cached artifacts: each stage's key names a complete artifact")
 
 
-@app.command()
+@app.command(cls=_Command, short_help="Remove artifacts that nothing refers to.")
 def gc(runs_dir: Optional[str] = RunsDir,
        dry_run: bool = typer.Option(False, "--dry-run", help="list what would be removed; remove nothing")) -> None:
     """Remove artifacts that no active MLflow run and no registered model version refers to."""
@@ -546,7 +602,7 @@ def gc(runs_dir: Optional[str] = RunsDir,
         plan = collect(layout)
     except PretrainError as err:
         _fail(err)
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
+    console.print(f"runs folder: {layout.root}")
     for stage, key, _, size in plan.remove:
         console.print(f"{'would remove' if dry_run else 'removing'} {stage}/{key} ({size / 1e6:,.1f} MB)")
     for path in plan.unfinished:
@@ -557,8 +613,9 @@ def gc(runs_dir: Optional[str] = RunsDir,
         apply(plan)
 
 
-@gate_app.command("show")
-def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name selects the gates shown, its "
+@gate_app.command("show", cls=_Command, short_help="Declarations and the decision table with intervals.")
+def gate_show(config: Path = typer.Argument(..., metavar="CONFIG",
+                                            help="experiment TOML: its name selects the gates shown, its "
                                              "[gate] is compared with the one in force"),
               runs_dir: Optional[str] = RunsDir,
               as_json: bool = typer.Option(False, "--json", help="print the rows as JSON")) -> None:
@@ -585,21 +642,23 @@ def gate_show(config: Path = typer.Argument(..., help="experiment TOML: its name
     from evals.gate import gate_hash
     from tasks.gate.views import gate_tables
 
-    console.print(f"runs folder: {layout.root}", soft_wrap=True)
-    console.print(escape(f"experiment: {cfg.name} (its gates only)"), soft_wrap=True)
+    console.print(f"runs folder: {layout.root}")
+    console.print(escape(f"experiment: {cfg.name} (its gates only)"))
     if len(gates) and gates["gate_hash"].iloc[0] != gate_hash(cfg.gate):
         console.print(f"[yellow]note:[/] the config's [gate] ({gate_hash(cfg.gate)[:12]}) differs from the one in "
                       f"force ({gates['gate_hash'].iloc[0][:12]}); the table below is under the one in force. "
                       "`pretrain gate declare CONFIG` makes the config's gate the one in force.")
-    for table in gate_tables(gates, decisions, cfg.gate, width=console.width):
+    for table in gate_tables(gates, decisions, cfg.gate):
         console.print(table)
 
 
-@app.command()
-def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir: Optional[str] = RunsDir,
-           out: Optional[Path] = typer.Option(None, "--out", help="folder for the report (default: "
+@app.command(cls=_Command, short_help="Report the evidence: terminal tables, report.md, report.html.")
+def report(config: Path = typer.Argument(..., metavar="CONFIG", help="experiment TOML"),
+           runs_dir: Optional[str] = RunsDir,
+           out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="folder for the report (default: "
                                               "<runs>/reports/<experiment>/)"),
-           fmt: Optional[str] = typer.Option(None, "--format", help="md or html (default: both)")) -> None:
+           fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
+                                             help="md or html (default: both)")) -> None:
     """Report the evidence of the config's artifacts: terminal tables, report.md with plots/, report.html."""
     import tempfile
 
@@ -624,29 +683,35 @@ def report(config: Path = typer.Argument(..., help="experiment TOML"), runs_dir:
     except PretrainError as err:
         _fail(err)
     for path in written:
-        console.print(f"wrote {path}", soft_wrap=True)
+        console.print(f"wrote {path}")
     if built.missing:
         console.print(f"[yellow]missing stages:[/] {', '.join(built.missing)} (reported what exists)")
 
 
 # `pretrain eval CHECKPOINT --harness TASKS` (flows/harness.py): options of the eval command.
-HarnessTasks = typer.Option(None, "--harness", help="comma list of lm-evaluation-harness task names or task YAML paths "
+HarnessTasks = typer.Option(None, "--harness", metavar="TASKS",
+                            help="comma list of lm-evaluation-harness task names or task YAML paths "
                             "(e.g. pretrain_cloze_general,arc_easy)")
-HarnessTokenizer = typer.Option(None, "--tokenizer", help="with --harness: tokenizer folder (default: the one the "
+HarnessTokenizer = typer.Option(None, "--tokenizer", metavar="PATH",
+                                help="with --harness: tokenizer folder (default: the one the "
                                 "checkpoint was trained with)")
-HarnessLimit = typer.Option(None, "--limit", help="with --harness: the first N documents of each task")
-HarnessFewshot = typer.Option(None, "--num-fewshot", help="with --harness: K examples in each prompt (default: the "
+HarnessLimit = typer.Option(None, "--limit", metavar="N", help="with --harness: the first N documents of each task")
+HarnessFewshot = typer.Option(None, "--num-fewshot", metavar="K",
+                              help="with --harness: K examples in each prompt (default: the "
                               "task's)")
-HarnessOut = typer.Option(None, "--out", help="with --harness: folder for results.json and the per-document samples "
+HarnessOut = typer.Option(None, "--out", metavar="DIR",
+                          help="with --harness: folder for results.json and the per-document samples "
                           "(default: <runs>/harness/<key>/, in --runs-dir, else the runs folder holding the "
                           "checkpoint, else ./runs)")
 
 
-@app.command("eval")
-def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json), "
+@app.command("eval", cls=_Command, short_help="Score a checkpoint on held-out loss and cloze, or harness tasks.")
+def evaluate(checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                               help="checkpoint directory (model.safetensors, state.json), "
                                                "or a named checkpoint of a main run: main@step_00000400, main@ema, "
                                                "runs/artifacts/main/<key>@average"),
-             config: Optional[Path] = typer.Argument(None, help="experiment TOML: its tokenizer, sources and cloze "
+             config: Optional[Path] = typer.Argument(None, metavar="CONFIG",
+                                                     help="experiment TOML: its tokenizer, sources and cloze "
                                                      "sets (not with --harness)"),
              runs_dir: Optional[str] = RunsDir,
              as_json: bool = typer.Option(False, "--json", help="print the results as JSON"),
@@ -676,19 +741,22 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
         return
     from infra.report_blocks import rich_table
 
-    console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})", soft_wrap=True)
+    console.print(f"checkpoint {checkpoint} (tokenizer artifact {result['tokenizer']})")
     console.print(rich_table("Held-out loss per source", result["heldout"]))
     console.print(rich_table("Cloze accuracy per scoring (binomial SE in points, Wilson 95% interval; "
                              "docs/methods.md §10)", result["cloze"]))
 
 
-@app.command("export")
-def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json), "
+@app.command("export", cls=_Command, short_help="Write a checkpoint as a verified Hugging Face folder.")
+def export_hf(checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                                help="checkpoint directory (model.safetensors, state.json), "
                                                 "or runs/artifacts/main/<key>@<name> (step_00000400, ema, "
                                                 "average; main@<name> for the runs folder's only main run)"),
-              out: Path = typer.Argument(..., help="new folder for the Hugging Face model (must not exist, or be "
+              out: Path = typer.Argument(..., metavar="OUT",
+                                         help="new folder for the Hugging Face model (must not exist, or be "
                                                    "empty)"),
-              tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer artifact folder "
+              tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="PATH",
+                                                       help="tokenizer artifact folder "
                                                        "(default: the one the checkpoint was trained with)"),
               runs_dir: Optional[str] = RunsDir) -> None:
     """Write a checkpoint and its tokenizer as a folder transformers loads, verified against the checkpoint
@@ -703,7 +771,7 @@ def export_hf(checkpoint: Path = typer.Argument(..., help="checkpoint directory 
         _fail(err)
     console.print(f"wrote {out} ({record['architecture']}, tokenizer {record['tokenizer_dir']}): max |logit "
                   f"difference| {record['max_abs_logit_diff']:.2g} (tolerance {record['tolerance']:g}), greedy "
-                  "continuations equal; verification in export.json", soft_wrap=True)
+                  "continuations equal; verification in export.json")
 
 
 def _eval_harness(checkpoint: Path, config: Optional[Path], harness: Optional[str], tokenizer: Optional[Path],
@@ -737,23 +805,30 @@ def _eval_harness(checkpoint: Path, config: Optional[Path], harness: Optional[st
         return
     from infra.report_blocks import rich_table
 
-    console.print(f"checkpoint {checkpoint} (tokenizer {result['tokenizer']})", soft_wrap=True)
+    console.print(f"checkpoint {checkpoint} (tokenizer {result['tokenizer']})")
     console.print(rich_table("Harness results (DuckDB harness_results)", result["results"]))
     console.print(f"samples and results.json in {result['out']}; MLflow run {result['mlflow_run_id']} in experiment "
-                  f"'{result['experiment']}'", soft_wrap=True)
+                  f"'{result['experiment']}'")
 
 
-@app.command()
-def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (model.safetensors, state.json) or "
+@app.command(cls=_Command, short_help="Continue prompts with a checkpoint, streamed.")
+def generate(checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT",
+                                               help="checkpoint directory (model.safetensors, state.json) or "
                                                "a stage artifact folder holding checkpoint/"),
-             prompt: list[str] = typer.Option([], "--prompt", help="text to continue (repeatable)"),
-             prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 file, one prompt a line"),
-             max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="most tokens generated per prompt"),
-             temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples from softmax(z/τ)"),
-             top_p: float = typer.Option(1.0, "--top-p", help="nucleus: smallest set of mass ≥ p (1 = off)"),
-             top_k: int = typer.Option(0, "--top-k", help="sample among the k most probable tokens (0 = off)"),
-             seed: int = typer.Option(0, "--seed", help="seed of the sampling generator"),
-             tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer folder or tokenizer.json "
+             prompt: list[str] = typer.Option([], "--prompt", metavar="TEXT", help="text to continue (repeatable)"),
+             prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", metavar="FILE",
+                                                         help="UTF-8 file, one prompt a line"),
+             max_new_tokens: int = typer.Option(64, "--max-new-tokens", metavar="N",
+                                                help="most tokens generated per prompt"),
+             temperature: float = typer.Option(0.0, "--temperature", metavar="T",
+                                               help="0 = greedy; > 0 samples from softmax(z/τ)"),
+             top_p: float = typer.Option(1.0, "--top-p", metavar="P",
+                                         help="nucleus: smallest set of mass ≥ p (1 = off)"),
+             top_k: int = typer.Option(0, "--top-k", metavar="K",
+                                       help="sample among the k most probable tokens (0 = off)"),
+             seed: int = typer.Option(0, "--seed", metavar="SEED", help="seed of the sampling generator"),
+             tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", metavar="PATH",
+                                                      help="tokenizer folder or tokenizer.json "
                                                       "(default: the one the checkpoint was trained with)"),
              runs_dir: Optional[str] = RunsDir) -> None:
     """Continue prompts with a checkpoint, streaming the text as it is generated (KV cache; greedy by default).
@@ -770,8 +845,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
         sampling = Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed)
         loaded = load_generator(checkpoint, tokenizer=tokenizer, runs_dir=runs_dir)
-        err.print(escape(f"checkpoint {loaded.checkpoint}, tokenizer {loaded.tokenizer_path}, {sampling.describe()}"),
-                  soft_wrap=True)
+        err.print(escape(f"checkpoint {loaded.checkpoint}, tokenizer {loaded.tokenizer_path}, {sampling.describe()}"))
         for i, text in enumerate(prompts):
             if i:
                 sys.stdout.write("\n")
@@ -782,7 +856,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="checkpoint directory (
             sys.stdout.flush()
             reason = "EOS" if done.stop_reason == "eos" else "max_new_tokens"
             cropped = f", prompt cropped by {done.cropped} tokens on the left" if done.cropped else ""
-            err.print(f"[dim]({len(done.tokens)} new tokens, stopped at {reason}{cropped})[/]", soft_wrap=True)
+            err.print(f"[dim]({len(done.tokens)} new tokens, stopped at {reason}{cropped})[/]")
     except PretrainError as error:
         _fail(error)
 

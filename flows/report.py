@@ -169,7 +169,7 @@ def print_report(report: Report, console: Console) -> None:
         if isinstance(block, Heading):
             console.rule(f"[bold]{escape(block.text)}", align="left")
         elif isinstance(block, Text):
-            console.print(escape(block.text.replace("**", "").replace("`", "")), soft_wrap=True)
+            console.print(escape(block.text.replace("**", "").replace("`", "")))
         elif isinstance(block, TableBlock):
             console.print(rich_table(block.title, block.frame))
         else:

@@ -37,10 +37,12 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         cfg: the experiment config, handed to the stages' sections (None: they get none).
     """
     console = console or Console()
+    # No line here sets soft_wrap: a terminal's console word-wraps at its width, a log file's keeps one line a record
+    # (flows.cli.make_console).
     paths = {k: Path(v) for k, v in result["paths"].items()}
     cached = result["cached"]
     console.rule(f"[bold]pretrain · {result['experiment']}")
-    console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()), soft_wrap=True)
+    console.print("stages: " + "  ".join(f"{s}={'cached' if c else 'ran'}" for s, c in cached.items()))
     # Sections in pipeline order; a run stopped by ``--until`` shows its prefix.
     with_section = [stage for stage in STAGES if stage.summary is not None]
     for stage in with_section:
@@ -53,7 +55,7 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
         console.rule("decisions")
         for record in decisions:
             colour = "green" if record.verdict == "decided" else "yellow"
-            console.print(f"[{colour}]{escape(record.line())}[/]", soft_wrap=True)  # "[proxy] budget" is no markup
+            console.print(f"[{colour}]{escape(record.line())}[/]")  # "[proxy] budget" is no markup
     missing = [stage.name for stage in with_section if stage.name not in paths]
     if missing:
         console.print(f"[bold]Stopped early[/] (--until): not run this time: {', '.join(missing)}")
@@ -61,12 +63,11 @@ def print_summary(result: dict[str, Any], layout: RunsLayout, console: Console |
     if layout.remote_tracking:
         console.print(f"MLflow UI:   {layout.tracking_uri}")
     else:
-        console.print(f"MLflow UI:   {mlflow_ui_command(layout)}", soft_wrap=True)
+        console.print(f"MLflow UI:   {mlflow_ui_command(layout)}")
     if result.get("experiment_id"):  # the training runs, not the GenAI overview MLflow 3.17's UI opens on by default
         base = layout.tracking_uri if layout.remote_tracking else DEFAULT_UI
-        console.print(f"Runs:        {runs_page_url(result['experiment_id'], base)}", soft_wrap=True)
-    console.print(f"DuckDB:      {duckdb_command(layout)}   (tables, columns and example queries: docs/duckdb.md)",
-                  soft_wrap=True)
+        console.print(f"Runs:        {runs_page_url(result['experiment_id'], base)}")
+    console.print(f"DuckDB:      {duckdb_command(layout)}   (tables, columns and example queries: docs/duckdb.md)")
     console.print(f"Artifacts:   {layout.artifacts}")
 
 

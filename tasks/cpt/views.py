@@ -78,15 +78,15 @@ def cache_lines(path) -> list[str]:
 
 
 def summary(ctx: SummaryContext) -> list[Any]:
-    """The CPT candidates table (a context extension: also the long stream, loss by position and retrieval by
-    length) and the candidates' text samples."""
+    """The CPT candidates table with, below it, how the artifact was built (a context extension: also the long
+    stream, loss by position and retrieval by length) and the candidates' text samples. The section opens with the
+    table's title, so nothing of it is printed above."""
     context = _context_frames(ctx.path)
     if context is not None:
         grid, buckets, retrieval = context
         chance = pd.read_parquet(ctx.path / "retrieval.parquet")["chance"].iloc[0]
-        out = [*supply_lines(ctx.path),
-               rich_table("Context extension candidates (short = the base window, long = the target window)",
-                          grid.round(4).fillna("-")),
+        out = [rich_table("Context extension candidates (short = the base window, long = the target window)",
+                          grid.round(4).fillna("-")), *supply_lines(ctx.path),
                rich_table("Held-out loss by token position (nats/token; base: RoPE unchanged past its window)",
                           buckets.round(4)),
                rich_table(f"Passkey retrieval by prompt length (accuracy [95% Wilson]; chance {chance:.2f})",
@@ -98,7 +98,7 @@ def summary(ctx: SummaryContext) -> list[Any]:
                                **_recovery(d, candidates, "recovery"),
                                "general nats": d["general_loss_nats"], "domain nats": d["domain_loss_nats"],
                                "cloze acc (sum)": d["cloze_accuracy"]} for k, d in candidates.items()])
-        out = [*cache_lines(ctx.path), rich_table("CPT candidates", cands.fillna("-"))]
+        out = [rich_table("CPT candidates", cands.fillna("-")), *cache_lines(ctx.path)]
     samples = read_samples(ctx.path)
     if samples is not None and len(samples):
         last = final_samples(samples).rename(columns={"run": "candidate"})

@@ -79,20 +79,17 @@ def declarations_frame(gates: pd.DataFrame) -> pd.DataFrame:
                          "in force": ["yes"] + ["no"] * (len(gates) - 1), "declared after evidence": marks})
 
 
-def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg, width: int | None = None) -> list:
+def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg) -> list:
     """Rich renderables for ``pretrain gate show``: one experiment's declarations (newest first, the first is in
     force, each marked when declared after evidence), the decision table in the form of the CPT replay grid
     (docs/methods.md §11) with each metric's confidence interval and the decision, then each criterion's verdict
-    per candidate, one row each (so no candidate or criterion name is cut however many there are). Names are kept
-    on one line when they fit in ``width`` (the console's); a cell too long for its column folds onto the next."""
+    per candidate, one row each (so no candidate or criterion name is cut however many there are). The tables fit
+    the console they are printed on without cutting a cell (``infra.report_blocks.FrameTable``)."""
     out = []
     if gates.empty:
         return ["no gate declared yet for this experiment: `pretrain run` or `pretrain gate declare` records it"]
-    out.append(rich_table("Gate declarations", declarations_frame(gates), overflow="fold",
-                          whole=("gate_hash", "declared_at"), width=width))
-    lines = [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}{_scoring_note(c.model_dump())}"
-             for c in gate_cfg.criteria]
-    out.append("criteria in the config: " + "; ".join(lines))
+    out.append(rich_table("Gate declarations", declarations_frame(gates)))
+    out.append("criteria in the config: " + "; ".join(criteria_lines(gate_cfg)))
     if decisions.empty:
         out.append("no decisions recorded under the gate in force yet")
         return out
@@ -100,12 +97,17 @@ def gate_tables(gates: pd.DataFrame, decisions: pd.DataFrame, gate_cfg, width: i
     frame = decision_frame(decisions)
     criteria = [c.removeprefix("status_") for c in decisions.columns if c.startswith("status_")]
     out.append(rich_table(f"Decisions under gate {decisions['gate_hash'].iloc[0][:12]} (gate artifact {key})",
-                          frame.drop(columns=criteria), overflow="fold", whole=("candidate",), width=width))
+                          frame.drop(columns=criteria)))
     if criteria:
         verdicts = frame.melt(id_vars="candidate", value_vars=criteria, var_name="criterion", value_name="verdict")
-        out.append(rich_table("Criterion verdicts per candidate", verdicts.sort_values("candidate", kind="stable"),
-                              overflow="fold", whole=("candidate", "criterion", "verdict"), width=width))
+        out.append(rich_table("Criterion verdicts per candidate", verdicts.sort_values("candidate", kind="stable")))
     return out
+
+
+def criteria_lines(gate_cfg) -> list[str]:
+    """Each criterion of a ``[gate]`` config as ``name: metric op threshold at confidence``."""
+    return [f"{c.name}: {c.metric} {c.op} {c.threshold:g} at {c.confidence:.0%}{_scoring_note(c.model_dump())}"
+            for c in gate_cfg.criteria]
 
 
 def _scoring_note(criterion: dict) -> str:

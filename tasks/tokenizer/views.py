@@ -96,6 +96,5 @@ def report(ctx: ReportContext) -> list[Block]:
                               rows[[c for c in columns if c in rows]].sort_values(["group", "split"])))
     if (path / "fragmentation.parquet").exists():
         frag = pd.read_parquet(path / "fragmentation.parquet")
-        frag["pieces"] = frag["pieces"].map(lambda p: " · ".join(map(str, p)))
         out.append(TableBlock("Fragmentation of domain terms", frag))
     return out

@@ -1,5 +1,6 @@
 """The gate is recorded before CPT, reused while unchanged, and a change after decisions stops the run."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -97,3 +98,23 @@ def test_redeclaring_an_earlier_gate_after_another_appends_it(stores):
     row, added = declare_gate(cfg, warehouse)
     assert added and row["gate_hash"] == gate_hash(cfg.gate)
     assert len(warehouse.query("SELECT * FROM gates")) == 3
+
+
+def test_cli_gate_declare_prints_lines_and_keeps_json_for_json(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    config, runs = str(ROOT / "configs/smoke.toml"), str(tmp_path / "runs")
+    runner = CliRunner()
+    assert runner.invoke(app, ["gate", "declare", config, "--runs-dir", runs]).exit_code == 0
+    again = runner.invoke(app, ["gate", "declare", config, "--runs-dir", runs], terminal_width=200)
+    assert again.exit_code == 0, again.output
+    assert "{" not in again.output and "gate_json" not in again.output
+    cfg = load_config(ROOT / "configs/smoke.toml")
+    assert "unchanged" in again.output and gate_hash(cfg.gate)[:12] in again.output
+    for criterion in cfg.gate.criteria:
+        assert any(line.strip().startswith(f"{criterion.name}: {criterion.metric}") for line in again.output.splitlines())
+    shown = json.loads(runner.invoke(app, ["gate", "declare", config, "--runs-dir", runs, "--json"]).output)
+    assert shown["declared_after_evidence"] is False and shown["added"] is False
+    assert shown["gate"]["criteria"][0]["name"] == cfg.gate.criteria[0].name

@@ -30,7 +30,7 @@ def _shown(width: int) -> str:
                           "declared_after_evidence": [False], "evidence_before": [""]})
     out = io.StringIO()
     console = Console(file=out, width=width)
-    for item in gate_tables(gates, _decisions(), load_config("configs/smoke.toml").gate, width=width):
+    for item in gate_tables(gates, _decisions(), load_config("configs/smoke.toml").gate):
         console.print(item)
     return out.getvalue()
 
@@ -46,3 +46,12 @@ def test_candidate_and_criterion_names_are_never_cut():
     for name in CANDIDATES + CRITERIA:
         assert name in text, name
     assert text.count("undetermined") == len(CRITERIA)  # one row per candidate and criterion
+
+
+def test_every_cell_and_verdict_is_whole_at_100_and_60_columns():
+    from test_report_blocks import assert_whole
+
+    for width in (100, 60):
+        text = _shown(width)
+        assert_whole(text, CANDIDATES + CRITERIA + ["undetermined", "pass (kept)", "fail", "+0.010 [-0.020, +0.040]"],
+                     width)
