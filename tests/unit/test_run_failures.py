@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import typer
-from rich.console import Console
 
 import flows.cli as cli
 from flows.pipeline import record_failure
@@ -45,7 +44,8 @@ def test_the_first_error_is_the_pretrain_error_a_later_failure_was_raised_while_
 
 def _fail_run(err, log_path, monkeypatch) -> tuple[int, str]:
     out = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=out, width=100))
+    # The console of a log file or pipe, as a redirected run (CI, nohup, a Prefect worker) prints through.
+    monkeypatch.setattr(cli, "console", cli.make_console(False, file=out))
     with pytest.raises(typer.Exit) as exit_:
         cli._fail_run(err, log_path)
     return exit_.value.exit_code, out.getvalue()
@@ -119,7 +119,7 @@ def test_a_stage_on_a_full_disk_quotes_the_error_that_says_so_on_one_line(tmp_pa
 
 def _fail_run_in(err, log_path, runs, monkeypatch) -> tuple[int, str]:
     out = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=out, width=100))
+    monkeypatch.setattr(cli, "console", cli.make_console(False, file=out))
     with pytest.raises(typer.Exit) as exit_:
         cli._fail_run(err, log_path, runs)
     return exit_.value.exit_code, out.getvalue()
