@@ -1129,8 +1129,8 @@ def _leaders(con: duckdb.DuckDBPyConnection) -> None:
 
 def _families(con: duckdb.DuckDBPyConnection) -> None:
     """Table ``family_links`` (pos, root): each document whose family root (:func:`near_dedup.family_roots` over
-    the verified pairs) is another document, with that root; union-find on the ranks of the documents in any pair,
-    so memory is O(pairs)."""
+    the verified pairs) is another document, with that root; connected components on the ranks of the documents
+    in any pair, so memory is O(pairs)."""
     pairs = con.execute("SELECT i, j FROM verified").fetchnumpy()
     nodes, ranks = np.unique(np.concatenate([pairs["i"], pairs["j"]]).astype(np.int64), return_inverse=True)
     ranks = ranks.reshape(-1)

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tasks.corpus import near_dedup
 from tasks.corpus.config import MinHashConfig
 from tasks.corpus.minhash import EMPTY, band_keys, jaccard, jaccard_hashes, shingle_hash_sets, shingles, signatures
 from tasks.corpus.near_dedup import (MAX_LINKS, candidate_pairs, family_roots, iter_leaders, leaders, near_duplicates,
@@ -257,3 +258,69 @@ def test_verify_sets_equals_jaccard_hashes_and_names_a_missing_document():
         verify_sets(np.array([[9, 11]]), sets, sets, 0.5)
     empty = verify_sets(np.zeros((0, 2), np.int64), sets, sets, 0.5)
     assert empty[0].shape == (0, 2) and empty[1].shape == (0,)
+
+
+def _random_graph(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unique pairs (i < j) sorted by (j, i): random pairs plus a chain and a cycle over random documents."""
+    m = int(rng.integers(0, 3 * n))
+    a, b = rng.integers(0, n, m), rng.integers(0, n, m)
+    chain = rng.permutation(n)[: int(rng.integers(2, n + 1))]
+    cycle = rng.permutation(n)[: int(rng.integers(3, n + 1))]
+    a = np.concatenate([a, chain[:-1], cycle])
+    b = np.concatenate([b, chain[1:], np.roll(cycle, 1)])
+    pairs = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1)[a != b], axis=0)
+    order = np.lexsort((pairs[:, 0], pairs[:, 1]))
+    return pairs[order, 0], pairs[order, 1]
+
+
+def _leaders_oracle(i: np.ndarray, j: np.ndarray, n: int) -> dict[int, int]:
+    """Removed document -> leader, by definition: in corpus order, a document is removed when an earlier document
+    it is verified against is kept, and its leader is the lowest such document."""
+    earlier: dict[int, list[int]] = {}
+    for a, b in zip(i.tolist(), j.tolist()):
+        earlier.setdefault(b, []).append(a)
+    removed: dict[int, int] = {}
+    for doc in range(n):
+        kept = [a for a in earlier.get(doc, []) if a not in removed]
+        if kept:
+            removed[doc] = min(kept)
+    return removed
+
+
+def _components_oracle(i: np.ndarray, j: np.ndarray, n: int) -> list[int]:
+    """Lowest member of each document's component, by breadth-first search."""
+    links: dict[int, set[int]] = {}
+    for a, b in zip(i.tolist(), j.tolist()):
+        links.setdefault(a, set()).add(b)
+        links.setdefault(b, set()).add(a)
+    root = list(range(n))
+    for start in range(n):
+        if root[start] != start:
+            continue
+        frontier = [start]
+        while frontier:
+            x = frontier.pop()
+            for y in links.get(x, ()):
+                if y > start and root[y] == y:
+                    root[y] = start
+                    frontier.append(y)
+    return root
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_leader_scans_and_families_match_their_definitions_on_random_graphs(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 60))
+    i, j = _random_graph(rng, n)
+    s = rng.random(len(i))
+    want = _leaders_oracle(i, j, n)
+    gone_py, gone_jit = np.zeros(n, bool), np.zeros(n, bool)
+    taken = near_dedup._leader_scan_python(i, j, gone_py)
+    assert np.array_equal(taken, near_dedup._leader_scan(i, j, gone_jit)) and np.array_equal(gone_py, gone_jit)
+    batches = [(i[k:k + 7], j[k:k + 7], s[k:k + 7]) for k in range(0, len(i), 7)]
+    for switch in (0, int(rng.integers(0, len(i) + 1)), len(i) + 1):  # compiled, switching mid-stream, Python
+        monkeypatch.setattr(near_dedup, "COMPILED_SCAN_MIN_PAIRS", switch)
+        removed, leader, _ = leaders(batches, n)
+        assert dict(zip(removed.tolist(), leader.tolist())) == want
+        assert removed.tolist() == sorted(want)
+    assert family_roots([(j, i)], n).tolist() == _components_oracle(i, j, n)
