@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -221,6 +222,9 @@ class StopSignals:
         if self.signum is not None:
             os._exit(128 + signum)
         self.signum = signum
+        if _DEFERRED[0]:  # inside a store write: raised when the write is done (``interrupts_deferred``)
+            _DEFERRED[1] = signum
+            return
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     def restore(self) -> None:
@@ -240,6 +244,29 @@ class StopSignals:
 def _skip_final_collections() -> None:
     gc.disable()
     gc.freeze()
+
+
+# [depth of interrupts_deferred blocks in the main thread, the signal received inside them (0: none)]
+_DEFERRED = [0, 0]
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Inside, a stop signal ``StopSignals`` handles does not interrupt the main thread; its ``KeyboardInterrupt``
+    is raised when the outermost block ends. For writes to a store that a ``KeyboardInterrupt`` would leave inside
+    an open transaction (an MLflow SQLite insert cut short keeps its write lock, and every later write of the run,
+    recording the stop included, then waits out SQLite's busy timeout). Other threads: no effect."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _DEFERRED[0] += 1
+    try:
+        yield
+    finally:
+        _DEFERRED[0] -= 1
+        if not _DEFERRED[0] and _DEFERRED[1]:
+            signum, _DEFERRED[1] = _DEFERRED[1], 0
+            raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @contextmanager

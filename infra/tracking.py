@@ -8,6 +8,7 @@ it, and :func:`runs_page_url` is the address of an experiment's training runs in
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -19,7 +20,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunT
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from infra.lifetime import OWNER_PID, owner_gone, owner_tags
+from infra.lifetime import OWNER_PID, interrupts_deferred, owner_gone, owner_tags
 from infra.runs import ensure_folder
 
 _MAX_PARAM_LEN = 6000
@@ -63,6 +64,16 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+def _whole(method):
+    """A write to the tracking store that a stop signal does not cut in two (``infra.lifetime.interrupts_deferred``):
+    the signal's ``KeyboardInterrupt`` comes once the write is done."""
+    @functools.wraps(method)
+    def write(*args, **kwargs):
+        with interrupts_deferred():
+            return method(*args, **kwargs)
+    return write
+
+
 class Tracker:
     """Writes the pipeline's runs to a local MLflow store.
 
@@ -100,6 +111,7 @@ class Tracker:
             if EXPERIMENT_KIND_TAG not in found.tags and found.lifecycle_stage == "active":
                 self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
+    @_whole
     def start_run(self, name: str, *, parent_id: str | None = None, tags: Mapping[str, str] | None = None) -> str:
         """Create a run (nested under ``parent_id`` if given) and return its id. The run is tagged with this
         process's host, PID and start time (``infra.lifetime.owner_tags``), so that a later command can tell when
@@ -109,9 +121,11 @@ class Tracker:
             all_tags["mlflow.parentRunId"] = parent_id
         return self.client.create_run(self.experiment_id, tags=all_tags, run_name=name).info.run_id
 
+    @_whole
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
+    @_whole
     def fail_abandoned_runs(self) -> list[str]:
         """Mark FAILED, in every experiment of the store, the runs left RUNNING by a process of this host that has
         ended (killed, or it could not record its end); returns their ids. Runs of other hosts and untagged runs
@@ -133,14 +147,17 @@ class Tracker:
             if not token:
                 return failed
 
+    @_whole
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:_MAX_PARAM_LEN]) for k, v in flatten(params).items()]
         for start in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[start : start + 100])
 
+    @_whole
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    @_whole
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> list[str]:
         """Log finite metrics at an explicit step; returns the names of non-finite ones (never sent to MLflow)."""
         now = int(time.time() * 1000)
@@ -149,6 +166,7 @@ class Tracker:
             self.client.log_batch(run_id, metrics=good)
         return [k for k, v in metrics.items() if not math.isfinite(float(v))]
 
+    @_whole
     def log_metric_series(self, run_id: str, rows: Iterable[Mapping[str, float]], step_key: str = "step") -> None:
         """Log a sequence of metric dicts, each carrying its own step under ``step_key``."""
         now = int(time.time() * 1000)
@@ -161,17 +179,20 @@ class Tracker:
         for start in range(0, len(batch), 1000):
             self.client.log_batch(run_id, metrics=batch[start : start + 1000])
 
+    @_whole
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
         if path.is_dir():
             self.client.log_artifacts(run_id, str(path), artifact_path)
         else:
             self.client.log_artifact(run_id, str(path), artifact_path)
 
+    @_whole
     def log_table(self, run_id: str, frame: Any, artifact_file: str) -> None:
         """A table (pandas DataFrame) as the run's JSON artifact ``artifact_file``, which the MLflow UI shows as a
         table (``MlflowClient.log_table``: a file logged twice is appended to)."""
         self.client.log_table(run_id, data=frame, artifact_file=artifact_file)
 
+    @_whole
     def log_dataset(self, run_id: str, name: str, digest: str, source: Path, context: str, profile: dict) -> None:
         """Record a dataset input: ``name`` (e.g. ``corpus/<source>``, one input per source), ``digest`` (a content
         hash or an artifact key, at most ``MAX_DIGEST_CHARS``), the local ``source`` path, and counts as ``profile``
@@ -220,6 +241,7 @@ class Tracker:
             name, source=source, run_id=run_id, tags={**wanted, **{k: str(v) for k, v in (tags or {}).items()}})
         return int(created.version), True
 
+    @_whole
     def register_version(self, name: str, *, source: str, run_id: str, identity: Mapping[str, str],
                          tags: Mapping[str, str] | None = None) -> int:
         """The version of ``name`` with this ``source`` and ``identity`` tags, registered if missing; ``tags``
@@ -229,6 +251,7 @@ class Tracker:
             self.client.set_model_version_tag(name, str(version), key, str(value))
         return version
 
+    @_whole
     def point_alias(self, name: str, alias: str, *, source: str, run_id: str, identity: Mapping[str, str],
                     tags: Mapping[str, str] | None = None) -> tuple[int, bool]:
         """Point ``alias`` of the registered model ``name`` at the version identified by ``identity``.

@@ -94,12 +94,13 @@ def test_served_deployment_has_its_schedule_and_a_triggered_run_completes(smoke_
         assert [s["schedule"]["interval"] for s in deployment["schedules"]] == [86400.0]
         assert deployment["parameters"]["config_path"] == str(ROOT / "configs" / "smoke.toml")
         assert deployment["parameters"]["runs_dir"] == str(runs)
-        # A run triggered through the API, with one typed override of the deployment's parameters; Prefect's own
-        # client, which retries what a busy server answers (503 while its SQLite database is locked), as users'
-        # tools do.
+        # A run triggered through the API, with typed overrides of the deployment's parameters (the tokenizer
+        # recomputed, so that its expectation suites log); Prefect's own client, which retries what a busy server
+        # answers (503 while its SQLite database is locked), as users' tools do.
         with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             run_id = str(client.create_flow_run_from_deployment(UUID(deployment["id"]),
-                                                                parameters={"until": "mixture"}).id)
+                                                                parameters={"until": "tokenizer",
+                                                                            "refresh": ["tokenizer"]}).id)
 
         def finished():
             flow_run = _get(f"{api}/flow_runs/{run_id}")  # None while the server is busy: asked again
@@ -123,7 +124,7 @@ def test_served_deployment_has_its_schedule_and_a_triggered_run_completes(smoke_
     # Prefect's runner talked to the server serving started, not to an ephemeral one of its own (it warned then).
     assert "Cannot schedule flows on an ephemeral server" not in text and "Your flow 'pretrain-pipeline' is being served" not in text
     # The triggered run's own output reached the serving terminal: its stage lines, then its final state.
-    assert "[1/13] sources: cached" in text and "[4/13] tokenizer: cached" in text, text[-4000:]
+    assert "[1/13] sources: cached" in text and "[4/13] tokenizer: ran in " in text, text[-4000:]
     assert f"pretrain-pipeline/smoke run '{run_name}': Completed after " in text
     # The terminal is the platform's: the runner's and the flow run's library records went to their logs.
     (serve_log,) = [line.split()[2] for line in lines if line.startswith("Serve log: ")]
@@ -135,15 +136,16 @@ def test_served_deployment_has_its_schedule_and_a_triggered_run_completes(smoke_
     # SIGTERM stops serving with one line.
     assert lines[-1] == ("serving stopped: pretrain-pipeline/smoke no longer runs on its schedule; the local Prefect "
                          "server is stopped"), text[-2000:]
-    # The run is the real pipeline: its MLflow parent run carries the Prefect flow run id and stopped at mixture.
+    # The run is the real pipeline: its MLflow parent run carries the Prefect flow run id and stopped at the tokenizer.
     client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("smoke")
     parents = client.search_runs([experiment.experiment_id], f"tags.prefect_flow_run_id = '{run_id}' "
                                  "and tags.`mlflow.runName` = 'pipeline'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'")
-    assert sorted(r.data.tags["stage"] for r in children) == sorted(STAGE_NAMES[: STAGE_NAMES.index("mixture") + 1])
-    assert all(r.data.tags["cached"] == "true" for r in children)
+    assert sorted(r.data.tags["stage"] for r in children) == sorted(STAGE_NAMES[: STAGE_NAMES.index("tokenizer") + 1])
+    assert {r.data.tags["stage"]: r.data.tags["cached"] for r in children} == {
+        "sources": "true", "quality_model": "true", "corpus": "true", "tokenizer": "false"}
     # Serving stopped its local server: the port is free again.
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0

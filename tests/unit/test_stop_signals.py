@@ -161,3 +161,49 @@ def test_the_same_command_is_the_one_typed():
     assert same_command(["/nowhere/bin/pretrain", "run", "a b.toml"], []) == "/nowhere/bin/pretrain run 'a b.toml'"
     assert same_command(["/x/flows/cli.py", "run", "c.toml"], [".venv/bin/python", "-m", "flows.cli", "run",
                                                               "c.toml"]) == ".venv/bin/python -m flows.cli run c.toml"
+
+
+STORE_WRITE_CUT = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    import sqlalchemy.engine.default as default
+    from infra.lifetime import StopSignals
+    from infra.runs import RunsLayout
+    from infra.tracking import Tracker
+
+    layout = RunsLayout(Path(sys.argv[1]))
+    tracker = Tracker(layout.tracking_uri, layout.mlflow_artifacts, "t")
+    run_id = tracker.start_run("stage")
+    original = default.DefaultDialect.do_executemany
+
+    sent = []
+
+    def cut(self, cursor, statement, parameters, context=None):  # one Ctrl-C in the middle of MLflow's insert
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        return original(self, cursor, statement, parameters, context)
+
+    default.DefaultDialect.do_executemany = cut
+    stop = StopSignals()
+    try:
+        tracker.log_metrics(run_id, {"loss_nats": 1.5, "grad_norm_preclip": 0.5}, step=3)
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        default.DefaultDialect.do_executemany = original
+        started = time.perf_counter()
+        tracker.end_run(run_id, "FAILED")  # what the run records on its way out
+        print("recorded", round(time.perf_counter() - started, 2), flush=True)
+    run = tracker.client.get_run(run_id)
+    print(run.info.status, sorted(run.data.metrics.items()), flush=True)
+""")
+
+
+def test_a_stop_inside_a_tracking_store_write_comes_after_it_and_the_stop_is_recorded_at_once(tmp_path):
+    """A KeyboardInterrupt raised inside MLflow's SQLite insert left its transaction open: recording the stop then
+    waited out SQLite's busy timeout (20 s) and failed. The write finishes first; the stop follows it."""
+    proc = subprocess.run([sys.executable, "-c", STORE_WRITE_CUT, str(tmp_path / "runs")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded, status = proc.stdout.splitlines()[-2:]
+    assert recorded.startswith("recorded ") and float(recorded.split()[1]) < 5.0, proc.stdout
+    assert status == "FAILED [('grad_norm_preclip', 0.5), ('loss_nats', 1.5)]"
