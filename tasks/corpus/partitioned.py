@@ -84,16 +84,27 @@ def _read_part(work: Path, names: Sequence[str], n_parts: int, kind: str, part: 
     return pd.concat(frames, ignore_index=True)
 
 
+def _open_partition(work: str, names: str, n_parts: int, kind: str, part: int,
+                    out_dir: str) -> tuple[Path, pd.DataFrame, np.ndarray] | None:
+    """A partition task's output folder, the rows of its partition and the shards' first positions, or None when
+    an earlier attempt of the task finished it (its folder is published whole, so it exists only complete: a rerun
+    resumes past it)."""
+    out = Path(out_dir)
+    if out.exists():
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    offsets = np.load(Path(work) / "offsets.npy")
+    return out, _read_part(Path(work), names.split(",") if names else [], n_parts, kind, part, offsets), offsets
+
+
 def exact_partition(work: str, names: str, part: int, n_parts: int, exact_dedup: bool, out_dir: str) -> bool:
     """Exact duplicates among the documents of hash partition ``part``: ``exact.parquet`` (pos, first_pos), each
     document whose normal form's hash an earlier document in corpus order has, with that first document; and
     ``quality_low.parquet`` (pos): the other documents the quality classifier does not keep. Both sorted by pos."""
-    out = Path(out_dir)
-    if out.exists():
+    opened = _open_partition(work, names, n_parts, "exact", part, out_dir)
+    if opened is None:
         return False
-    out.parent.mkdir(parents=True, exist_ok=True)
-    offsets = np.load(Path(work) / "offsets.npy")
-    frame = _read_part(Path(work), names.split(",") if names else [], n_parts, "exact", part, offsets)
+    out, frame, offsets = opened
     pos = frame.pos.to_numpy(dtype=np.int64)
     first = pos.copy()
     if exact_dedup and len(frame):
@@ -126,12 +137,10 @@ def candidate_partition(work: str, names: str, part: int, n_parts: int, exact_di
     classifier, grouped by source and shingling mode (scope "source") or by shingling mode (scope "global").
     Writes ``pairs-SSSSS.npy`` ((m, 2) int64 (i, j), i < j) by the shard of ``j``, ``wanted-SSSSS.npy`` (rows to
     shingle) by shard, and ``count.json`` (pairs before the merge across partitions)."""
-    out = Path(out_dir)
-    if out.exists():
+    opened = _open_partition(work, names, n_parts, "bands", part, out_dir)
+    if opened is None:
         return False
-    out.parent.mkdir(parents=True, exist_ok=True)
-    offsets = np.load(Path(work) / "offsets.npy")
-    frame = _read_part(Path(work), names.split(",") if names else [], n_parts, "bands", part, offsets)
+    out, frame, offsets = opened
     pos = frame.pos.to_numpy(dtype=np.int64)
     keep = ~np.isin(pos, _removed_before(Path(exact_dir), n_parts))
     frame, pos = frame[keep], pos[keep]

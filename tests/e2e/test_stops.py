@@ -155,6 +155,18 @@ def run_guard():
             proc.wait()
 
 
+def _ctrl_c(proc: subprocess.Popen, out: Path, where: str) -> str:
+    """Ctrl-C as a terminal sends it (SIGINT to the run's whole process group); checks the run exits 130 within
+    STOP_S with only its own lines; returns its last line."""
+    rc, stop_s = _stop_and_time(proc, lambda: os.killpg(proc.pid, signal.SIGINT))
+    output = out.read_text(errors="replace")
+    print(f"\nCtrl-C in {where}: exit {rc} after {stop_s:.2f} s")
+    assert rc == 130, output[-4000:]
+    assert stop_s < STOP_S, f"the stop took {stop_s:.1f} s"
+    _assert_only_our_lines(output)
+    return _last_line(output)
+
+
 def test_ctrl_c_in_a_stage_stops_within_seconds_with_one_line_and_the_named_command_finishes(
         smoke_runs, tmp_path, run_guard):
     runs = _runs_without(smoke_runs, tmp_path, FROM_CORPUS)
@@ -165,13 +177,7 @@ def test_ctrl_c_in_a_stage_stops_within_seconds_with_one_line_and_the_named_comm
     token = _run_token(proc)
     assert token, "no supervisor of the run found"
     # Ctrl-C: the terminal sends SIGINT to the whole foreground process group, the run's helpers included.
-    rc, stop_s = _stop_and_time(proc, lambda: os.killpg(proc.pid, signal.SIGINT))
-    output = out.read_text(errors="replace")
-    print(f"\nCtrl-C in corpus: exit {rc} after {stop_s:.2f} s")
-    assert rc == 130, output[-4000:]
-    assert stop_s < STOP_S, f"the stop took {stop_s:.1f} s"
-    _assert_only_our_lines(output)
-    line = _last_line(output)
+    line = _ctrl_c(proc, out, "corpus")
     assert line.startswith("interrupted (SIGINT) during stage corpus: the completed stages are kept (sources, "
                            "quality_model) and corpus "), line
     assert not _left_behind(token), _left_behind(token, 0)
@@ -205,13 +211,7 @@ def test_ctrl_c_in_a_training_loop_stops_within_seconds_with_one_line(smoke_runs
     print(f"\nCPT's training steps after {time.monotonic() - started:.1f} s")
     token = _run_token(proc)
     assert token, "no supervisor of the run found"
-    rc, stop_s = _stop_and_time(proc, lambda: os.killpg(proc.pid, signal.SIGINT))
-    output = out.read_text(errors="replace")
-    print(f"Ctrl-C in CPT's training loop: exit {rc} after {stop_s:.2f} s")
-    assert rc == 130, output[-4000:]
-    assert stop_s < STOP_S, f"the stop took {stop_s:.1f} s"
-    _assert_only_our_lines(output)
-    line = _last_line(output)
+    line = _ctrl_c(proc, out, "CPT's training loop")
     assert line.startswith("interrupted (SIGINT) during stage cpt: the completed stages are kept (sources, "), line
     assert not _left_behind(token), _left_behind(token, 0)
 
