@@ -413,12 +413,14 @@ def running_trials(journal: Path) -> list[int]:
 RAY_NOT_TASKS = {"IDLE", "DashboardAgent", "RuntimeEnvAgent", "JobSupervisor"}
 
 
-def ray_tasks_executing() -> dict[int, str]:
+def ray_tasks_executing(cluster_pid: int | None = None) -> dict[int, str]:
     """Ray worker processes executing a task now: pid → task name (Ray titles a worker ``ray::<task>`` while it
-    runs one and ``ray::IDLE`` otherwise)."""
+    runs one and ``ray::IDLE`` otherwise); with ``cluster_pid``, only the workers under that ``ray start`` process
+    (another cluster on the machine, another test's, runs tasks of the same names)."""
     found = {}
+    ours = _descendants(cluster_pid) if cluster_pid is not None else None
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and (ours is None or int(entry.name) in ours):
             title = _cmdline(int(entry.name)).strip()
             if title.startswith("ray::") and title.split()[0][5:] not in RAY_NOT_TASKS and _running(int(entry.name)):
                 found[int(entry.name)] = title.split()[0][5:]

@@ -257,8 +257,8 @@ def test_a_lost_ray_head_ends_the_run_with_one_error_line_naming_it(smoke_runs, 
         out = tmp_path / "lost-head.out"
         proc = _start(["run", str(config), "--until", "corpus"], runs, out, cluster.env)
         run_guard.append(proc)
-        _wait_for(lambda: any(t.startswith("corpus-") for t in faults.ray_tasks_executing().values()), proc, out,
-                  "a corpus task on the Ray cluster")
+        _wait_for(lambda: any(t.startswith("corpus-") for t in faults.ray_tasks_executing(cluster.proc.pid).values()),
+                  proc, out, "a corpus task on this test's Ray cluster")
         token = _run_token(proc)
         assert token, "no supervisor of the run found"
         head = faults._descendants(cluster.proc.pid) | {cluster.proc.pid} | {
