@@ -12,19 +12,7 @@ import pytest
 from tasks.corpus.build import build_corpus
 from tasks.corpus.config import CorpusConfig
 from tasks.corpus.near_dedup import bucket_pairs, candidate_pairs
-
-WORDS = ("river stone garden window paper letter morning evening bridge market village harbour forest meadow "
-         "kitchen teacher student doctor engine signal winter summer autumn spring coffee bread butter lantern "
-         "valley canyon orchard").split()
-FUNCTION = "the of and to with that have be in on for a is was".split()
-
-
-def prose(rng: random.Random, n_words: int) -> str:
-    sentences = []
-    while sum(len(s.split()) for s in sentences) < n_words:
-        words = [rng.choice(FUNCTION if i % 2 else WORDS) for i in range(rng.randint(8, 14))]
-        sentences.append(" ".join(words).capitalize() + ".")
-    return " ".join(sentences)
+from tests.unit.test_corpus_shards import WORDS, prose
 
 
 def crawl(n: int, seed: int) -> pd.DataFrame:
