@@ -34,16 +34,17 @@ def implied_verdict(table: pd.DataFrame, record: dict, config: Path) -> str:
             where = (row["candidate"], c.name, status, units, low, high, reason)
             if c.metric in LOSS_METRICS:
                 assert units == row[f"{c.column}_docs"], where
+            good_low, good_high = (low, high) if c.op == ">=" else (-high, -low)
+            threshold = c.threshold if c.op == ">=" else -c.threshold
+            # The one status this evidence allows: too few units or a zero-width interval decide nothing; an
+            # interval wholly on one side of the threshold passes or fails; one across it is undetermined.
+            expected = ("undetermined" if units < minimum or not low < high else
+                        "pass" if good_low >= threshold else "fail" if good_high < threshold else "undetermined")
+            assert status == expected, (*where, expected)
             if units < minimum:
-                assert status == "undetermined" and reason.startswith(f"needs >= {minimum} "), where
-                assert f"has {units}" in reason, where
-            if status in ("pass", "fail"):
-                assert units >= minimum and not reason and low < high, where
-                good_low, good_high = (low, high) if c.op == ">=" else (-high, -low)
-                threshold = c.threshold if c.op == ">=" else -c.threshold
-                assert (good_low >= threshold) if status == "pass" else (good_high < threshold), where
-            else:
-                assert status == "undetermined", where
+                assert reason.startswith(f"needs >= {minimum} ") and f"has {units}" in reason, where
+            if expected != "undetermined":
+                assert not reason, where
             statuses.append(status)
         implied = ("pass" if all(s == "pass" for s in statuses) else "fail" if "fail" in statuses
                    else "undetermined")
