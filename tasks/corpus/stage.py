@@ -40,11 +40,13 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
     work = ctx.scratch
     n_shards = split_sources([src / "docs" / f"{name}.parquet" for name in described], work,
                              cfg.execution.shard_docs)
-    # Five shard passes (filter, key, shingle, verify, write; shingle and verify only when there are candidate
-    # pairs), the boilerplate count's partitions and the outputs.
-    parts = cfg.execution.partitions if cfg.boilerplate.enabled else 0
-    total = 5 * n_shards + parts + 1
-    with ctx.progress.task(f"corpus: {n_shards} shards × 5 passes + {parts} partitions", total) as advance:
+    # At most seven shard passes (filter, key, key parts, shingle, verify, lookup, write; shingle, verify and
+    # lookup only where there are candidate pairs) and the partition tasks (exact, candidates, and the boilerplate
+    # count when it is on): an upper bound, topped up at the end.
+    parts = cfg.execution.partitions * (3 if cfg.boilerplate.enabled else 2)
+    total = 7 * n_shards + parts
+    with ctx.progress.task(f"corpus: {n_shards} shard(s) × up to 7 passes + {parts} partition tasks",
+                           total) as advance:
         shard_map = ctx.shard_map_for(cfg.execution)
         done = [0]
         result = curate(work, ctx.out, cfg, eval_items=eval_items,
