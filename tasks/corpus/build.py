@@ -456,10 +456,10 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
             folder = Path(work) / "filtered" / name
             if not (folder / "units.parquet").exists():
                 continue
-            occ = pd.read_parquet(folder / "units.parquet")
+            occ = partitioned.read_shard_file(folder / "units.parquet", part, name, folder, "filter")
             occ = occ[occ.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
             units.append(occ.assign(shard=np.int32(shard)))
-            ex = pd.read_parquet(folder / "unit_examples.parquet")
+            ex = partitioned.read_shard_file(folder / "unit_examples.parquet", part, name, folder, "filter")
             examples.append(ex[ex.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
                             .assign(shard=np.int32(shard)))
         occurrences = pd.concat(units, ignore_index=True) if units else pd.DataFrame(

@@ -3,13 +3,14 @@
 import json
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from infra.errors import DataError
-from infra.shard_map import process_map, sequential_map
+from infra.shard_map import prefect_shard_map, process_map, sequential_map
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.build import build_corpus, curate, filter_shard, split_sources
 from tasks.corpus.config import CorpusConfig
@@ -359,3 +360,64 @@ def test_a_resume_with_another_partition_count_gives_the_same_result(one_shard, 
     assert (work / "boilerplate_p3").is_dir() and (work / "boilerplate_p4").is_dir()
     for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
         pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(resumed, name))
+
+
+class Crash(Exception):
+    """The stand-in for a run killed mid-pass."""
+
+
+@pytest.mark.parametrize("label", ["corpus-boilerplate", "corpus-key parts", "corpus-exact", "corpus-candidates"])
+def test_a_crash_inside_a_partitioned_pass_resumes_to_the_same_result(one_shard, tmp_path, label):
+    """A run killed after some calls of one pass, with a torn temporary of the next call left behind: the rerun
+    skips the finished calls, clears the torn one and ends with the uninterrupted build's result."""
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 4})
+    docs = docs_frame(60)
+    docs.to_parquet(tmp_path / "docs.parquet", index=False)
+    work = tmp_path / "work"
+    split_sources([tmp_path / "docs.parquet"], work, 9)
+    torn: list = []
+
+    def crashing(fn, calls, name):
+        if name != label:
+            return [fn(**kw) for kw in calls]
+        assert len(calls) >= 3, (name, len(calls))
+        done = [fn(**kw) for kw in calls[:2]]
+        nxt = Path(calls[2].get("out_dir") or calls[2].get("out_path"))
+        tmp = nxt.parent / f".{nxt.name}.tmp-1-0badf00d"
+        tmp.mkdir(parents=True)
+        (tmp / "exact.parquet").write_text("truncated")
+        torn.append(tmp)
+        raise Crash(f"killed after {len(done)} calls of {name}")
+
+    with pytest.raises(Crash):
+        curate(work, tmp_path / "out", cfg, shard_map=crashing)
+    seen = []
+
+    def spy(fn, calls, name):
+        seen.append((name, [fn(**kw) for kw in calls]))
+        return seen[-1][1]
+
+    resumed = curate(work, tmp_path / "out", cfg, shard_map=spy)
+    ran = dict(seen)[label]
+    assert ran[:2] == [False, False] and all(ran[2:]), ran  # the finished calls are skipped, the rest done
+    assert not torn[0].exists()
+    for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
+        pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(resumed, name))
+    assert resumed.near == one_shard.near
+
+
+def test_an_unreadable_shard_file_fails_its_partition_naming_the_shard_and_the_fix(tmp_path):
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 3})
+    build_corpus(docs_frame(40), cfg, out=tmp_path / "a")
+    work = tmp_path / "a" / "_work"
+    for folder in ("exact_p3", "candidates_p3", "verified", "shingles", "decisions", "lookup", "kept", "removals"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    broken = work / "key_parts_p3" / "00002" / "exact-00001.parquet"
+    broken.write_bytes(b"PAR1 not parquet")
+    with pytest.raises(DataError, match=r"^partition 1 cannot read shard 00002's file .*exact-00001\.parquet "
+                                        r"\(.*\): remove .*key_parts_p3/00002 and run the same command again; the "
+                                        r"key parts pass writes it again$"):
+        curate(work, tmp_path / "b", cfg, shard_map=prefect_shard_map("sequential", 1, retries=2))
+    shutil.rmtree(work / "key_parts_p3" / "00002")  # the fix the message gives
+    fresh = build_corpus(docs_frame(40), cfg, out=tmp_path / "c")
+    pd.testing.assert_frame_equal(fresh.kept, curate(work, tmp_path / "b", cfg).kept)
