@@ -339,7 +339,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
                                  for p in range(n_parts))
     shard_pass("shingle", shingle_shard, [dict(keyed_dir=str(work / "keyed" / name), candidates=str(cand_dir),
                                                n_parts=n_parts, shard=i, out_dir=str(work / "shingles" / name),
-                                               cfg_json=cfg_json)
+                                               cfg_json=cfg_json, filtered_dir=str(work / "filtered" / name))
                                           for i, name in enumerate(names)] if near_on else [])
     shard_pass("verify", verify_shard, [dict(candidates=str(cand_dir), n_parts=n_parts, shard=i,
                                              work=str(work), names=",".join(names),
@@ -448,7 +448,8 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
     """The global boilerplate count of one hash partition (units with ``unit_hash % n_parts == part``), read from
     every shard's filter output: ``counts.parquet`` (``COUNT_COLUMNS``: units in ``min_docs`` or more distinct
     documents, each with the example of its first shard in corpus order) and ``frequent.parquet`` (``shard``,
-    ``unit_hash``: which of them each shard contains, sorted by shard)."""
+    ``unit_hash``, ``keep_doc``: which of them each shard contains, sorted by shard, and the document hash of each
+    unit's first occurrence in corpus order, which keeps it)."""
 
     def write(tmp: Path) -> None:
         units, examples = [], []
@@ -463,9 +464,13 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
             examples.append(ex[ex.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
                             .assign(shard=np.int32(shard)))
         occurrences = pd.concat(units, ignore_index=True) if units else pd.DataFrame(
-            {"unit_hash": np.zeros(0, np.uint64), "doc_hash": np.zeros(0, np.uint64), "shard": np.zeros(0, np.int32)})
+            {"unit_hash": np.zeros(0, np.uint64), "doc_hash": np.zeros(0, np.uint64), "row": np.zeros(0, np.int32),
+             "shard": np.zeros(0, np.int32)})
         n_docs = occurrences.drop_duplicates(["unit_hash", "doc_hash"]).groupby("unit_hash").size()
         n_docs = n_docs[n_docs >= min_docs].rename("n_docs")
+        # The document that keeps each frequent unit: its first occurrence in corpus order (shard, then row).
+        keeper = (occurrences[occurrences.unit_hash.isin(n_docs.index)].sort_values(["shard", "row"], kind="stable")
+                  .drop_duplicates("unit_hash").set_index("unit_hash")["doc_hash"].rename("keep_doc"))
         first = (pd.concat(examples, ignore_index=True).sort_values("shard", kind="stable")
                  .drop_duplicates("unit_hash").set_index("unit_hash")["example"]) if examples else pd.Series(
             dtype="string")
@@ -474,7 +479,9 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
         counts.to_parquet(tmp / "counts.parquet", index=False)
         frequent = occurrences[occurrences.unit_hash.isin(counts.unit_hash)][["shard", "unit_hash"]]
         frequent = frequent.drop_duplicates().sort_values(["shard", "unit_hash"], ignore_index=True)
-        pq.write_table(pa.Table.from_pandas(frequent.astype({"shard": "int32", "unit_hash": "uint64"}),
+        frequent = frequent.join(keeper, on="unit_hash")
+        pq.write_table(pa.Table.from_pandas(frequent.astype({"shard": "int32", "unit_hash": "uint64",
+                                                             "keep_doc": "uint64"}),
                                             preserve_index=False), tmp / "frequent.parquet", row_group_size=65_536)
 
     done = _atomic_dir(Path(out_dir), write)
@@ -482,15 +489,16 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
     return done
 
 
-def _shard_frequent(work: Path, cfg: CorpusConfig, shard: int) -> set[int]:
-    """The frequent units shard ``shard`` contains (every partition's ``frequent.parquet``, read by row groups of
-    that shard only)."""
+def _shard_frequent(work: Path, cfg: CorpusConfig, shard: int) -> dict[int, int]:
+    """The frequent units shard ``shard`` contains, each with the document hash of its first occurrence in corpus
+    order (every partition's ``frequent.parquet``, read by row groups of that shard only)."""
     folder = _partitions_folder(work, cfg)
     files = sorted(folder.glob("*/frequent.parquet")) if folder.is_dir() else []
-    found: set[int] = set()
+    found: dict[int, int] = {}
     for f in files:
-        table = pq.read_table(f, columns=["unit_hash"], filters=[("shard", "=", shard)])
-        found.update(table.column("unit_hash").to_numpy().astype(np.uint64).tolist())
+        table = pq.read_table(f, columns=["unit_hash", "keep_doc"], filters=[("shard", "=", shard)])
+        found.update(zip(table.column("unit_hash").to_numpy().astype(np.uint64).tolist(),
+                         table.column("keep_doc").to_numpy().astype(np.uint64).tolist()))
     return found
 
 
@@ -525,15 +533,18 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: 
                 ledger.remove(doc_id, source, "boilerplate", Reason(
                     "dedup.boilerplate", float(cut), float(cfg.boilerplate.min_docs),
                     f"all {cut} lines are boilerplate found in >= {cfg.boilerplate.min_docs} documents"))
-        docs = docs.loc[~np.array(emptied, dtype=bool)].reset_index(drop=True)
+        read_rows = np.flatnonzero(~np.array(emptied, dtype=bool)).astype(np.int32)
+        docs = docs.iloc[read_rows].reset_index(drop=True)
         ledger.count("boilerplate", before, docs)
+        # Near copies are found on the text as read: a family of copies shares the very lines the cut removes.
+        np.save(tmp / "read_rows.npy", read_rows)
         scores, keep, keep_p = _quality(docs, cfg, quality_model)
         docs = docs.assign(quality_score=scores)
         docs.to_parquet(tmp / "docs.parquet", index=False)
         removals, funnel = ledger.frames()
         removals.to_parquet(tmp / "removals.parquet", index=False)
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
-        _keys(docs, cfg).assign(shard=np.int32(shard), quality_score=scores, quality_keep=keep,
+        _keys(docs, cfg, before.text.to_numpy()[read_rows].tolist()).assign(shard=np.int32(shard), quality_score=scores, quality_keep=keep,
                                 quality_keep_p=keep_p).to_parquet(tmp / "keys.parquet", index=False)
         hits = [(row, k, length, h) for row, text in enumerate(docs.text)
                 for k, (length, h) in enumerate(index.hits(text))]
@@ -559,9 +570,10 @@ def _quality(docs: pd.DataFrame, cfg: CorpusConfig, model_path: str) -> tuple[np
     return scores, np.asarray(keep, dtype=bool), np.asarray(keep_p, dtype=np.float64)
 
 
-def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
-    """Per document: its row, exact-dedup hash halves, characters and UTF-8 bytes, and the MinHash band keys
-    (uint64 per band)."""
+def _keys(docs: pd.DataFrame, cfg: CorpusConfig, read_texts: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per document: its row, exact-dedup hash halves, characters and UTF-8 bytes (of ``docs.text``, the text after
+    the boilerplate cut), and the MinHash band keys (uint64 per band) of ``read_texts``, the same documents' text
+    before the cut (default: ``docs.text``)."""
     digests = [xxhash.xxh3_128_intdigest(normal_form(t).encode("utf-8")) for t in docs.text]
     nd = cfg.near_dedup
     frame = pd.DataFrame({
@@ -576,7 +588,8 @@ def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
         "by_chars": _by_chars(docs.language.tolist()),
     })
     if nd.enabled and len(docs):
-        sigs, has = minhash.signatures(docs.text.tolist(), frame.by_chars.to_numpy(), nd)
+        texts = docs.text.tolist() if read_texts is None else list(read_texts)
+        sigs, has = minhash.signatures(texts, frame.by_chars.to_numpy(), nd)
         keys = minhash.band_keys(sigs, nd.bands, nd.rows)
     else:
         has = np.zeros(len(docs), dtype=bool)
@@ -711,18 +724,22 @@ def _read_partition(folder: Path, columns: list[str]) -> pd.DataFrame | None:
     return pd.concat([pd.read_parquet(f, columns=columns) for f in files], ignore_index=True) if files else None
 
 
-def shingle_shard(keyed_dir: str, candidates: str, n_parts: int, shard: int, out_dir: str, cfg_json: str) -> bool:
+def shingle_shard(keyed_dir: str, candidates: str, n_parts: int, shard: int, out_dir: str, cfg_json: str,
+                  filtered_dir: str) -> bool:
     """Pass 6 on one shard: the sorted shingle hashes of its candidate documents (named by every candidate
     partition), as three arrays (``rows.npy`` ascending, ``starts.npy`` of length rows + 1, ``hashes.npy`` uint64;
-    :class:`tasks.corpus.near_dedup.ShingleSets` by row)."""
+    :class:`tasks.corpus.near_dedup.ShingleSets` by row). Shingled, like the band keys, from the text before the
+    boilerplate cut (the filter pass's survivors, ``filtered_dir``)."""
     nd = CorpusConfig.model_validate_json(cfg_json).near_dedup
 
     def write(tmp: Path) -> None:
         rows = partitioned.shard_wanted(candidates, n_parts, shard)
-        docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet", columns=["text", "language"])
-        texts = docs.text.to_numpy()[rows].tolist()
-        sets = near_dedup.shingle_sets(texts, rows, nd.shingle_size, _by_chars(docs.language.to_numpy()[rows].tolist()))
-        del docs, texts
+        language = pd.read_parquet(Path(keyed_dir) / "docs.parquet", columns=["language"]).language.to_numpy()
+        read_rows = np.load(Path(keyed_dir) / "read_rows.npy")[rows]
+        read = pq.read_table(Path(filtered_dir) / "survivors.parquet", columns=["text"]).column("text")
+        texts = read.take(pa.array(read_rows)).to_pylist()
+        sets = near_dedup.shingle_sets(texts, rows, nd.shingle_size, _by_chars(language[rows].tolist()))
+        del read, texts
         np.save(tmp / "rows.npy", sets.pos)
         np.save(tmp / "starts.npy", sets.starts)
         np.save(tmp / "hashes.npy", sets.hashes)

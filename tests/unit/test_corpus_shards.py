@@ -99,10 +99,12 @@ def test_copies_removed_across_shards(one_shard):
     assert "web/5" in kept.index and "web/7" in kept.index
 
 
-def test_boilerplate_cut_from_every_page(one_shard):
-    texts = one_shard.kept.text
-    assert not texts.str.contains("Sign in to your account", regex=False).any()
-    assert not texts.str.contains("Creative Commons", regex=False).any()
+def test_boilerplate_cut_from_every_page_but_its_first(one_shard):
+    kept = one_shard.kept.set_index("doc_id").text
+    # The first page holding the units keeps them (C4, Dolma); every later page loses them.
+    assert kept["web/0"].startswith(NAV) and kept["web/0"].endswith(LICENCE)
+    assert not kept.drop("web/0").str.contains("Sign in to your account", regex=False).any()
+    assert not kept.drop("web/0").str.contains("Creative Commons", regex=False).any()
     cut = one_shard.boilerplate.example.tolist()
     assert NAV in cut and LICENCE in cut
     assert (one_shard.kept.lines_dropped > 0).sum() >= 15
@@ -421,3 +423,33 @@ def test_an_unreadable_shard_file_fails_its_partition_naming_the_shard_and_the_f
     shutil.rmtree(work / "key_parts_p3" / "00002")  # the fix the message gives
     fresh = build_corpus(docs_frame(40), cfg, out=tmp_path / "c")
     pd.testing.assert_frame_equal(fresh.kept, curate(work, tmp_path / "b", cfg).kept)
+
+
+def test_a_family_of_near_copies_keeps_its_original_whole_and_loses_the_copies(tmp_path):
+    """Twelve near copies (one word changed each) of a page put its lines in thirteen documents, past min_docs:
+    the original keeps its body (first occurrence) and the copies go as near duplicates of it, found on the text
+    before the cut. A nav line in many unrelated pages is still cut from all but the first."""
+    rng = random.Random(3)
+    original = "\n".join(prose(rng, 14) for _ in range(8))
+    rows = []
+    for i in range(30):
+        rows.append(dict(doc_id=f"web/{i}", source="web", language_hint="en",
+                         content=f"{NAV}\n\n{prose(rng, 110)}", content_type="text"))
+        if i == 4:
+            rows.append(dict(doc_id="web/original", source="web", language_hint="en", content=original,
+                             content_type="text"))
+    for k in range(12):
+        lines = original.split("\n")
+        words = lines[k % 8].split()
+        words[(3 + k) % len(words)] = "lighthouse"
+        lines[k % 8] = " ".join(words)
+        rows.append(dict(doc_id=f"web/copy{k}", source="web", language_hint="en", content="\n".join(lines),
+                         content_type="text"))
+    res = build_corpus(pd.DataFrame(rows), CorpusConfig(**CFG, execution={"shard_docs": 7}), out=tmp_path)
+    kept = res.kept.set_index("doc_id").text
+    assert kept["web/original"] == original
+    rule = res.removals.set_index("doc_id").rule
+    assert [rule.get(f"web/copy{k}") for k in range(12)] == ["dedup.near"] * 12
+    assert kept["web/0"].startswith(NAV)
+    assert not kept.drop("web/0").str.contains(NAV, regex=False).any()
+    assert len(kept) + len(res.removals) == len(rows)
