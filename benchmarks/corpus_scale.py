@@ -48,6 +48,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -827,6 +828,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="comma-separated documents of the HTML-only and text-only builds the 1 TB rates come "
                              "from; two or more sizes fit the serial parts as fixed + per-document (default: the "
                              "sizes run; 0: use the mixed builds)")
+    parser.add_argument("--worker-ratio", type=int, default=0, metavar="ROUNDS",
+                        help="also build the largest size with 1 worker and with --workers, alternating, ROUNDS "
+                             "times each, and print the wall-time ratio (0: not measured)")
     parser.add_argument("--machines", type=_ints, default=[1, 8, 64])
     parser.add_argument("--cores-per-machine", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--estimate", type=_ints, default=[1_000_000], help="sizes to estimate when not run")
@@ -903,26 +907,46 @@ def run(argv: list[str] | None = None) -> dict:
         print_crawl(f"{name}-{docs}", report)
         return report, crawl.doc_files(folder)
 
-    def build(engine: str, report: dict, files: list[Path], name: str) -> dict:
+    def build(engine: str, report: dict, files: list[Path], name: str, n_workers: int | None = None,
+              record: bool = True) -> dict:
         started = time.perf_counter()
-        b = run_build(files, engine, workers, config, shard_docs, work_root, args.poll, log, args.ray_address,
+        n_workers = n_workers or workers
+        b = run_build(files, engine, n_workers, config, shard_docs, work_root, args.poll, log, args.ray_address,
                       memory_limit)
-        row = {"engine": engine, "crawl": name, **figures(b, report, workers), "processes": b["processes"],
+        row = {"engine": engine, "crawl": name, **figures(b, report, n_workers), "workers": n_workers,
+               "processes": b["processes"],
                "outputs": b["outputs"], "timeline": b["timeline"], "poll_samples": b["poll_samples"]}
         if not b["timeline"]["build_module"].startswith(str(code)):
             sys.exit(f"the child imported {b['timeline']['build_module']}, not the project in {code}")
-        result["builds"].append(row)
+        if record:
+            result["builds"].append(row)
         fate = b["outputs"]["fate_by_kind"]
-        print(f"  {engine} {name} {report['docs']:,}: {row['wall_s']:,.1f} s build "
+        print(f"  {engine} {name} {report['docs']:,} ({n_workers} workers): {row['wall_s']:,.1f} s build "
               f"({time.perf_counter() - started:,.1f} s with start-up), kept {b['outputs']['kept']:,}; "
               f"near duplicates → {fate.get('near', {})}; exact → {fate.get('exact', {})}", flush=True)
         return row
+
+    def worker_ratio(report: dict, files: list[Path], engine: str) -> dict:
+        """Wall times of the same build with 1 worker and with ``workers``, alternating, ``--worker-ratio``
+        rounds each; the ratio of the medians (ideal: the number of workers, at most the cores)."""
+        walls: dict[int, list[float]] = {1: [], workers: []}
+        for _ in range(args.worker_ratio):
+            for n in (1, workers):
+                walls[n].append(build(engine, report, files, "mixed", n, record=False)["wall_s"])
+        med = {n: statistics.median(v) for n, v in walls.items()}
+        ratio = med[1] / med[workers]
+        print(f"  1 → {workers} workers at {report['docs']:,} documents: {med[1]:,.1f} s → {med[workers]:,.1f} s "
+              f"(medians of {args.worker_ratio}), ratio {ratio:.2f} (ideal {min(workers, os.cpu_count() or 1)})",
+              flush=True)
+        return {"docs": report["docs"], "walls_s": walls, "ratio": ratio}
 
     try:
         for size in args.sizes:
             report, files = crawl_for(size, args.html_share, "mixed")
             for engine in engines:
                 build(engine, report, files, "mixed")
+            if size == max(args.sizes) and args.worker_ratio:
+                result["worker_ratio"] = worker_ratio(report, files, engines[0])
             if args.crawl_dir is None:
                 shutil.rmtree(files[0].parent.parent, ignore_errors=True)
         calibration: dict[str, dict[str, list[dict]]] = {e: {} for e in engines}
