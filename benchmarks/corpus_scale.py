@@ -223,7 +223,10 @@ def child(job_path: str) -> None:
 
     work, out = Path(job["work"]), Path(job["out"])
     files = [Path(f) for f in job["files"]]
-    split_kwargs = {"shard_map": shard_map} if "shard_map" in inspect.signature(build.split_sources).parameters else {}
+    split_params = inspect.signature(build.split_sources).parameters
+    split_kwargs = {"shard_map": shard_map} if "shard_map" in split_params else {}
+    if "memory_limit" in split_params:
+        split_kwargs["memory_limit"] = cfg.execution.memory_limit
     curate_params = inspect.signature(build.curate).parameters
     curate_kwargs = {"shard_map": shard_map, **({"progress": progress} if "progress" in curate_params else {})}
     t0 = time.time()

@@ -62,7 +62,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from evals.contamination import EvalIndex, EvalItem
-from infra.atomic import atomic_dir, atomic_file, atomic_write_text
+from infra.atomic import atomic_dir, atomic_file, atomic_write_text, temp_path
 from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
@@ -171,13 +171,13 @@ def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[
                   quality_model=quality_model)
 
 
-def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
+def split_sources(files: Sequence[Path], work: Path, shard_docs: int, memory_limit: str = "256MB") -> int:
     """Plan the input shards: ``shard_docs`` consecutive documents each, in corpus order over ``files`` (raw-document
     Parquet files), written to ``work/shards.json`` as (file, first row, rows) slices; returns the shard count.
 
     Nothing is copied: each filter worker reads its slice from the files (only the row groups it overlaps), so no
     serial pass over the corpus's bytes remains in the main process. Repeated ``doc_id`` values are found by
-    DuckDB over the files (out of core). Skipped when a previous run finished planning.
+    DuckDB over the files, out of core under ``memory_limit``. Skipped when a previous run finished planning.
 
     Raises:
         DataError: a required column is missing or ``doc_id`` values repeat.
@@ -188,7 +188,7 @@ def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
     files = [Path(f) for f in files]
     for f in files:
         _check_columns(pq.ParquetFile(f).schema_arrow.names, f)
-    _check_unique_ids(files, work)
+    _check_unique_ids(files, work, memory_limit)
     counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
     shards: list[list[tuple[str, int, int]]] = []
     current: list[tuple[str, int, int]] = []
@@ -248,7 +248,7 @@ def _check_columns(columns: Sequence[str], where: Path | None = None) -> None:
         raise DataError(f"corpus input {where or ''} lacks columns {missing}; pass the sources stage's documents")
 
 
-def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB",
+def _duckdb(work: Path, name: str | None = None, memory_limit: str = "256MB",
             fresh: bool = True) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection whose memory is capped and whose spill files go under ``work`` (a file database when
     ``name`` is given, so its tables are buffer-managed on disk too; ``fresh`` removes an earlier one first), with
@@ -271,11 +271,11 @@ def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB",
     return con
 
 
-def _check_unique_ids(files: Sequence[Path], work: Path) -> None:
+def _check_unique_ids(files: Sequence[Path], work: Path, memory_limit: str) -> None:
     if not files:
         return
     work.mkdir(parents=True, exist_ok=True)
-    with _duckdb(work) as con:
+    with _duckdb(work, memory_limit=memory_limit) as con:
         repeated = con.execute("SELECT doc_id FROM read_parquet(?) GROUP BY doc_id HAVING count(*) > 1 "
                                "ORDER BY doc_id LIMIT 3", [[str(f) for f in files]]).fetchall()
     if repeated:
@@ -430,13 +430,16 @@ def _frequent(work: Path, cfg: CorpusConfig, names: list[str],
     shard_pass("boilerplate", count_partition, [dict(work=str(work), names=",".join(names), part=p, n_parts=n_parts,
                                                      min_docs=cfg.boilerplate.min_docs,
                                                      out_dir=str(folder / f"{p:05d}")) for p in range(n_parts)])
-    # Only the frequent units come back here: O(boilerplate units), not O(documents).
-    counts = pd.concat([pd.read_parquet(folder / f"{p:05d}" / "counts.parquet") for p in range(n_parts)],
-                       ignore_index=True)
-    counts = counts.sort_values(["n_docs", "unit_hash"], ascending=[False, True], ignore_index=True)
-    with atomic_file(path) as f:
-        counts[COUNT_COLUMNS].astype({"unit_hash": "uint64", "n_docs": "int64"}).to_parquet(f, index=False)
-    return len(counts)
+    # The partitions' frequent units, most frequent first, sorted by DuckDB under the memory limit (spilling
+    # past it): a page family's lines are frequent units too, so their number grows with the corpus.
+    files = [str(folder / f"{p:05d}" / "counts.parquet") for p in range(n_parts)]
+    tmp = temp_path(path)
+    with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
+        con.execute(f"COPY (SELECT unit_hash::UBIGINT AS unit_hash, n_docs::BIGINT AS n_docs, example "
+                    f"FROM read_parquet(?) ORDER BY n_docs DESC, unit_hash) TO '{tmp}' (FORMAT parquet)", [files])
+        n_units = int(con.execute("SELECT count(*) FROM read_parquet(?)", [files]).fetchone()[0])
+    os.replace(tmp, path)  # a killed run leaves the old table or none, never half of one
+    return n_units
 
 
 def _partitions_folder(work: Path, cfg: CorpusConfig) -> Path:
