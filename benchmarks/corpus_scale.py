@@ -32,10 +32,11 @@ forkserver, …); its slope (bytes per document) is what a larger corpus costs, 
 every process (PASS/FAIL). Each pass's time is fitted as a power of documents (exponent 1 is linear) and the sizes
 of ``--estimate`` not run are estimated from it. Then 1 TB of HTML and 1 TB of plain text on each N of
 ``--machines`` × ``--cores-per-machine``: parallel passes at the per-core rate measured on a crawl of only that
-content type (``--calibrate-docs`` documents), ideal scaling and no data movement; serial (main-process) passes at
-their measured rate, which no machine count changes (Amdahl 1967, "Validity of the single processor approach to
-achieving large scale computing capabilities"); and the main process's memory at that document count from its
-slope. A summary table is printed and every figure written to ``--out`` (JSON).
+content type (``--calibrate-docs`` documents; the largest of them), ideal scaling and no data movement; serial
+(main-process) passes, which no machine count changes (Amdahl 1967, "Validity of the single processor approach to
+achieving large scale computing capabilities"), from a least-squares line over the calibration sizes, seconds =
+fixed + per-document × documents (a slope below zero counts as zero; one size: its rate, fixed cost included,
+charged per byte); and the main process's memory at that document count from its slope. A summary table is printed and every figure written to ``--out`` (JSON).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -221,7 +223,10 @@ def child(job_path: str) -> None:
 
     work, out = Path(job["work"]), Path(job["out"])
     files = [Path(f) for f in job["files"]]
-    split_kwargs = {"shard_map": shard_map} if "shard_map" in inspect.signature(build.split_sources).parameters else {}
+    split_params = inspect.signature(build.split_sources).parameters
+    split_kwargs = {"shard_map": shard_map} if "shard_map" in split_params else {}
+    if "memory_limit" in split_params:
+        split_kwargs["memory_limit"] = cfg.execution.memory_limit
     curate_params = inspect.signature(build.curate).parameters
     curate_kwargs = {"shard_map": shard_map, **({"progress": progress} if "progress" in curate_params else {})}
     t0 = time.time()
@@ -622,18 +627,23 @@ def estimate(rows: list[dict], slopes: dict, sizes: list[int]) -> dict[int, dict
     return out
 
 
-def extrapolate(calibration: dict[str, dict], slopes: dict, machines: list[int], cores: int,
+def extrapolate(calibration: dict[str, list[dict]], slopes: dict, machines: list[int], cores: int,
                 exponents: dict[str, float]) -> dict[str, dict]:
-    """1 TB of each content type on each machine count, from that type's build (``calibration[type]``: figures).
+    """1 TB of each content type on each machine count, from that type's builds (``calibration[type]``: figures
+    of one or more sizes).
 
-    Parallel pass p: 10^12 B / (rate_p · N · cores), rate_p = input bytes / shard core-seconds (ideal balance, no
-    data movement). Serial pass p: 10^12 B / rate_p, rate_p = input bytes / main-process seconds, whatever N.
-    Main-process memory: intercept + slope · documents in 1 TB at the type's mean document size. ``exponents``:
-    each pass's measured power of documents, reported so that growth faster than linear is visible (the linear
-    extrapolation is then a lower bound).
+    Parallel pass p: 10^12 B / (rate_p · N · cores), rate_p = input bytes / shard core-seconds of the largest build
+    (ideal balance, no data movement). Serial pass p, whatever N: with two or more sizes, fixed_p + per_doc_p ·
+    documents in 1 TB, from a least-squares line of its main-process seconds over documents (per_doc_p < 0 is
+    noise around a constant: 0, and fixed_p the largest time measured); with one size, 10^12 B / (input bytes /
+    seconds), its fixed cost charged per byte. Main-process memory: intercept + slope · documents in 1 TB at the
+    type's mean document size. ``exponents``: each pass's measured power of documents, reported so that growth
+    faster than linear is visible (the linear extrapolation is then a lower bound).
     """
     out = {}
-    for ctype, fig in calibration.items():
+    for ctype, figs in calibration.items():
+        figs = sorted(figs if isinstance(figs, list) else [figs], key=lambda f: f["docs"])
+        fig = figs[-1]
         nbytes = fig["content_bytes"]
         docs_tb = TB * fig["docs"] / nbytes
         rates = {}
@@ -641,11 +651,20 @@ def extrapolate(calibration: dict[str, dict], slopes: dict, machines: list[int],
             if p["kind"] == "parallel":
                 rates[name] = {"kind": "parallel", "mb_per_core_s": nbytes / 1e6 / p["busy_core_s"]
                                if p["busy_core_s"] > 0 else float("inf")}
+            elif len(figs) > 1:
+                seconds = [f["passes"].get(name, {}).get("seconds", 0.0) for f in figs]
+                line = fit_line([f["docs"] for f in figs], seconds)
+                per_doc = max(0.0, line["slope"])
+                fixed = max(0.0, line["intercept"]) if line["slope"] >= 0 else max(seconds)
+                rates[name] = {"kind": "serial", "us_per_doc": per_doc * 1e6, "fixed_s": fixed,
+                               "seconds_1tb": fixed + per_doc * docs_tb,
+                               "mb_per_s": nbytes / 1e6 / p["seconds"] if p["seconds"] > 0 else float("inf")}
             elif p["seconds"] > 0:
-                rates[name] = {"kind": "serial", "mb_per_s": nbytes / 1e6 / p["seconds"]}
+                rates[name] = {"kind": "serial", "mb_per_s": nbytes / 1e6 / p["seconds"],
+                               "seconds_1tb": TB / 1e6 / (nbytes / 1e6 / p["seconds"])}
             if name in rates:
                 rates[name]["exponent"] = exponents.get(name, float("nan"))
-        serial_s = sum(TB / 1e6 / r["mb_per_s"] for r in rates.values() if r["kind"] == "serial")
+        serial_s = sum(r["seconds_1tb"] for r in rates.values() if r["kind"] == "serial")
         rows = {}
         for n in machines:
             parallel_s = sum(TB / 1e6 / (r["mb_per_core_s"] * n * cores) for r in rates.values()
@@ -657,7 +676,8 @@ def extrapolate(calibration: dict[str, dict], slopes: dict, machines: list[int],
         # A slope below zero is noise around a flat line: the memory is then the largest peak measured.
         memory = {role: max(s["max_mb"], s["intercept_mb"] + max(0.0, s["bytes_per_doc"]) * docs_tb / 2**20) / 1024
                   for role, s in slopes.items() if not math.isnan(s["bytes_per_doc"])}
-        out[ctype] = {"calibration_docs": fig["docs"], "mean_doc_bytes": nbytes / fig["docs"], "docs_in_1tb": docs_tb,
+        out[ctype] = {"calibration_docs": [f["docs"] for f in figs], "mean_doc_bytes": nbytes / fig["docs"],
+                      "docs_in_1tb": docs_tb,
                       "rates": rates, "machines": rows, "cores_per_machine": cores,
                       "amdahl_max_speedup": (one_core + serial_s) / serial_s if serial_s else float("inf"),
                       "peak_gb_at_1tb": memory}
@@ -726,18 +746,26 @@ def print_estimates(engine: str, est: dict) -> None:
 
 def print_extrapolation(engine: str, ext: dict, machines: list[int]) -> None:
     for ctype, e in ext.items():
+        sizes = e["calibration_docs"] if isinstance(e["calibration_docs"], list) else [e["calibration_docs"]]
         print(f"\n{engine}: 1 TB of {ctype} ({e['docs_in_1tb']:,.3g} documents of {e['mean_doc_bytes']:,.0f} bytes; "
-              f"rates from the {e['calibration_docs']:,}-document {ctype} build; {e['cores_per_machine']} cores per "
-              "machine; parallel passes ideally balanced, no data movement)")
+              f"rates from the {' and '.join(f'{n:,}' for n in sizes)}-document {ctype} build"
+              f"{'s (serial: fixed + per-document line)' if len(sizes) > 1 else ''}; {e['cores_per_machine']} cores "
+              "per machine; parallel passes ideally balanced, no data movement)")
         print(f"  {'machines':>8}{'parallel h':>12}{'serial h':>10}{'total h':>10}{'serial share':>14}")
         for n in machines:
             m = e["machines"][n]
             print(f"  {n:>8}{m['parallel_h']:>12,.1f}{m['serial_h']:>10,.1f}{m['total_h']:>10,.1f}"
                   f"{m['serial_share']:>14.1%}")
         serial_rates = {n: r for n, r in e["rates"].items() if r["kind"] == "serial"}
-        total = sum(1 / r["mb_per_s"] for r in serial_rates.values())
-        shown = {n: r for n, r in serial_rates.items() if (1 / r["mb_per_s"]) / total >= 0.005}
-        serial = [f"{n} {r['mb_per_s']:,.2f} MB/s ({(1 / r['mb_per_s']) / total:.0%})" + _growth(r["exponent"])
+        total = sum(r["seconds_1tb"] for r in serial_rates.values()) or 1.0
+        shown = {n: r for n, r in serial_rates.items() if r["seconds_1tb"] / total >= 0.005}
+
+        def serial_rate(r: dict) -> str:
+            if "us_per_doc" in r:
+                return f"{r['us_per_doc']:,.2f} µs/doc + {r['fixed_s']:,.2f} s fixed"
+            return f"{r['mb_per_s']:,.2f} MB/s"
+
+        serial = [f"{n} {serial_rate(r)} ({r['seconds_1tb'] / total:.0%})" + _growth(r["exponent"])
                   for n, r in shown.items()]
         if len(shown) < len(serial_rates):
             serial.append(f"{len(serial_rates) - len(shown)} more under 0.5% of the serial time")
@@ -799,9 +827,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--exact-share", type=float, default=crawl.CrawlSpec.exact_share)
     parser.add_argument("--html-share", type=float, default=crawl.CrawlSpec.html_share)
     parser.add_argument("--verify-pairs", type=int, default=crawl.CrawlSpec.verify_pairs)
-    parser.add_argument("--calibrate-docs", type=int, default=None,
-                        help="documents of the HTML-only and text-only builds the 1 TB rates come from "
-                             "(default: the smallest size; 0: use the mixed builds)")
+    parser.add_argument("--calibrate-docs", type=_ints, default=None,
+                        help="comma-separated documents of the HTML-only and text-only builds the 1 TB rates come "
+                             "from; two or more sizes fit the serial parts as fixed + per-document (default: the "
+                             "sizes run; 0: use the mixed builds)")
+    parser.add_argument("--worker-ratio", type=int, default=0, metavar="ROUNDS",
+                        help="also build the largest size with 1 worker and with --workers, alternating, ROUNDS "
+                             "times each, and print the wall-time ratio (0: not measured)")
     parser.add_argument("--machines", type=_ints, default=[1, 8, 64])
     parser.add_argument("--cores-per-machine", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--estimate", type=_ints, default=[1_000_000], help="sizes to estimate when not run")
@@ -849,7 +881,7 @@ def run(argv: list[str] | None = None) -> dict:
     shard_docs = args.shard_docs or corpus_cfg.execution.shard_docs
     memory_limit = args.memory_limit or corpus_cfg.execution.memory_limit
     engines = _engines(args.engine)
-    calibrate = min(args.sizes) if args.calibrate_docs is None else args.calibrate_docs
+    calibrate = list(args.sizes) if args.calibrate_docs is None else [n for n in args.calibrate_docs if n > 0]
     print(f"measuring {code} ({_git(code)['commit'][:12] or 'not a git checkout'}), config {config}, "
           f"{workers} workers, {shard_docs} documents per shard, DuckDB memory_limit {memory_limit}, "
           f"engines {', '.join(engines)}, "
@@ -878,34 +910,54 @@ def run(argv: list[str] | None = None) -> dict:
         print_crawl(f"{name}-{docs}", report)
         return report, crawl.doc_files(folder)
 
-    def build(engine: str, report: dict, files: list[Path], name: str) -> dict:
+    def build(engine: str, report: dict, files: list[Path], name: str, n_workers: int | None = None,
+              record: bool = True) -> dict:
         started = time.perf_counter()
-        b = run_build(files, engine, workers, config, shard_docs, work_root, args.poll, log, args.ray_address,
+        n_workers = n_workers or workers
+        b = run_build(files, engine, n_workers, config, shard_docs, work_root, args.poll, log, args.ray_address,
                       memory_limit)
-        row = {"engine": engine, "crawl": name, **figures(b, report, workers), "processes": b["processes"],
+        row = {"engine": engine, "crawl": name, **figures(b, report, n_workers), "workers": n_workers,
+               "processes": b["processes"],
                "outputs": b["outputs"], "timeline": b["timeline"], "poll_samples": b["poll_samples"]}
         if not b["timeline"]["build_module"].startswith(str(code)):
             sys.exit(f"the child imported {b['timeline']['build_module']}, not the project in {code}")
-        result["builds"].append(row)
+        if record:
+            result["builds"].append(row)
         fate = b["outputs"]["fate_by_kind"]
-        print(f"  {engine} {name} {report['docs']:,}: {row['wall_s']:,.1f} s build "
+        print(f"  {engine} {name} {report['docs']:,} ({n_workers} workers): {row['wall_s']:,.1f} s build "
               f"({time.perf_counter() - started:,.1f} s with start-up), kept {b['outputs']['kept']:,}; "
               f"near duplicates → {fate.get('near', {})}; exact → {fate.get('exact', {})}", flush=True)
         return row
+
+    def worker_ratio(report: dict, files: list[Path], engine: str) -> dict:
+        """Wall times of the same build with 1 worker and with ``workers``, alternating, ``--worker-ratio``
+        rounds each; the ratio of the medians (ideal: the number of workers, at most the cores)."""
+        walls: dict[int, list[float]] = {1: [], workers: []}
+        for _ in range(args.worker_ratio):
+            for n in (1, workers):
+                walls[n].append(build(engine, report, files, "mixed", n, record=False)["wall_s"])
+        med = {n: statistics.median(v) for n, v in walls.items()}
+        ratio = med[1] / med[workers]
+        print(f"  1 → {workers} workers at {report['docs']:,} documents: {med[1]:,.1f} s → {med[workers]:,.1f} s "
+              f"(medians of {args.worker_ratio}), ratio {ratio:.2f} (ideal {min(workers, os.cpu_count() or 1)})",
+              flush=True)
+        return {"docs": report["docs"], "walls_s": walls, "ratio": ratio}
 
     try:
         for size in args.sizes:
             report, files = crawl_for(size, args.html_share, "mixed")
             for engine in engines:
                 build(engine, report, files, "mixed")
+            if size == max(args.sizes) and args.worker_ratio:
+                result["worker_ratio"] = worker_ratio(report, files, engines[0])
             if args.crawl_dir is None:
                 shutil.rmtree(files[0].parent.parent, ignore_errors=True)
-        calibration: dict[str, dict[str, dict]] = {e: {} for e in engines}
-        if calibrate:
-            for ctype, share in (("html", 1.0), ("text", 0.0)):
-                report, files = crawl_for(calibrate, share, ctype)
+        calibration: dict[str, dict[str, list[dict]]] = {e: {} for e in engines}
+        for ctype, share in (("html", 1.0), ("text", 0.0)) if calibrate else ():
+            for size in calibrate:
+                report, files = crawl_for(size, share, ctype)
                 for engine in engines:
-                    calibration[engine][ctype] = build(engine, report, files, ctype)
+                    calibration[engine].setdefault(ctype, []).append(build(engine, report, files, ctype))
                 if args.crawl_dir is None:
                     shutil.rmtree(files[0].parent.parent, ignore_errors=True)
     finally:
@@ -926,7 +978,7 @@ def run(argv: list[str] | None = None) -> dict:
         result["estimates"][engine] = est
         print_estimates(engine, est)
         exponents = pass_exponents(rows)
-        cal = calibration[engine] or ({"mixed": max(rows, key=lambda r: r["docs"])} if rows else {})
+        cal = calibration[engine] or ({"mixed": rows} if rows else {})
         ext = extrapolate(cal, slopes, args.machines, args.cores_per_machine, exponents)
         result["extrapolation"][engine] = ext
         print_extrapolation(engine, ext, args.machines)

@@ -36,7 +36,7 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from flows.registry import stage_names
+from flows.registry import check_stage_options, stage_names
 from flows.runlog import run_log_path, write_traceback
 from infra.errors import PretrainError
 from infra.runs import RUNS_ENV, TRACKING_ENV, RunsLayout
@@ -234,6 +234,7 @@ def run(
 
     stop = StopSignals()  # SIGINT and SIGTERM unwind the run as KeyboardInterrupt; the old handlers come back after
     try:
+        check_stage_options(refresh, until)  # a misspelt stage fails before the config's imports
         cfg = load_config(config)
         from infra.warehouse import Warehouse
 

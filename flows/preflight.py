@@ -13,11 +13,10 @@ from typing import Iterable
 
 from flows.config import ExperimentConfig
 from evals.cloze import cloze_files
-from flows.registry import stage_names
+from flows.registry import check_stage_options
 from infra.threads import thread_policy
 from flows.gates import check_gate
 from infra.errors import ConfigError
-from infra.section import did_you_mean
 from infra.warehouse import Warehouse
 from tasks.sources.deb import resolve_debs
 from tasks.sources.read import match_files
@@ -26,17 +25,7 @@ from tasks.sources.read import match_files
 def preflight(cfg: ExperimentConfig, refresh: Iterable[str] = (), warehouse: Warehouse | None = None, *,
               until: str | None = None) -> None:
     """Raise ``ConfigError``/``SourceError``/``GateError`` naming the problem; return silently when the run can start."""
-    STAGE_NAMES = stage_names()
-    unknown = sorted(set(refresh) - set(STAGE_NAMES))
-    if unknown:
-        raise ConfigError(f"--refresh {unknown}: unknown stage; {did_you_mean(unknown[0], list(STAGE_NAMES))}"
-                          f"choose from {list(STAGE_NAMES)}")
-    if until is not None and until not in STAGE_NAMES:
-        raise ConfigError(f"--until {until!r}: unknown stage; {did_you_mean(until, list(STAGE_NAMES))}choose from "
-                          f"{list(STAGE_NAMES)}")
-    if until is not None and set(refresh) - set(STAGE_NAMES[: STAGE_NAMES.index(until) + 1]):
-        late = sorted(set(refresh) - set(STAGE_NAMES[: STAGE_NAMES.index(until) + 1]))
-        raise ConfigError(f"--refresh {late} comes after --until {until}, so it would not run; drop one of them")
+    check_stage_options(refresh, until)
     cloze_files(cfg.gate.cloze_paths)
     thread_policy(cfg.torch_threads)  # an exported OMP_NUM_THREADS/OMP_WAIT_POLICY that OpenMP cannot use
     for name, source in cfg.sources.items():

@@ -6,6 +6,8 @@ A new stage is a package under ``tasks/`` exporting a ``STAGE`` (``infra.stage.S
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from infra.stage import Stage
 from tasks.ablation.definition import STAGE as quality_ablation
 from tasks.branches.definition import STAGE as branches
@@ -58,6 +60,29 @@ def register(stage: Stage, *, after: str) -> None:
 
 def stage_names() -> tuple[str, ...]:
     return tuple(s.name for s in STAGES)
+
+
+def check_stage_options(refresh: Iterable[str] = (), until: str | None = None) -> None:
+    """Check ``--refresh`` and ``--until`` stage names (before any heavy import, so a typo fails at once).
+
+    Raises:
+        ConfigError: an unknown name (with a did-you-mean and the stage list), or a refreshed stage after
+            ``until``.
+    """
+    from infra.errors import ConfigError
+    from infra.section import did_you_mean
+
+    names = stage_names()
+    unknown = sorted(set(refresh) - set(names))
+    if unknown:
+        raise ConfigError(f"--refresh {unknown}: unknown stage; {did_you_mean(unknown[0], list(names))}"
+                          f"choose from {list(names)}")
+    if until is not None and until not in names:
+        raise ConfigError(f"--until {until!r}: unknown stage; {did_you_mean(until, list(names))}choose from "
+                          f"{list(names)}")
+    if until is not None and set(refresh) - set(names[: names.index(until) + 1]):
+        late = sorted(set(refresh) - set(names[: names.index(until) + 1]))
+        raise ConfigError(f"--refresh {late} comes after --until {until}, so it would not run; drop one of them")
 
 
 def get_stage(name: str) -> Stage:

@@ -55,3 +55,9 @@ class DiskFullError(PretrainError, OSError):
 class RayHeadLostError(PretrainError):
     """The head of the Ray cluster a stage ran its shard calls on stopped answering (its GCS is gone): names the
     address and what to do."""
+
+
+class ShardCallError(PretrainError):
+    """A call of a stage's shard or partition pass failed on every attempt it was given
+    (``infra.execution.ExecutionConfig.retries``): names the pass, the call (partition or shard) and the attempts;
+    ``__cause__`` is the last attempt's error."""

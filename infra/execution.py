@@ -48,6 +48,12 @@ class ExecutionConfig(Section):
         recycle_after: shard calls a worker process runs before a fresh process replaces it (``processes``: a new
             pool after every ``recycle_after × workers`` calls; ``ray``: Ray's ``max_calls``), so a worker's memory
             does not creep with the number of shards; 0 = never replaced.
+        retries: times a failed shard or partition call is run again before the stage fails (a worker killed for
+            memory, a lost node, a transient read error). A ``PretrainError`` raised by the call itself (bad input,
+            named with its fix) is not retried. On ``processes`` and ``threads`` these are Prefect task retries (a
+            worker process that died is replaced first); on ``ray`` the call is resubmitted, and Ray's own
+            ``max_retries`` still covers a worker or node lost under it. Once spent, the stage fails with a
+            ``ShardCallError`` naming the pass, the partition or shard, and the attempts.
 
     Raises:
         ConfigError: the old ``task_runner`` key (names what to write instead), ``engine = "ray"`` without the
@@ -58,6 +64,7 @@ class ExecutionConfig(Section):
     workers: int = Field(default=2, ge=0)
     address: str = "auto"
     recycle_after: int = Field(default=16, ge=0)
+    retries: int = Field(default=2, ge=0)
 
     @model_validator(mode="before")
     @classmethod

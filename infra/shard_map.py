@@ -12,8 +12,10 @@ A stage function receives a ``shard_map(fn, calls, label)`` and never imports Pr
   the stage itself stays one Prefect task. Every node must see the runs folder at the same path.
 
 ``fn`` must be a module-level function and its keyword arguments picklable (strings and numbers); every engine
-returns the results in call order and, when calls fail, raises the first failure in call order once the other
-submitted calls have finished, so no shard is left half-written by a call still running.
+returns the results in call order. A failed call is run again up to ``retries`` times, unless it raised a
+``PretrainError`` (bad input, which a retry cannot fix); once its attempts are spent, the map raises the first
+failure in call order, as a ``ShardCallError`` naming the call, after the other submitted calls have finished, so
+no shard is left half-written by a call still running.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from infra.errors import ConfigError, RayHeadLostError
+from infra.errors import ConfigError, PretrainError, RayHeadLostError, ShardCallError
 from infra.execution import ENGINES, RAY_INSTALL_HINT, ExecutionConfig
 from infra.threads import thread_policy, worker_environment
 
@@ -43,6 +45,40 @@ ShardMap = Callable[[Callable[..., Any], list[dict[str, Any]], str], list[Any]]
 
 def sequential_map(fn: Callable[..., Any], calls: list[dict[str, Any]], label: str) -> list[Any]:
     return [fn(**kwargs) for kwargs in calls]
+
+
+def retriable(err: BaseException) -> bool:
+    """Whether a failed call is worth another attempt: any exception but a ``PretrainError`` (bad input, named with
+    its fix, fails the same way every time)."""
+    return isinstance(err, Exception) and not isinstance(err, PretrainError)
+
+
+def call_failed(label: str, index: int, n_calls: int, kwargs: dict[str, Any], err: BaseException,
+                attempts: int) -> BaseException:
+    """The error a map raises for call ``index`` that failed with ``err`` on its last of ``attempts``: ``err`` itself
+    when it is a ``PretrainError`` (its message is already the one to show), else a :class:`ShardCallError` naming
+    the pass, the call's partition (``part``), shard (``shard``) or output folder, and the attempts."""
+    if isinstance(err, PretrainError) or not isinstance(err, Exception):
+        return err
+    if isinstance(kwargs.get("part"), int):
+        what = f"partition {kwargs['part']}"
+    elif isinstance(kwargs.get("shard"), int):
+        what = f"shard {kwargs['shard']}"
+    else:
+        out = kwargs.get("out_dir") or kwargs.get("out_path")
+        what = f"output {Path(out).name}" if out else "no partition or shard"
+    times = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+    message = " ".join(str(err).split()) or "(no message)"
+    wrapped = ShardCallError(f"{label}: call {index + 1} of {n_calls} ({what}) failed after {times}: "
+                             f"{type(err).__name__}: {message[:2000]}")
+    wrapped.__cause__ = err  # the traceback in the run log goes down to the call's own
+    return wrapped
+
+
+def _retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's ``retry_condition_fn``: retry unless the failed state holds a ``PretrainError``."""
+    err = getattr(state, "data", None)
+    return not isinstance(err, BaseException) or retriable(err)
 
 
 def _run_here(f: Callable[..., Any], kw: dict[str, Any]) -> Any:
@@ -106,7 +142,8 @@ class RecyclingPool:
     submitted calls, so no worker process lives through more than about ``recycle_after`` shards.
 
     A long-lived worker's memory creeps with the shards it has run (allocator fragmentation, library caches); a
-    fresh process starts from the forkserver's preloaded image. The replaced pool finishes the calls it was given and
+    fresh process starts from the forkserver's preloaded image. A pool broken by a worker that died is replaced at
+    the next submit, so a retried call runs in a fresh pool. The replaced pool finishes the calls it was given and
     its processes then exit. ``ProcessPoolExecutor(max_tasks_per_child=...)`` would do the same per process but can
     hang the pool on Python 3.11. At most ``workers`` calls are in flight across the pools: :meth:`submit` blocks
     until one finishes, so a replaced pool's calls never run beside a full new pool. Safe to submit from several
@@ -129,7 +166,12 @@ class RecyclingPool:
             with self._lock:
                 if self._terminated:
                     raise BrokenProcessPool("the pool was terminated: the run is stopping")
-                if self.recycle_after and self._submitted >= self.recycle_after * self.workers:
+                if getattr(self._pool, "_broken", False):  # a worker died (killed for memory): its calls failed
+                    self._pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = process_pool(self.workers, self.fn)
+                    self._submitted = 0
+                    self.pools_started += 1
+                elif self.recycle_after and self._submitted >= self.recycle_after * self.workers:
                     self._pool.shutdown(wait=False)  # its running calls finish; then its processes exit
                     self._retired.append(self._pool)
                     self._pool = process_pool(self.workers, self.fn)
@@ -182,22 +224,33 @@ def process_map(workers: int, recycle_after: int = 0) -> ShardMap:
 
 
 def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | None = None,
-                      recycle_after: int = 0) -> ShardMap:
+                      recycle_after: int = 0, retries: int = 0) -> ShardMap:
     """A shard map running each call as a Prefect task on the ``kind`` engine (sequential, threads or processes)
     with ``workers`` slots; ``processes`` runs the work in a :class:`RecyclingPool` (``recycle_after`` calls per
-    worker process, 0 = never replaced).
+    worker process, 0 = never replaced). A failed call is retried ``retries`` times (Prefect's task retries;
+    a loop for ``sequential``) unless it raised a ``PretrainError``.
 
     ``on_done`` is called (in the submitting thread) after each finished shard, for progress bars.
 
     Raises:
         ConfigError: ``kind`` is unknown.
-        Exception: the first shard failure, re-raised after the other submitted shards finish.
+        ShardCallError: the first call in call order whose attempts all failed, raised after the other submitted
+            calls finish (its ``__cause__`` is the call's last error).
+        PretrainError: the first such call raised one itself (not retried).
     """
     if kind == "sequential":
         def run_sequential(fn, calls, label):
             results = []
-            for kwargs in calls:
-                results.append(fn(**kwargs))
+            for i, kwargs in enumerate(calls):
+                for attempt in range(retries + 1):
+                    try:
+                        results.append(fn(**kwargs))
+                        break
+                    except Exception as err:
+                        if attempt == retries or not retriable(err):
+                            raise call_failed(label, i, len(calls), kwargs, err, attempt + 1)
+                        log.warning("%s: call %d of %d failed (%s: %s); attempt %d of %d", label, i + 1,
+                                    len(calls), type(err).__name__, err, attempt + 2, retries + 1)
                 if on_done:
                     on_done()
             return results
@@ -216,17 +269,19 @@ def prefect_shard_map(kind: str, workers: int, on_done: Callable[[], None] | Non
             pool = RecyclingPool(workers, fn, recycle_after)
         try:
             body = (lambda f, kw: _run_in(pool, f, kw)) if pool is not None else _run_here
-            shard_task = task(body, name=label, cache_policy=NO_CACHE, persist_result=False)
+            shard_task = task(body, name=label, cache_policy=NO_CACHE, persist_result=False, retries=retries,
+                              retry_delay_seconds=0, retry_condition_fn=_retry_unless_bad_input)
             with _task_runner(kind, workers) as runner:
                 try:
                     futures = [runner.submit(shard_task.with_options(task_run_name=f"{label}-{i}"),
                                              {"f": fn, "kw": kwargs}) for i, kwargs in enumerate(calls)]
                     results, first_error = [], None
-                    for future in futures:
+                    for i, future in enumerate(futures):
                         try:
                             results.append(future.result())
                         except Exception as err:  # wait for the others so no shard is left half-written
-                            first_error = first_error or err
+                            attempts = retries + 1 if retriable(err) else 1
+                            first_error = first_error or call_failed(label, i, len(calls), calls[i], err, attempts)
                             results.append(None)
                         if on_done:
                             on_done()
@@ -425,7 +480,7 @@ class HeadWatch:
 
 
 def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], None] | None = None,
-                  record: Path | None = None, recycle_after: int = 0) -> ShardMap:
+                  record: Path | None = None, recycle_after: int = 0, retries: int = 0) -> ShardMap:
     """A shard map running each call as a Ray task (``num_cpus=1``) with at most ``workers`` in flight.
 
     Each map call connects with ``ray.init(address=...)`` unless Ray is already initialised in this process, and
@@ -442,12 +497,15 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
             host, worker pid and seconds.
         recycle_after: calls a Ray worker process runs before it exits and Ray starts a fresh one (Ray's
             ``max_calls``; 0 = Ray's default for tasks, reuse).
+        retries: times a call that raised is submitted again (not for a ``PretrainError``); a worker or node lost
+            under a call is Ray's own ``max_retries``.
 
     Raises:
         ConfigError: the ray package is missing, or no cluster answers at ``address``.
-        Exception: the first failed call's own exception (in call order), raised after every submitted call has
-            finished; no further calls are submitted after a failure. The Ray error with the remote traceback is
-            its ``__cause__``.
+        ShardCallError: the first call (in call order) whose attempts all failed, raised after every submitted
+            call has finished; no further calls are submitted after a failure. Its ``__cause__`` is the call's own
+            exception, whose ``__cause__`` is the Ray error with the remote traceback.
+        PretrainError: the first failed call raised one itself (not retried).
         RayHeadLostError: the head's GCS stopped answering for ``HeadWatch.lost_after_s`` while calls were in
             flight (the calls are not cancelled: the cluster is gone).
     """
@@ -474,7 +532,7 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
             if started and _SCOPES:  # the scope shuts it down, after the stage's last map
                 _SCOPES[-1], started = True, False
             restore_sigterm()
-            return _run_tasks(ray, fn, calls, label, workers, on_done, record, recycle_after)
+            return _run_tasks(ray, fn, calls, label, workers, on_done, record, recycle_after, retries)
         finally:
             if started:
                 ray.shutdown()
@@ -484,7 +542,8 @@ def ray_shard_map(workers: int, address: str = "auto", on_done: Callable[[], Non
 
 
 def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], label: str, workers: int,
-               on_done: Callable[[], None] | None, record: Path | None, recycle_after: int = 0) -> list[Any]:
+               on_done: Callable[[], None] | None, record: Path | None, recycle_after: int = 0,
+               retries: int = 0) -> list[Any]:
     limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     # max_calls is a ray.remote argument only (Ray refuses it in .options()).
     task = ray.remote(max_calls=recycle_after)(_call_on_node) if recycle_after else ray.remote(_call_on_node)
@@ -493,6 +552,8 @@ def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], la
     failures: dict[int, tuple[BaseException, BaseException]] = {}
     pending: dict[Any, int] = {}
     nodes: Counter[str] = Counter()
+    attempts: Counter[int] = Counter()
+    again: list[int] = []  # failed calls to run once more (retries left, not bad input)
     submitted = 0
     try:
         gcs = ray.get_runtime_context().gcs_address
@@ -500,12 +561,17 @@ def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], la
         gcs = ""
     head = HeadWatch(gcs, label)
     try:
-        while pending or (submitted < len(calls) and not failures):
-            while submitted < len(calls) and len(pending) < limit and not failures:
-                ref = task.options(num_cpus=1, runtime_env=runtime_env,
-                                   name=f"{label}-{submitted}").remote(fn, calls[submitted])
-                pending[ref] = submitted
-                submitted += 1
+        while pending or again or (submitted < len(calls) and not failures):
+            while (again or submitted < len(calls)) and len(pending) < limit and not failures:
+                if again:
+                    i = again.pop(0)
+                else:
+                    i, submitted = submitted, submitted + 1
+                attempts[i] += 1
+                ref = task.options(num_cpus=1, runtime_env=runtime_env, name=f"{label}-{i}").remote(fn, calls[i])
+                pending[ref] = i
+            if not pending:  # a failure stopped new submissions and nothing is left in flight
+                break
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEAD_POLL_S)
             if not ready:  # nothing finished meanwhile: is the head still there?
                 head.check()
@@ -516,8 +582,13 @@ def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], la
                 results[i], where = ray.get(ref)
             except ray.exceptions.RayTaskError as err:
                 cause = err.cause if isinstance(err.cause, BaseException) else err
+                if attempts[i] <= retries and retriable(cause) and not failures:
+                    log.warning("%s: call %d of %d failed (%s: %s); attempt %d of %d", label, i + 1, len(calls),
+                                type(cause).__name__, cause, attempts[i] + 1, retries + 1)
+                    again.append(i)
+                    continue
                 failures[i] = (cause, err)
-            except ray.exceptions.RayError as err:  # the worker or its node died: with the head?
+            except ray.exceptions.RayError as err:  # the worker or its node died, past Ray's own retries: the head?
                 head.confirm()
                 failures[i] = (err, err)
             else:
@@ -535,8 +606,11 @@ def _run_tasks(ray: Any, fn: Callable[..., Any], calls: list[dict[str, Any]], la
         raise
     log.info("%s: %d calls on %d Ray node(s) %s", label, len(calls), len(nodes), dict(nodes))
     if failures:
-        cause, err = failures[min(failures)]
-        raise cause from (err if err is not cause else None)
+        first = min(failures)
+        cause, err = failures[first]
+        if cause is not err and cause.__cause__ is None:
+            cause.__cause__ = err  # the remote traceback
+        raise call_failed(label, first, len(calls), calls[first], cause, attempts[first])
     return results
 
 
@@ -559,9 +633,9 @@ def shard_map_for(execution: ExecutionConfig, on_done: Callable[[], None] | None
     """
     if execution.engine == "ray":
         return ray_shard_map(execution.workers, execution.address, on_done=on_done, record=record,
-                             recycle_after=execution.recycle_after)
+                             recycle_after=execution.recycle_after, retries=execution.retries)
     return prefect_shard_map(execution.engine, execution.workers, on_done=on_done,
-                             recycle_after=execution.recycle_after)
+                             recycle_after=execution.recycle_after, retries=execution.retries)
 
 
 def sequential_map_for(execution: ExecutionConfig, on_done: Callable[[], None] | None = None,

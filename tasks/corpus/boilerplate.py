@@ -6,6 +6,11 @@ differs. A unit (a line, or a paragraph of two or more lines) is keyed by the xx
 "Notes") are left alone. Counting is over distinct documents (a unit repeated inside one page counts once, and
 identical pages count once, so exact dedup keeps one of them) across all shards, so the decision is the same whatever
 the shard size.
+
+A frequent unit is cut from every document but its first occurrence in corpus order (and that document's identical
+copies, which exact dedup then removes), as C4 keeps one of each repeated span (Raffel et al., 2020) and Dolma one of
+each repeated paragraph (Soldaini et al., 2024). Without that exception a page with ten near copies loses its own
+body as "boilerplate": its lines are in eleven documents.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import xxhash
 from tasks.corpus.normalise import normal_form
 
 COUNT_COLUMNS = ["unit_hash", "n_docs", "example"]
-OCCURRENCE_COLUMNS = ["unit_hash", "doc_hash"]
+OCCURRENCE_COLUMNS = ["unit_hash", "doc_hash", "row"]
 EXAMPLE_COLUMNS = ["unit_hash", "example"]
 
 
@@ -55,53 +60,73 @@ def count_units(texts: Iterable[str], min_chars: int) -> tuple[pd.DataFrame, pd.
     """Which units occur in which distinct documents of ``texts``.
 
     Returns:
-        (``OCCURRENCE_COLUMNS``: one row per distinct (unit hash, document hash) — identical documents share a
-        document hash, so 30 copies of one page count as one document and exact dedup, not boilerplate removal,
-        decides their fate; ``EXAMPLE_COLUMNS``: one example text per unit, at most 200 characters).
+        (``OCCURRENCE_COLUMNS``: one row per distinct (unit hash, document hash) with the row in ``texts`` of the
+        first such document — identical documents share a document hash (:func:`doc_hash`), so 30 copies of one page
+        count as one document and exact dedup, not boilerplate removal, decides their fate; ``EXAMPLE_COLUMNS``: one
+        example text per unit, at most 200 characters).
     """
-    pairs: set[tuple[int, int]] = set()
+    pairs: dict[tuple[int, int], int] = {}
     examples: dict[int, str] = {}
-    for text in texts:
+    for row, text in enumerate(texts):
         keys = unit_keys(text, min_chars)
         if not keys:
             continue
-        doc = xxhash.xxh3_64_intdigest(normal_form(text).encode("utf-8"))
-        pairs.update((key, doc) for key in keys)
+        doc = doc_hash(text)
+        for key in keys:
+            pairs.setdefault((key, doc), row)
         for key, unit in keys.items():
             examples.setdefault(key, unit[:200])
-    flat = np.array(sorted(pairs), dtype=np.uint64).reshape(-1, 2)
-    occurrences = pd.DataFrame({"unit_hash": flat[:, 0], "doc_hash": flat[:, 1]}, columns=OCCURRENCE_COLUMNS)
+    ordered = sorted(pairs)
+    flat = np.array(ordered, dtype=np.uint64).reshape(-1, 2)
+    occurrences = pd.DataFrame({"unit_hash": flat[:, 0], "doc_hash": flat[:, 1],
+                                "row": np.array([pairs[k] for k in ordered], dtype=np.int32)},
+                               columns=OCCURRENCE_COLUMNS)
     example_frame = pd.DataFrame({"unit_hash": np.fromiter(examples, dtype=np.uint64, count=len(examples)),
                                   "example": pd.array(list(examples.values()), dtype="string")},
                                  columns=EXAMPLE_COLUMNS)
     return occurrences, example_frame
 
 
+def doc_hash(text: str) -> int:
+    """The xxh3-64 hash of a document's normal form: what makes two documents one in the counts."""
+    return xxhash.xxh3_64_intdigest(normal_form(text).encode("utf-8"))
+
+
 def frequent_units(occurrences: pd.DataFrame, examples: pd.DataFrame, min_docs: int) -> pd.DataFrame:
     """Units in at least ``min_docs`` distinct documents (``COUNT_COLUMNS``), most frequent first; the inputs may
     stack several shards' :func:`count_units` outputs."""
-    n_docs = occurrences.drop_duplicates().groupby("unit_hash").size().rename("n_docs")
+    n_docs = occurrences.drop_duplicates(["unit_hash", "doc_hash"]).groupby("unit_hash").size().rename("n_docs")
     first = examples.drop_duplicates("unit_hash").set_index("unit_hash")["example"]
     frame = n_docs[n_docs >= min_docs].to_frame().join(first).reset_index()
     return frame.sort_values(["n_docs", "unit_hash"], ascending=[False, True], ignore_index=True)[COUNT_COLUMNS]
 
 
-def strip_units(texts: Sequence[str], frequent: set[int], min_chars: int) -> tuple[list[str], list[int]]:
+def strip_units(texts: Sequence[str], frequent: set[int] | dict[int, int],
+                min_chars: int) -> tuple[list[str], list[int]]:
     """Remove frequent paragraphs, then frequent lines, from each text.
+
+    ``frequent``: the unit hashes to cut; a dict maps each to the :func:`doc_hash` of its first occurrence in
+    corpus order, a document (and its identical copies) that keeps it.
 
     Returns:
         (texts with those units cut and blank runs squeezed, number of lines removed per text).
     """
     if not frequent:
         return list(texts), [0] * len(texts)
+    keeper = frequent if isinstance(frequent, dict) else {}
     out, removed = [], []
     for text in texts:
         kept_paragraphs, n_removed = [], 0
+        own = doc_hash(text) if keeper else None
+
+        def cut(key: int | None) -> bool:
+            return key in frequent and (own is None or keeper.get(key) != own)
+
         for lines in _paragraphs(text):
-            if len(lines) > 1 and _key("\n".join(lines), min_chars) in frequent:
+            if len(lines) > 1 and cut(_key("\n".join(lines), min_chars)):
                 n_removed += len(lines)
                 continue
-            kept = [ln for ln in lines if _key(ln, min_chars) not in frequent]
+            kept = [ln for ln in lines if not cut(_key(ln, min_chars))]
             n_removed += len(lines) - len(kept)
             if kept:
                 kept_paragraphs.append("\n".join(kept))

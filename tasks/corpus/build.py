@@ -62,7 +62,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from evals.contamination import EvalIndex, EvalItem
-from infra.atomic import atomic_dir, atomic_file, atomic_write_text
+from infra.atomic import atomic_dir, atomic_file, atomic_write_text, temp_path
 from infra.errors import DataError
 from infra.memory import release_memory
 from infra.shard_map import ShardMap, sequential_map
@@ -171,13 +171,13 @@ def build_corpus(docs: pd.DataFrame, cfg: CorpusConfig, *, eval_items: Sequence[
                   quality_model=quality_model)
 
 
-def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
+def split_sources(files: Sequence[Path], work: Path, shard_docs: int, memory_limit: str = "256MB") -> int:
     """Plan the input shards: ``shard_docs`` consecutive documents each, in corpus order over ``files`` (raw-document
     Parquet files), written to ``work/shards.json`` as (file, first row, rows) slices; returns the shard count.
 
     Nothing is copied: each filter worker reads its slice from the files (only the row groups it overlaps), so no
     serial pass over the corpus's bytes remains in the main process. Repeated ``doc_id`` values are found by
-    DuckDB over the files (out of core). Skipped when a previous run finished planning.
+    DuckDB over the files, out of core under ``memory_limit``. Skipped when a previous run finished planning.
 
     Raises:
         DataError: a required column is missing or ``doc_id`` values repeat.
@@ -188,7 +188,7 @@ def split_sources(files: Sequence[Path], work: Path, shard_docs: int) -> int:
     files = [Path(f) for f in files]
     for f in files:
         _check_columns(pq.ParquetFile(f).schema_arrow.names, f)
-    _check_unique_ids(files, work)
+    _check_unique_ids(files, work, memory_limit)
     counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
     shards: list[list[tuple[str, int, int]]] = []
     current: list[tuple[str, int, int]] = []
@@ -248,7 +248,7 @@ def _check_columns(columns: Sequence[str], where: Path | None = None) -> None:
         raise DataError(f"corpus input {where or ''} lacks columns {missing}; pass the sources stage's documents")
 
 
-def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB",
+def _duckdb(work: Path, name: str | None = None, memory_limit: str = "256MB",
             fresh: bool = True) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection whose memory is capped and whose spill files go under ``work`` (a file database when
     ``name`` is given, so its tables are buffer-managed on disk too; ``fresh`` removes an earlier one first), with
@@ -271,11 +271,11 @@ def _duckdb(work: Path, name: str | None = None, memory_limit: str = "1GB",
     return con
 
 
-def _check_unique_ids(files: Sequence[Path], work: Path) -> None:
+def _check_unique_ids(files: Sequence[Path], work: Path, memory_limit: str) -> None:
     if not files:
         return
     work.mkdir(parents=True, exist_ok=True)
-    with _duckdb(work) as con:
+    with _duckdb(work, memory_limit=memory_limit) as con:
         repeated = con.execute("SELECT doc_id FROM read_parquet(?) GROUP BY doc_id HAVING count(*) > 1 "
                                "ORDER BY doc_id LIMIT 3", [[str(f) for f in files]]).fetchall()
     if repeated:
@@ -339,7 +339,7 @@ def curate(work: Path, out: Path, cfg: CorpusConfig, *, eval_items: Sequence[Eva
                                  for p in range(n_parts))
     shard_pass("shingle", shingle_shard, [dict(keyed_dir=str(work / "keyed" / name), candidates=str(cand_dir),
                                                n_parts=n_parts, shard=i, out_dir=str(work / "shingles" / name),
-                                               cfg_json=cfg_json)
+                                               cfg_json=cfg_json, filtered_dir=str(work / "filtered" / name))
                                           for i, name in enumerate(names)] if near_on else [])
     shard_pass("verify", verify_shard, [dict(candidates=str(cand_dir), n_parts=n_parts, shard=i,
                                              work=str(work), names=",".join(names),
@@ -430,13 +430,16 @@ def _frequent(work: Path, cfg: CorpusConfig, names: list[str],
     shard_pass("boilerplate", count_partition, [dict(work=str(work), names=",".join(names), part=p, n_parts=n_parts,
                                                      min_docs=cfg.boilerplate.min_docs,
                                                      out_dir=str(folder / f"{p:05d}")) for p in range(n_parts)])
-    # Only the frequent units come back here: O(boilerplate units), not O(documents).
-    counts = pd.concat([pd.read_parquet(folder / f"{p:05d}" / "counts.parquet") for p in range(n_parts)],
-                       ignore_index=True)
-    counts = counts.sort_values(["n_docs", "unit_hash"], ascending=[False, True], ignore_index=True)
-    with atomic_file(path) as f:
-        counts[COUNT_COLUMNS].astype({"unit_hash": "uint64", "n_docs": "int64"}).to_parquet(f, index=False)
-    return len(counts)
+    # The partitions' frequent units, most frequent first, sorted by DuckDB under the memory limit (spilling
+    # past it): a page family's lines are frequent units too, so their number grows with the corpus.
+    files = [str(folder / f"{p:05d}" / "counts.parquet") for p in range(n_parts)]
+    tmp = temp_path(path)
+    with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
+        con.execute(f"COPY (SELECT unit_hash::UBIGINT AS unit_hash, n_docs::BIGINT AS n_docs, example "
+                    f"FROM read_parquet(?) ORDER BY n_docs DESC, unit_hash) TO '{tmp}' (FORMAT parquet)", [files])
+        n_units = int(con.execute("SELECT count(*) FROM read_parquet(?)", [files]).fetchone()[0])
+    os.replace(tmp, path)  # a killed run leaves the old table or none, never half of one
+    return n_units
 
 
 def _partitions_folder(work: Path, cfg: CorpusConfig) -> Path:
@@ -448,7 +451,8 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
     """The global boilerplate count of one hash partition (units with ``unit_hash % n_parts == part``), read from
     every shard's filter output: ``counts.parquet`` (``COUNT_COLUMNS``: units in ``min_docs`` or more distinct
     documents, each with the example of its first shard in corpus order) and ``frequent.parquet`` (``shard``,
-    ``unit_hash``: which of them each shard contains, sorted by shard)."""
+    ``unit_hash``, ``keep_doc``: which of them each shard contains, sorted by shard, and the document hash of each
+    unit's first occurrence in corpus order, which keeps it)."""
 
     def write(tmp: Path) -> None:
         units, examples = [], []
@@ -456,16 +460,20 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
             folder = Path(work) / "filtered" / name
             if not (folder / "units.parquet").exists():
                 continue
-            occ = pd.read_parquet(folder / "units.parquet")
+            occ = partitioned.read_shard_file(folder / "units.parquet", part, name, folder, "filter")
             occ = occ[occ.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
             units.append(occ.assign(shard=np.int32(shard)))
-            ex = pd.read_parquet(folder / "unit_examples.parquet")
+            ex = partitioned.read_shard_file(folder / "unit_examples.parquet", part, name, folder, "filter")
             examples.append(ex[ex.unit_hash.to_numpy(dtype=np.uint64) % np.uint64(n_parts) == np.uint64(part)]
                             .assign(shard=np.int32(shard)))
         occurrences = pd.concat(units, ignore_index=True) if units else pd.DataFrame(
-            {"unit_hash": np.zeros(0, np.uint64), "doc_hash": np.zeros(0, np.uint64), "shard": np.zeros(0, np.int32)})
+            {"unit_hash": np.zeros(0, np.uint64), "doc_hash": np.zeros(0, np.uint64), "row": np.zeros(0, np.int32),
+             "shard": np.zeros(0, np.int32)})
         n_docs = occurrences.drop_duplicates(["unit_hash", "doc_hash"]).groupby("unit_hash").size()
         n_docs = n_docs[n_docs >= min_docs].rename("n_docs")
+        # The document that keeps each frequent unit: its first occurrence in corpus order (shard, then row).
+        keeper = (occurrences[occurrences.unit_hash.isin(n_docs.index)].sort_values(["shard", "row"], kind="stable")
+                  .drop_duplicates("unit_hash").set_index("unit_hash")["doc_hash"].rename("keep_doc"))
         first = (pd.concat(examples, ignore_index=True).sort_values("shard", kind="stable")
                  .drop_duplicates("unit_hash").set_index("unit_hash")["example"]) if examples else pd.Series(
             dtype="string")
@@ -474,7 +482,9 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
         counts.to_parquet(tmp / "counts.parquet", index=False)
         frequent = occurrences[occurrences.unit_hash.isin(counts.unit_hash)][["shard", "unit_hash"]]
         frequent = frequent.drop_duplicates().sort_values(["shard", "unit_hash"], ignore_index=True)
-        pq.write_table(pa.Table.from_pandas(frequent.astype({"shard": "int32", "unit_hash": "uint64"}),
+        frequent = frequent.join(keeper, on="unit_hash")
+        pq.write_table(pa.Table.from_pandas(frequent.astype({"shard": "int32", "unit_hash": "uint64",
+                                                             "keep_doc": "uint64"}),
                                             preserve_index=False), tmp / "frequent.parquet", row_group_size=65_536)
 
     done = _atomic_dir(Path(out_dir), write)
@@ -482,15 +492,16 @@ def count_partition(work: str, names: str, part: int, n_parts: int, min_docs: in
     return done
 
 
-def _shard_frequent(work: Path, cfg: CorpusConfig, shard: int) -> set[int]:
-    """The frequent units shard ``shard`` contains (every partition's ``frequent.parquet``, read by row groups of
-    that shard only)."""
+def _shard_frequent(work: Path, cfg: CorpusConfig, shard: int) -> dict[int, int]:
+    """The frequent units shard ``shard`` contains, each with the document hash of its first occurrence in corpus
+    order (every partition's ``frequent.parquet``, read by row groups of that shard only)."""
     folder = _partitions_folder(work, cfg)
     files = sorted(folder.glob("*/frequent.parquet")) if folder.is_dir() else []
-    found: set[int] = set()
+    found: dict[int, int] = {}
     for f in files:
-        table = pq.read_table(f, columns=["unit_hash"], filters=[("shard", "=", shard)])
-        found.update(table.column("unit_hash").to_numpy().astype(np.uint64).tolist())
+        table = pq.read_table(f, columns=["unit_hash", "keep_doc"], filters=[("shard", "=", shard)])
+        found.update(zip(table.column("unit_hash").to_numpy().astype(np.uint64).tolist(),
+                         table.column("keep_doc").to_numpy().astype(np.uint64).tolist()))
     return found
 
 
@@ -525,15 +536,18 @@ def key_shard(filtered_dir: str, out_dir: str, cfg_json: str, work: str, shard: 
                 ledger.remove(doc_id, source, "boilerplate", Reason(
                     "dedup.boilerplate", float(cut), float(cfg.boilerplate.min_docs),
                     f"all {cut} lines are boilerplate found in >= {cfg.boilerplate.min_docs} documents"))
-        docs = docs.loc[~np.array(emptied, dtype=bool)].reset_index(drop=True)
+        read_rows = np.flatnonzero(~np.array(emptied, dtype=bool)).astype(np.int32)
+        docs = docs.iloc[read_rows].reset_index(drop=True)
         ledger.count("boilerplate", before, docs)
+        # Near copies are found on the text as read: a family of copies shares the very lines the cut removes.
+        np.save(tmp / "read_rows.npy", read_rows)
         scores, keep, keep_p = _quality(docs, cfg, quality_model)
         docs = docs.assign(quality_score=scores)
         docs.to_parquet(tmp / "docs.parquet", index=False)
         removals, funnel = ledger.frames()
         removals.to_parquet(tmp / "removals.parquet", index=False)
         funnel.to_parquet(tmp / "funnel.parquet", index=False)
-        _keys(docs, cfg).assign(shard=np.int32(shard), quality_score=scores, quality_keep=keep,
+        _keys(docs, cfg, before.text.to_numpy()[read_rows].tolist()).assign(shard=np.int32(shard), quality_score=scores, quality_keep=keep,
                                 quality_keep_p=keep_p).to_parquet(tmp / "keys.parquet", index=False)
         hits = [(row, k, length, h) for row, text in enumerate(docs.text)
                 for k, (length, h) in enumerate(index.hits(text))]
@@ -559,9 +573,10 @@ def _quality(docs: pd.DataFrame, cfg: CorpusConfig, model_path: str) -> tuple[np
     return scores, np.asarray(keep, dtype=bool), np.asarray(keep_p, dtype=np.float64)
 
 
-def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
-    """Per document: its row, exact-dedup hash halves, characters and UTF-8 bytes, and the MinHash band keys
-    (uint64 per band)."""
+def _keys(docs: pd.DataFrame, cfg: CorpusConfig, read_texts: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per document: its row, exact-dedup hash halves, characters and UTF-8 bytes (of ``docs.text``, the text after
+    the boilerplate cut), and the MinHash band keys (uint64 per band) of ``read_texts``, the same documents' text
+    before the cut (default: ``docs.text``)."""
     digests = [xxhash.xxh3_128_intdigest(normal_form(t).encode("utf-8")) for t in docs.text]
     nd = cfg.near_dedup
     frame = pd.DataFrame({
@@ -576,7 +591,8 @@ def _keys(docs: pd.DataFrame, cfg: CorpusConfig) -> pd.DataFrame:
         "by_chars": _by_chars(docs.language.tolist()),
     })
     if nd.enabled and len(docs):
-        sigs, has = minhash.signatures(docs.text.tolist(), frame.by_chars.to_numpy(), nd)
+        texts = docs.text.tolist() if read_texts is None else list(read_texts)
+        sigs, has = minhash.signatures(texts, frame.by_chars.to_numpy(), nd)
         keys = minhash.band_keys(sigs, nd.bands, nd.rows)
     else:
         has = np.zeros(len(docs), dtype=bool)
@@ -693,8 +709,7 @@ def _load_info(con: duckdb.DuckDBPyConnection, work: Path, names: list[str]) -> 
     if files:
         con.execute("INSERT INTO info SELECT pos, shard, row, doc_id, source, n_chars, quality_score, "
                     "quality_keep_p FROM read_parquet(?)", [files])
-    funnels = [pd.read_parquet(work / "keyed" / name / "funnel.parquet") for name in names]
-    rows = pd.concat(funnels, ignore_index=True) if funnels else pd.DataFrame(columns=FUNNEL_COLUMNS)
+    rows = _read_funnels([work / "keyed" / name / "funnel.parquet" for name in names])
     rows = rows[rows.stage == "boilerplate"]
     totals = rows.groupby("source", as_index=False)[["docs_out", "chars_out"]].sum()
     totals = totals.rename(columns={"docs_out": "docs", "chars_out": "chars"})
@@ -711,18 +726,22 @@ def _read_partition(folder: Path, columns: list[str]) -> pd.DataFrame | None:
     return pd.concat([pd.read_parquet(f, columns=columns) for f in files], ignore_index=True) if files else None
 
 
-def shingle_shard(keyed_dir: str, candidates: str, n_parts: int, shard: int, out_dir: str, cfg_json: str) -> bool:
+def shingle_shard(keyed_dir: str, candidates: str, n_parts: int, shard: int, out_dir: str, cfg_json: str,
+                  filtered_dir: str) -> bool:
     """Pass 6 on one shard: the sorted shingle hashes of its candidate documents (named by every candidate
     partition), as three arrays (``rows.npy`` ascending, ``starts.npy`` of length rows + 1, ``hashes.npy`` uint64;
-    :class:`tasks.corpus.near_dedup.ShingleSets` by row)."""
+    :class:`tasks.corpus.near_dedup.ShingleSets` by row). Shingled, like the band keys, from the text before the
+    boilerplate cut (the filter pass's survivors, ``filtered_dir``)."""
     nd = CorpusConfig.model_validate_json(cfg_json).near_dedup
 
     def write(tmp: Path) -> None:
         rows = partitioned.shard_wanted(candidates, n_parts, shard)
-        docs = pd.read_parquet(Path(keyed_dir) / "docs.parquet", columns=["text", "language"])
-        texts = docs.text.to_numpy()[rows].tolist()
-        sets = near_dedup.shingle_sets(texts, rows, nd.shingle_size, _by_chars(docs.language.to_numpy()[rows].tolist()))
-        del docs, texts
+        language = pd.read_parquet(Path(keyed_dir) / "docs.parquet", columns=["language"]).language.to_numpy()
+        read_rows = np.load(Path(keyed_dir) / "read_rows.npy")[rows]
+        read = pq.read_table(Path(filtered_dir) / "survivors.parquet", columns=["text"]).column("text")
+        texts = read.take(pa.array(read_rows)).to_pylist()
+        sets = near_dedup.shingle_sets(texts, rows, nd.shingle_size, _by_chars(language[rows].tolist()))
+        del read, texts
         np.save(tmp / "rows.npy", sets.pos)
         np.save(tmp / "starts.npy", sets.starts)
         np.save(tmp / "hashes.npy", sets.hashes)
@@ -1253,18 +1272,28 @@ def _write_outputs(work: Path, names: list[str], out: Path, substring: bool = Fa
     if not names:
         pq.write_table(_KEPT_SCHEMA.empty_table(), out / KEPT_DIR / "part-00000.parquet")
         pq.write_table(_REMOVAL_SCHEMA.empty_table(), out / REMOVALS_DIR / "part-00000.parquet")
-    funnels = [pd.read_parquet(work / pass_ / name / "funnel.parquet")
-               for name in names for pass_ in ("filtered", "keyed")]
-    funnels.append(pd.read_parquet(work / "decisions" / "funnel.parquet"))
+    files = [work / pass_ / name / "funnel.parquet" for name in names for pass_ in ("filtered", "keyed")]
+    files.append(work / "decisions" / "funnel.parquet")
     if substring:
-        funnels.append(pd.read_parquet(work / "substring" / "funnel.parquet"))
+        files.append(work / "substring" / "funnel.parquet")
         shutil.copyfile(work / "substring" / "spans.parquet", out / "substring_spans.parquet")
-    funnel = pd.concat(funnels, ignore_index=True)
+    funnel = _read_funnels(files)
     funnel = funnel.groupby(["source", "stage"], sort=False, as_index=False).sum()
     order = {stage: i for i, stage in enumerate(ALL_STEPS)}
     funnel = funnel.sort_values(["source", "stage"], key=lambda s: s.map(order) if s.name == "stage" else s)
     funnel.reset_index(drop=True).to_parquet(out / "funnel.parquet", index=False)
     shutil.copyfile(work / "decisions" / "decontamination.parquet", out / "decontamination.parquet")
+
+
+def _read_funnels(files: Sequence[Path]) -> pd.DataFrame:
+    """The funnel rows (``FUNNEL_COLUMNS``) of ``files``, stacked in order: one multi-threaded pyarrow read rather
+    than a read per file, since the main process reads two per shard."""
+    if not files:
+        return pd.DataFrame(columns=FUNNEL_COLUMNS)
+    # One schema for all: a shard whose funnel is empty wrote untyped (null) columns.
+    schema = pa.schema([("source", pa.string()), ("stage", pa.string())]
+                       + [(c, pa.int64()) for c in FUNNEL_COLUMNS[2:]])
+    return pq.read_table([str(f) for f in files], schema=schema).to_pandas()
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -392,13 +392,14 @@ class CorpusExecutionConfig(ExecutionConfig):
     shard (a worker's memory is bounded by it, not by the corpus size). ``partitions``: hash partitions of the
     global passes run as tasks (boilerplate unit counts, exact-duplicate groups, LSH candidate pairs: each task
     reads its partition of every shard's output, so a task's memory is bounded by the corpus's units, documents or
-    band keys ÷ ``partitions``). ``memory_limit``: what the main process's DuckDB (the decisions over removed
-    documents and verified pairs) may hold in memory before it spills to the scratch folder, in DuckDB's notation
-    ("1GB", "512MB")."""
+    band keys ÷ ``partitions``). ``memory_limit``: what each DuckDB connection of the main process (the doc_id
+    check, the sort of the boilerplate table, the decisions over removed documents and verified pairs) may hold in
+    memory before it spills to the scratch folder, in DuckDB's notation ("256MB", "1GB"). Small by default: the
+    main process coordinates, and its memory should not grow with the corpus."""
 
     shard_docs: int = Field(default=2000, ge=1)
     partitions: int = Field(default=16, ge=1)
-    memory_limit: str = Field(default="1GB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+    memory_limit: str = Field(default="256MB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 
 
 class CorpusConfig(Section):

@@ -25,14 +25,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from infra.atomic import atomic_dir
+from infra.errors import DataError
 from tasks.corpus import near_dedup
 
-__all__ = ["candidate_partition", "exact_partition", "key_parts_folder", "shard_pairs", "shard_wanted", "split_keys"]
+__all__ = ["candidate_partition", "exact_partition", "key_parts_folder", "read_shard_file", "shard_pairs", "shard_wanted",
+           "split_keys"]
 
 _EXACT_COLUMNS = ["row", "h_hi", "h_lo", "quality_keep"]
 
@@ -76,12 +79,28 @@ def _read_part(work: Path, names: Sequence[str], n_parts: int, kind: str, part: 
     folder = key_parts_folder(work, n_parts)
     frames = []
     for shard, name in enumerate(names):
-        frame = pd.read_parquet(folder / name / f"{kind}-{part:05d}.parquet")
+        frame = read_shard_file(folder / name / f"{kind}-{part:05d}.parquet", part, name, folder / name,
+                                "key parts")
         frames.append(frame.assign(pos=offsets[shard] + frame.row.to_numpy(dtype=np.int64)))
     if not frames:
         columns = _EXACT_COLUMNS if kind == "exact" else ["band", "key", "row", "source", "by_chars"]
         return pd.DataFrame({c: [] for c in columns + ["pos"]})
     return pd.concat(frames, ignore_index=True)
+
+
+def read_shard_file(path: Path, part: int, shard: str, rebuilt: Path, by: str, **read: Any) -> pd.DataFrame:
+    """``pd.read_parquet(path, **read)`` for partition ``part``, naming shard ``shard`` when the file is missing or
+    unreadable: ``rebuilt`` is the shard's folder that the ``by`` pass writes again when it is removed.
+
+    Raises:
+        DataError: the file cannot be read (names the partition, the shard, the file and the fix).
+    """
+    try:
+        return pd.read_parquet(path, **read)
+    except Exception as err:
+        raise DataError(f"partition {part} cannot read shard {shard}'s file {path} ({type(err).__name__}: "
+                        f"{' '.join(str(err).split())[:300]}): remove {rebuilt} and run the same command again; "
+                        f"the {by} pass writes it again") from err
 
 
 def _open_partition(work: str, names: str, n_parts: int, kind: str, part: int,

@@ -39,7 +39,7 @@ def run(ctx: StageContext, cfg: CorpusConfig, *, eval_items: Sequence[EvalItem] 
     described = json.loads((src / "sources.json").read_text())
     work = ctx.scratch
     n_shards = split_sources([src / "docs" / f"{name}.parquet" for name in described], work,
-                             cfg.execution.shard_docs)
+                             cfg.execution.shard_docs, cfg.execution.memory_limit)
     # At most seven shard passes (filter, key, key parts, shingle, verify, lookup, write; shingle, verify and
     # lookup only where there are candidate pairs) and the partition tasks (exact, candidates, and the boilerplate
     # count when it is on): an upper bound, topped up at the end.

@@ -69,3 +69,22 @@ def test_h_is_help_and_version_prints_the_installed_version():
     assert CliRunner().invoke(app, ["run", "-h"]).exit_code == 0
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"pretrain {version('pretrain')}"
+
+
+def test_a_misspelt_stage_fails_before_the_config_is_read(monkeypatch, tmp_path):
+    """--until and --refresh names are checked before the config's imports: a typo fails with the did-you-mean,
+    exit 2, and nothing is read or created."""
+    import flows.cli as cli
+
+    def never(path):
+        raise AssertionError("the config was read before the stage names were checked")
+
+    monkeypatch.setattr(cli, "load_config", never)
+    for args in (["--until", "tokenzier"], ["--refresh", "corpsu"], ["--until", "corpus", "--refresh", "main"]):
+        result = CliRunner().invoke(cli.app, ["run", "configs/smoke.toml", "--runs-dir", str(tmp_path / "runs"),
+                                              *args])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: ConfigError: --"), result.output
+    assert "did you mean 'tokenizer'" in CliRunner().invoke(
+        cli.app, ["run", "configs/smoke.toml", "--until", "tokenzier"]).output
+    assert not (tmp_path / "runs").exists()

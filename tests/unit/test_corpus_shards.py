@@ -3,13 +3,14 @@
 import json
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from infra.errors import DataError
-from infra.shard_map import process_map, sequential_map
+from infra.shard_map import prefect_shard_map, process_map, sequential_map
 from tasks.corpus.boilerplate import count_units, frequent_units, strip_units
 from tasks.corpus.build import build_corpus, curate, filter_shard, split_sources
 from tasks.corpus.config import CorpusConfig
@@ -98,10 +99,12 @@ def test_copies_removed_across_shards(one_shard):
     assert "web/5" in kept.index and "web/7" in kept.index
 
 
-def test_boilerplate_cut_from_every_page(one_shard):
-    texts = one_shard.kept.text
-    assert not texts.str.contains("Sign in to your account", regex=False).any()
-    assert not texts.str.contains("Creative Commons", regex=False).any()
+def test_boilerplate_cut_from_every_page_but_its_first(one_shard):
+    kept = one_shard.kept.set_index("doc_id").text
+    # The first page holding the units keeps them (C4, Dolma); every later page loses them.
+    assert kept["web/0"].startswith(NAV) and kept["web/0"].endswith(LICENCE)
+    assert not kept.drop("web/0").str.contains("Sign in to your account", regex=False).any()
+    assert not kept.drop("web/0").str.contains("Creative Commons", regex=False).any()
     cut = one_shard.boilerplate.example.tolist()
     assert NAV in cut and LICENCE in cut
     assert (one_shard.kept.lines_dropped > 0).sum() >= 15
@@ -359,3 +362,94 @@ def test_a_resume_with_another_partition_count_gives_the_same_result(one_shard, 
     assert (work / "boilerplate_p3").is_dir() and (work / "boilerplate_p4").is_dir()
     for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
         pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(resumed, name))
+
+
+class Crash(Exception):
+    """The stand-in for a run killed mid-pass."""
+
+
+@pytest.mark.parametrize("label", ["corpus-boilerplate", "corpus-key parts", "corpus-exact", "corpus-candidates"])
+def test_a_crash_inside_a_partitioned_pass_resumes_to_the_same_result(one_shard, tmp_path, label):
+    """A run killed after some calls of one pass, with a torn temporary of the next call left behind: the rerun
+    skips the finished calls, clears the torn one and ends with the uninterrupted build's result."""
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 4})
+    docs = docs_frame(60)
+    docs.to_parquet(tmp_path / "docs.parquet", index=False)
+    work = tmp_path / "work"
+    split_sources([tmp_path / "docs.parquet"], work, 9)
+    torn: list = []
+
+    def crashing(fn, calls, name):
+        if name != label:
+            return [fn(**kw) for kw in calls]
+        assert len(calls) >= 3, (name, len(calls))
+        done = [fn(**kw) for kw in calls[:2]]
+        nxt = Path(calls[2].get("out_dir") or calls[2].get("out_path"))
+        tmp = nxt.parent / f".{nxt.name}.tmp-1-0badf00d"
+        tmp.mkdir(parents=True)
+        (tmp / "exact.parquet").write_text("truncated")
+        torn.append(tmp)
+        raise Crash(f"killed after {len(done)} calls of {name}")
+
+    with pytest.raises(Crash):
+        curate(work, tmp_path / "out", cfg, shard_map=crashing)
+    seen = []
+
+    def spy(fn, calls, name):
+        seen.append((name, [fn(**kw) for kw in calls]))
+        return seen[-1][1]
+
+    resumed = curate(work, tmp_path / "out", cfg, shard_map=spy)
+    ran = dict(seen)[label]
+    assert ran[:2] == [False, False] and all(ran[2:]), ran  # the finished calls are skipped, the rest done
+    assert not torn[0].exists()
+    for name in ("kept", "removals", "funnel", "hits", "boilerplate"):
+        pd.testing.assert_frame_equal(getattr(one_shard, name), getattr(resumed, name))
+    assert resumed.near == one_shard.near
+
+
+def test_an_unreadable_shard_file_fails_its_partition_naming_the_shard_and_the_fix(tmp_path):
+    cfg = CorpusConfig(**CFG, execution={"shard_docs": 9, "partitions": 3})
+    build_corpus(docs_frame(40), cfg, out=tmp_path / "a")
+    work = tmp_path / "a" / "_work"
+    for folder in ("exact_p3", "candidates_p3", "verified", "shingles", "decisions", "lookup", "kept", "removals"):
+        shutil.rmtree(work / folder, ignore_errors=True)
+    broken = work / "key_parts_p3" / "00002" / "exact-00001.parquet"
+    broken.write_bytes(b"PAR1 not parquet")
+    with pytest.raises(DataError, match=r"^partition 1 cannot read shard 00002's file .*exact-00001\.parquet "
+                                        r"\(.*\): remove .*key_parts_p3/00002 and run the same command again; the "
+                                        r"key parts pass writes it again$"):
+        curate(work, tmp_path / "b", cfg, shard_map=prefect_shard_map("sequential", 1, retries=2))
+    shutil.rmtree(work / "key_parts_p3" / "00002")  # the fix the message gives
+    fresh = build_corpus(docs_frame(40), cfg, out=tmp_path / "c")
+    pd.testing.assert_frame_equal(fresh.kept, curate(work, tmp_path / "b", cfg).kept)
+
+
+def test_a_family_of_near_copies_keeps_its_original_whole_and_loses_the_copies(tmp_path):
+    """Twelve near copies (one word changed each) of a page put its lines in thirteen documents, past min_docs:
+    the original keeps its body (first occurrence) and the copies go as near duplicates of it, found on the text
+    before the cut. A nav line in many unrelated pages is still cut from all but the first."""
+    rng = random.Random(3)
+    original = "\n".join(prose(rng, 14) for _ in range(8))
+    rows = []
+    for i in range(30):
+        rows.append(dict(doc_id=f"web/{i}", source="web", language_hint="en",
+                         content=f"{NAV}\n\n{prose(rng, 110)}", content_type="text"))
+        if i == 4:
+            rows.append(dict(doc_id="web/original", source="web", language_hint="en", content=original,
+                             content_type="text"))
+    for k in range(12):
+        lines = original.split("\n")
+        words = lines[k % 8].split()
+        words[(3 + k) % len(words)] = "lighthouse"
+        lines[k % 8] = " ".join(words)
+        rows.append(dict(doc_id=f"web/copy{k}", source="web", language_hint="en", content="\n".join(lines),
+                         content_type="text"))
+    res = build_corpus(pd.DataFrame(rows), CorpusConfig(**CFG, execution={"shard_docs": 7}), out=tmp_path)
+    kept = res.kept.set_index("doc_id").text
+    assert kept["web/original"] == original
+    rule = res.removals.set_index("doc_id").rule
+    assert [rule.get(f"web/copy{k}") for k in range(12)] == ["dedup.near"] * 12
+    assert kept["web/0"].startswith(NAV)
+    assert not kept.drop("web/0").str.contains(NAV, regex=False).any()
+    assert len(kept) + len(res.removals) == len(rows)

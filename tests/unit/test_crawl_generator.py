@@ -212,3 +212,23 @@ def test_harness_end_to_end_on_300_documents(tmp_path, monkeypatch):
     assert ext["machines"][1]["total_h"] > ext["machines"][64]["total_h"] > 0
     saved = json.loads(out.read_text())
     assert saved["builds"][0]["docs"] == 300 and saved["memory_limit"] == "48MB"
+
+
+def test_serial_parts_extrapolate_as_fixed_plus_per_document_over_two_sizes():
+    def fig(docs: int) -> dict:
+        return {"docs": docs, "content_bytes": docs * 1000, "passes": {
+            "filter": {"kind": "parallel", "seconds": docs / 500, "busy_core_s": docs / 250},
+            "decide": {"kind": "serial", "seconds": 0.5 + 2e-6 * docs, "busy_core_s": 0.0},
+            "noise": {"kind": "serial", "seconds": 0.3 - 1e-7 * docs, "busy_core_s": 0.0}}}
+
+    ext = corpus_scale.extrapolate({"text": [fig(20_000), fig(50_000)]}, {}, [1, 64], 2, {})["text"]
+    docs_tb = 1e12 / 1000
+    assert ext["rates"]["decide"]["us_per_doc"] == pytest.approx(2.0)
+    assert ext["rates"]["decide"]["seconds_1tb"] == pytest.approx(0.5 + 2e-6 * docs_tb)
+    assert ext["rates"]["noise"]["seconds_1tb"] == pytest.approx(0.3 - 1e-7 * 20_000)  # falling: a constant
+    serial_h = (0.5 + 2e-6 * docs_tb + 0.298) / 3600
+    assert ext["machines"][64]["serial_h"] == pytest.approx(serial_h)
+    parallel_h = 1e12 / 1e6 / (1000 * 250 / 1e6 * 64 * 2) / 3600
+    assert ext["machines"][64]["parallel_h"] == pytest.approx(parallel_h)
+    one = corpus_scale.extrapolate({"text": [fig(20_000)]}, {}, [64], 2, {})["text"]  # one size: charged per byte
+    assert one["rates"]["decide"]["seconds_1tb"] == pytest.approx(docs_tb * (0.5 + 2e-6 * 20_000) / 20_000)

@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 if _set_here:
     del os.environ[_LOOPBACK]
 
-from infra.errors import ConfigError  # noqa: E402
+from infra.errors import ConfigError, DataError, ShardCallError  # noqa: E402
 from infra.execution import ExecutionConfig  # noqa: E402
 from infra.shard_map import PROJECT_ROOT, one_connection, ray_shard_map, shard_map_for  # noqa: E402
 
@@ -89,7 +89,7 @@ def test_maps_inside_one_connection_share_the_ray_they_start(tmp_path):
     """A stage's passes pay for one ray.init: the first map starts the local instance, the next maps reuse it,
     and the block shuts it down, also when a map inside it fails."""
     assert not ray.is_initialized()
-    with pytest.raises(ValueError, match="call 0 failed"), one_connection():
+    with pytest.raises(ShardCallError, match="call 0 failed"), one_connection():
         assert ray_shard_map(2, "local")(slow_square, [{"x": i, "delay": 0.0} for i in range(3)], "a") == [0, 1, 4]
         assert ray.is_initialized()
         instance = ray.get_runtime_context().gcs_address
@@ -138,12 +138,41 @@ def test_first_failure_is_raised_after_the_submitted_calls_finish(shared_ray, tm
     calls = [dict(i=0, delay=1.5, fail=False), dict(i=1, delay=0.3, fail=True), dict(i=2, delay=0.0, fail=True),
              dict(i=3, delay=0.0, fail=False)]
     started = time.time()
-    with pytest.raises(ValueError, match="call 1 failed") as caught:
+    with pytest.raises(ShardCallError, match=r"^mixed: call 2 of 4 \(no partition or shard\) failed after 1 "
+                                             r"attempt: ValueError: call 1 failed$") as caught:
         ray_shard_map(3, "auto")(finish_or_fail, [{**c, "marks": str(tmp_path)} for c in calls], "mixed")
     assert time.time() - started >= 1.5  # waited for call 0
     assert (tmp_path / "done-0").exists()  # ... which finished its write
     assert not (tmp_path / "done-3").exists()
-    assert isinstance(caught.value.__cause__, ray.exceptions.RayTaskError)  # the remote traceback
+    assert isinstance(caught.value.__cause__, ValueError)  # the call's own error ...
+    assert isinstance(caught.value.__cause__.__cause__, ray.exceptions.RayTaskError)  # ... and the remote traceback
+
+
+def flaky(part: int, marks: str, fail_times: int, bad_input: bool = False) -> int:
+    """Fail the first ``fail_times`` attempts (one mark file each): an OSError, or a DataError for ``bad_input``."""
+    done = len(list(Path(marks).glob(f"attempt-{part}-*")))
+    (Path(marks) / f"attempt-{part}-{done}").touch()
+    if done < fail_times:
+        raise DataError("bad input") if bad_input else OSError(f"partition {part}: transient")
+    return part
+
+
+def test_a_failed_call_is_resubmitted_then_named_with_its_partition(shared_ray, tmp_path):
+    calls = [dict(part=p, marks=str(tmp_path), fail_times=2 if p == 1 else 0) for p in range(3)]
+    assert ray_shard_map(2, "auto", retries=2)(flaky, calls, "corpus-exact") == [0, 1, 2]
+    assert len(list(tmp_path.glob("attempt-1-*"))) == 3
+    spent = tmp_path / "spent"
+    spent.mkdir()
+    with pytest.raises(ShardCallError, match=r"^corpus-exact: call 1 of 2 \(partition 0\) failed after 2 attempts: "
+                                             r"OSError: partition 0: transient$"):
+        ray_shard_map(2, "auto", retries=1)(flaky, [dict(part=p, marks=str(spent), fail_times=9) for p in range(2)],
+                                            "corpus-exact")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(DataError, match="bad input"):  # raised as is, never resubmitted
+        ray_shard_map(2, "auto", retries=3)(flaky, [dict(part=0, marks=str(bad), fail_times=9, bad_input=True)],
+                                            "corpus-exact")
+    assert len(list(bad.glob("attempt-0-*"))) == 1
 
 
 def test_workers_get_the_project_and_the_thread_policy(shared_ray, monkeypatch):
