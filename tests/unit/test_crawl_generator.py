@@ -186,7 +186,7 @@ def test_harness_end_to_end_on_300_documents(tmp_path, monkeypatch):
     out = tmp_path / "scale.json"
     result = corpus_scale.run(["--sizes", "300", "--text", "fixtures", "--workers", "2", "--shard-docs", "100",
                                "--calibrate-docs", "0", "--verify-pairs", "20", "--work-dir", str(tmp_path),
-                               "--memory-limit", "48MB", "--out", str(out)])
+                               "--memory-limit", "48MB", "--worker-ratio", "1", "--out", str(out)])
     (row,) = result["builds"]
     assert row["engine"] == "processes" and row["docs"] == 300 and row["timeline"]["build_module"].startswith(
         str(ROOT))
@@ -210,6 +210,9 @@ def test_harness_end_to_end_on_300_documents(tmp_path, monkeypatch):
     assert kept_fates <= {"kept", "kept_origin_filtered", "kept_boilerplate_cut"} and "kept" in kept_fates
     ext = result["extrapolation"]["processes"]["mixed"]
     assert ext["machines"][1]["total_h"] > ext["machines"][64]["total_h"] > 0
+    ratio = result["worker_ratio"]  # the same crawl again with 1 worker and with 2, not among the builds
+    assert ratio["docs"] == 300 and [len(ratio["walls_s"][n]) for n in (1, 2)] == [1, 1]
+    assert ratio["ratio"] == pytest.approx(ratio["walls_s"][1][0] / ratio["walls_s"][2][0])
     saved = json.loads(out.read_text())
     assert saved["builds"][0]["docs"] == 300 and saved["memory_limit"] == "48MB"
 
