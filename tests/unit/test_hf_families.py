@@ -6,6 +6,8 @@ with the field named."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
@@ -127,6 +129,9 @@ def test_explicit_head_dim_shapes_and_dump():
     assert plain.head_dim == 64
     assert {"head_dim", "qkv_bias", "rope_scaling"}.isdisjoint(plain.model_dump())  # dumps and keys as before
     assert ModelConfig(**plain.model_dump(), head_dim=64).model_dump() == plain.model_dump()
+    scaled = ModelConfig(**plain.model_dump(), rope_scaling=RopeScaling(**{k: v for k, v in LLAMA3.items()
+                                                                         if k != "rope_theta"}))
+    assert ModelConfig(**json.loads(json.dumps(scaled.model_dump()))) == scaled  # as a checkpoint's state.json
 
 
 def test_a_rope_type_not_implemented_is_still_refused_by_name(tmp_path):
