@@ -17,7 +17,7 @@ class ParamCount:
 
     Attributes:
         total: every trainable parameter (a tied embedding counted once).
-        blocks: the L decoder blocks, their norms included.
+        blocks: the L decoder blocks, their norms (and q/k/v biases, with qkv_bias) included.
         embedding: V·d, or 2·V·d when the output head is untied.
         decayed_matrices: 2-D weights that get AdamW weight decay (embeddings included, docs/methods.md §6).
         norms: RMSNorm gains (2·d per block, d final, plus 2·d_h per block with QK-norm); no decay.
@@ -30,20 +30,22 @@ class ParamCount:
     norms: int
 
 
-def _per_layer(cfg: ModelConfig) -> tuple[int, int]:
-    """(matrix params, norm params) of one block: attention 2·d² + 2·d·n_kv·d_h, FFN 3·d·d_ff, norms 2·d."""
+def _per_layer(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(matrix params, norm params, bias params) of one block: attention 2·d·n_h·d_h + 2·d·n_kv·d_h (2·d² + 2·d·n_kv·d_h
+    at d_h = d/n_h), FFN 3·d·d_ff, norms 2·d (+ 2·d_h with QK-norm), q/k/v biases (n_h + 2·n_kv)·d_h with qkv_bias."""
     d, d_h = cfg.d_model, cfg.head_dim
-    matrices = 2 * d * d + 2 * d * cfg.n_kv_heads * d_h + 3 * d * cfg.d_ff
+    matrices = 2 * d * cfg.n_heads * d_h + 2 * d * cfg.n_kv_heads * d_h + 3 * d * cfg.d_ff
     norms = 2 * d + (2 * d_h if cfg.qk_norm else 0)
-    return matrices, norms
+    biases = (cfg.n_heads + 2 * cfg.n_kv_heads) * d_h if cfg.qkv_bias else 0
+    return matrices, norms, biases
 
 
 def param_count(cfg: ModelConfig) -> ParamCount:
     """Exact parameter counts of the decoder described by ``cfg`` (docs/methods.md §2 formulas)."""
-    layer_matrices, layer_norms = _per_layer(cfg)
+    layer_matrices, layer_norms, layer_biases = _per_layer(cfg)
     embedding = cfg.vocab_size * cfg.d_model * (1 if cfg.tied_embeddings else 2)
     norms = cfg.n_layers * layer_norms + cfg.d_model
-    blocks = cfg.n_layers * (layer_matrices + layer_norms)
+    blocks = cfg.n_layers * (layer_matrices + layer_norms + layer_biases)
     return ParamCount(
         total=blocks + embedding + cfg.d_model,
         blocks=blocks,

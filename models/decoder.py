@@ -1,4 +1,5 @@
-"""Decoder-only transformer: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN, no biases (docs/methods.md §2).
+"""Decoder-only transformer: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN (docs/methods.md §2). No biases, except
+q/k/v biases with ``qkv_bias`` (Qwen2); d_h is d / n_h unless ``head_dim`` sets it.
 
 Shape legend: B batch, T sequence length, d model width, V vocabulary, n_h query heads, n_kv key/value
 heads, d_h head width, d_ff FFN hidden width.
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infra.errors import DataError
-from models.config import ModelConfig
+from models.config import ModelConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -34,18 +35,70 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float,
-                scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float,
+                    scaling: RopeScaling) -> tuple[torch.Tensor, float]:
+    """Rescaled inverse frequencies (d_h/2,) and the cos/sin multiplier of a Llama 3 or YaRN ``scaling``.
+
+    Llama 3: Meta, "The Llama 3 Herd of Models" (2024) and its reference ``apply_scaling``, as transformers'
+    ``_compute_llama3_parameters`` (modeling_rope_utils.py): frequencies whose wavelength 2π/ω exceeds
+    L / low_freq_factor are divided by ``factor``, those below L / high_freq_factor are kept, and the band between
+    is blended linearly in L/λ. Multiplier 1.
+
+    YaRN: Peng et al. 2023 (arXiv:2309.00071), as transformers' ``_compute_yarn_parameters``: a linear ramp over
+    pair indices between the dimensions that turn beta_fast and beta_slow times in L positions blends ω/factor (low
+    frequencies) into ω (high); multiplier ``attention_factor`` or 0.1·ln(factor) + 1. See :class:`RopeScaling`.
+
+    Args:
+        inv_freq: ω_i = θ^(−2i/d_h), float64 (d_h/2,).
+    """
+    s = scaling.factor
+    L = scaling.original_max_position_embeddings
+    if scaling.rope_type == "llama3":
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        out = torch.where(wavelen > L / low, inv_freq / s, inv_freq)
+        smooth = (L / wavelen - low) / (high - low)
+        blended = (1 - smooth) * out / s + smooth * out
+        medium = (wavelen >= L / high) & (wavelen <= L / low)
+        return torch.where(medium, blended, out), 1.0
+    beta_fast = scaling.beta_fast or 32.0
+    beta_slow = scaling.beta_slow or 1.0
+
+    def correction_dim(rotations: float) -> float:  # the pair dimension that turns ``rotations`` times in L positions
+        return head_dim * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, head_dim - 1)
+    if lo == hi:
+        hi += 0.001  # as transformers: no zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep ω), 0: interpolate (ω / s)
+    out = inv_freq / s * (1 - keep) + inv_freq * keep
+    if scaling.attention_factor is not None:
+        multiplier = float(scaling.attention_factor)
+    else:
+        multiplier = 1.0 if s <= 1 else 0.1 * math.log(s) + 1.0
+    return out, multiplier
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float, scaling_factor: float = 1.0,
+                scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, each (T, d_h), for rotary embeddings (Su et al. 2021, rotate-half layout).
 
-    Position m of pair i turns by (m / s) · θ^(−2i/d_h); s = ``scaling_factor`` is linear position interpolation
-    (Chen et al. 2023; docs/methods.md §15), 1 = none.
+    Position m of pair i turns by (m / s) · ω_i with ω_i = θ^(−2i/d_h); s = ``scaling_factor`` is linear position
+    interpolation (Chen et al. 2023; docs/methods.md §15), 1 = none. ``scaling`` (Llama 3 or YaRN,
+    :func:`scaled_inv_freq`) replaces ω_i by its rescaled value and multiplies both tables by its attention factor.
     """
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d_h/2,)
+    multiplier = 1.0
+    if scaling is not None:
+        inv_freq, multiplier = scaled_inv_freq(inv_freq, head_dim, theta, scaling)
     positions = torch.arange(seq_len, dtype=torch.float64) / scaling_factor  # (T,)
     angles = torch.outer(positions, inv_freq)  # (T, d_h/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, d_h)
-    return angles.cos().float(), angles.sin().float()
+    return (angles.cos() * multiplier).float(), (angles.sin() * multiplier).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -127,16 +180,17 @@ def _offset_causal_mask(T: int, start: int, device: torch.device) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention; parameters 2·d² + 2·d·n_kv·d_h (docs/methods.md §2), plus 2·d_h with QK-norm."""
+    """Causal grouped-query attention; parameters 2·d·n_h·d_h + 2·d·n_kv·d_h (2·d² + 2·d·n_kv·d_h at d_h = d/n_h,
+    docs/methods.md §2), plus 2·d_h with QK-norm and (n_h + 2·n_kv)·d_h with q/k/v biases."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        kv_dim = cfg.n_kv_heads * cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.wk = nn.Linear(cfg.d_model, kv_dim, bias=False)
-        self.wv = nn.Linear(cfg.d_model, kv_dim, bias=False)
-        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, q_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(q_dim, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         # Instrument (docs/methods.md §6 (learning-rate stability grid)): when set, forward also records the largest |q·k|/√d_h over causal pairs.
@@ -243,7 +297,7 @@ class Decoder(nn.Module):
     """Token ids → next-token logits. ``sum(p.numel())`` equals ``param_count(cfg).total`` (docs/methods.md §2).
 
     Init (docs/methods.md §2): every matrix N(0, init_std); the residual projections (attention ``wo`` and FFN
-    ``w_down``) N(0, init_std/√(2L)); norm gains 1. With tied embeddings the output head reuses the
+    ``w_down``) N(0, init_std/√(2L)); norm gains 1; q/k/v biases 0. With tied embeddings the output head reuses the
     input embedding matrix, so a tied model has one V × d matrix.
     """
 
@@ -254,7 +308,7 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tied_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta, cfg.rope_scaling_factor)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta, cfg.rope_scaling_factor, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)  # (T_max, d_h)
         self.register_buffer("rope_sin", sin, persistent=False)  # (T_max, d_h)
         self.reset_parameters()
@@ -275,7 +329,9 @@ class Decoder(nn.Module):
         """Re-draw all weights with the init of docs/methods.md §2 (uses the global torch RNG)."""
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
-            if p.ndim == 1:
+            if name.endswith(".bias"):
+                p.zero_()
+            elif p.ndim == 1:
                 p.fill_(1.0)
             elif name.endswith(("attn.wo.weight", "ffn.w_down.weight")):
                 p.normal_(0.0, residual_std)

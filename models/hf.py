@@ -1,21 +1,27 @@
 """The decoder to and from the Hugging Face ``transformers`` layout (docs/methods.md §2, "Hugging Face layout").
 
-Export targets ``LlamaForCausalLM`` (no QK-norm) or ``Qwen3ForCausalLM`` (QK-norm: Qwen3's ``q_norm``/``k_norm``
-are RMSNorms over each head's d_h features applied before RoPE, as here). Both use the rotate-half RoPE layout this
-decoder uses, so q/k weights are copied as they are, without the interleaved → rotate-half permutation a Meta-layout
+Export targets the family whose shape the model has: ``LlamaForCausalLM`` (no QK-norm, no biases),
+``Qwen3ForCausalLM`` (QK-norm: Qwen3's ``q_norm``/``k_norm`` are RMSNorms over each head's d_h features applied
+before RoPE, as here) or ``Qwen2ForCausalLM`` (q/k/v biases, none on o, as ``Qwen2Attention`` builds them). All three
+take an explicit ``head_dim`` (d_h ≠ d / n_h, e.g. Qwen3 0.6B–8B). All use the rotate-half RoPE layout this decoder
+uses, so q/k weights are copied as they are, without the interleaved → rotate-half permutation a Meta-layout
 checkpoint needs. Import reads local Llama, Mistral, Qwen2 and Qwen3 folders and refuses, naming the field, every
 architecture the decoder cannot represent exactly; nothing is converted approximately.
 
 RoPE: the default type carries θ alone; linear position interpolation (Chen et al. 2023; docs/methods.md §15) is
 ``rope_type = "linear"`` with ``factor`` s = ``rope_scaling_factor``. ``transformers`` divides every inverse frequency
-by s, which turns position m by (m / s)·θ^(−2i/d_h), the angle this decoder gives it. No other scaled type (dynamic
-NTK, YaRN, Llama 3, LongRoPE) is an exact match, so those are refused.
+by s, which turns position m by (m / s)·θ^(−2i/d_h), the angle this decoder gives it. ``rope_type = "llama3"``
+(Meta's Llama 3 / 3.1 frequency bands) and ``"yarn"`` (Peng et al. 2023, Qwen2.5 long context) map to
+``ModelConfig.rope_scaling`` (``models.config.RopeScaling``), computed by ``models.decoder.scaled_inv_freq`` as
+transformers' ``_compute_llama3_parameters`` / ``_compute_yarn_parameters`` do. Dynamic NTK and LongRoPE change
+with the sequence length or per dimension from tables and are refused.
 
 Tensor names, ours → theirs (``i`` a block index)::
 
     tok_embeddings.weight          model.embed_tokens.weight
     blocks.i.attn_norm.weight      model.layers.i.input_layernorm.weight
     blocks.i.attn.w{q,k,v,o}       model.layers.i.self_attn.{q,k,v,o}_proj.weight
+    blocks.i.attn.w{q,k,v}.bias    model.layers.i.self_attn.{q,k,v}_proj.bias      (qkv_bias only)
     blocks.i.attn.{q,k}_norm       model.layers.i.self_attn.{q,k}_norm.weight      (QK-norm only)
     blocks.i.ffn_norm.weight       model.layers.i.post_attention_layernorm.weight
     blocks.i.ffn.w_{gate,up,down}  model.layers.i.mlp.{gate,up,down}_proj.weight
@@ -29,6 +35,7 @@ and greedy continuations, token for token.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from infra.errors import ConfigError, DataError
-from models.config import ModelConfig
+from models.config import ModelConfig, RopeScaling
 from models.decoder import Decoder
 
 if TYPE_CHECKING:
@@ -47,13 +54,15 @@ IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3")
 
 # ModelConfig fields the mapping carries; any other field must sit at its default, or the export is refused.
 _MAPPED = {"n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq_len", "tied_embeddings",
-           "qk_norm", "rope_theta", "rope_scaling_factor", "init_std", "norm_eps"}
+           "qk_norm", "rope_theta", "rope_scaling_factor", "init_std", "norm_eps", "head_dim", "qkv_bias",
+           "rope_scaling"}
 _BLOCK = (("attn_norm.weight", "input_layernorm.weight"), ("attn.wq.weight", "self_attn.q_proj.weight"),
           ("attn.wk.weight", "self_attn.k_proj.weight"), ("attn.wv.weight", "self_attn.v_proj.weight"),
           ("attn.wo.weight", "self_attn.o_proj.weight"), ("attn.q_norm.weight", "self_attn.q_norm.weight"),
           ("attn.k_norm.weight", "self_attn.k_norm.weight"), ("ffn_norm.weight", "post_attention_layernorm.weight"),
           ("ffn.w_gate.weight", "mlp.gate_proj.weight"), ("ffn.w_up.weight", "mlp.up_proj.weight"),
-          ("ffn.w_down.weight", "mlp.down_proj.weight"))
+          ("ffn.w_down.weight", "mlp.down_proj.weight"), ("attn.wq.bias", "self_attn.q_proj.bias"),
+          ("attn.wk.bias", "self_attn.k_proj.bias"), ("attn.wv.bias", "self_attn.v_proj.bias"))
 
 
 def _name_map(cfg: ModelConfig) -> dict[str, str]:
@@ -61,34 +70,41 @@ def _name_map(cfg: ModelConfig) -> dict[str, str]:
     names = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     for i in range(cfg.n_layers):
         for ours, theirs in _BLOCK:
-            if cfg.qk_norm or not ours.startswith(("attn.q_norm", "attn.k_norm")):
-                names[f"blocks.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
+            if ours.startswith(("attn.q_norm", "attn.k_norm")) and not cfg.qk_norm:
+                continue
+            if ours.endswith(".bias") and not cfg.qkv_bias:
+                continue
+            names[f"blocks.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
     if not cfg.tied_embeddings:
         names["lm_head.weight"] = "lm_head.weight"
     return names
 
 
 def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int | None) -> PretrainedConfig:
-    """The ``transformers`` config of a decoder of shape ``cfg``: ``LlamaConfig`` without QK-norm, ``Qwen3Config``
-    with it (docs/methods.md §2).
+    """The ``transformers`` config of a decoder of shape ``cfg``: ``Qwen3Config`` with QK-norm, ``Qwen2Config`` with
+    q/k/v biases, ``LlamaConfig`` with neither (docs/methods.md §2).
 
     ``vocab_size`` is the model's embedding rows (the padded vocabulary, docs/methods.md §8);
     ``max_position_embeddings`` is ``cfg.seq_len`` (the extended window of an interpolated model); ``rope_parameters``
-    is :func:`hf_rope_parameters`; no biases, no sliding window, dtype float32.
+    is :func:`hf_rope_parameters`; ``head_dim`` is d_h; no sliding window, dtype float32.
 
     Args:
         bos_id, eos_id, pad_id: special token ids (``None``: the tokenizer has no such token).
 
     Raises:
-        ConfigError: a ModelConfig field outside the mapping is not at its default, or a token id lies outside
+        ConfigError: a ModelConfig field outside the mapping is not at its default, both QK-norm and q/k/v biases
+            (no family has both), linear interpolation on top of Llama 3 / YaRN scaling, or a token id lies outside
             [0, vocab_size); the message names the field.
     """
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     for name, info in type(cfg).model_fields.items():
         if name not in _MAPPED and getattr(cfg, name) != info.default:
             raise ConfigError(f"model.{name} = {getattr(cfg, name)!r} has no counterpart in the Hugging Face "
                               "Llama/Qwen3 configs; the model cannot be exported exactly")
+    if cfg.qk_norm and cfg.qkv_bias:
+        raise ConfigError("model.qk_norm and model.qkv_bias are both set: Qwen3 has QK-norm without q/k/v biases, "
+                          "Qwen2 the biases without QK-norm, Llama neither; the model cannot be exported exactly")
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and not 0 <= value < cfg.vocab_size:
             raise ConfigError(f"{name} = {value} lies outside the model's vocabulary [0, {cfg.vocab_size})")
@@ -96,9 +112,13 @@ def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int 
                   num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
                   head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=cfg.seq_len,
                   initializer_range=cfg.init_std, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tied_embeddings,
-                  rope_parameters=hf_rope_parameters(cfg), attention_bias=False,
+                  rope_parameters=hf_rope_parameters(cfg),
                   attention_dropout=0.0, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
                   dtype="float32")
+    if cfg.qkv_bias:  # Qwen2Attention: bias on q/k/v always, never on o
+        return Qwen2Config(**common, use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers,
+                           layer_types=["full_attention"] * cfg.n_layers)
+    common["attention_bias"] = False
     if cfg.qk_norm:
         return Qwen3Config(**common, use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers,
                            layer_types=["full_attention"] * cfg.n_layers)
@@ -110,8 +130,25 @@ def hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
 
     ``{"rope_type": "default", "rope_theta": θ}`` at ``rope_scaling_factor`` s = 1, else
     ``{"rope_type": "linear", "factor": s, "rope_theta": θ}``: ``transformers`` divides the inverse frequencies by
-    ``factor``, i.e. rotates position m as m / s (Chen et al. 2023).
+    ``factor``, i.e. rotates position m as m / s (Chen et al. 2023). With ``cfg.rope_scaling`` (Llama 3 or YaRN):
+    ``{"rope_type": "llama3" | "yarn", "rope_theta": θ, "factor", "original_max_position_embeddings", ...}`` with the
+    type's own parameters (those left at None are left out, so ``transformers`` applies the same defaults).
+
+    Raises:
+        ConfigError: ``rope_scaling`` together with ``rope_scaling_factor`` ≠ 1 (one ``rope_type`` cannot say both).
     """
+    if cfg.rope_scaling is not None:
+        if cfg.rope_scaling_factor != 1.0:
+            raise ConfigError(f"model.rope_scaling_factor = {cfg.rope_scaling_factor} on top of rope_scaling "
+                              f"{cfg.rope_scaling.rope_type!r}: Hugging Face has one rope_type per model; the "
+                              "model cannot be exported exactly")
+        params = {k: v for k, v in cfg.rope_scaling.model_dump().items() if v is not None}
+        if params.get("truncate") is True:
+            params.pop("truncate")  # transformers' default
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"):
+            if name in params:
+                params[name] = float(params[name])
+        return {**params, "rope_theta": float(cfg.rope_theta)}
     if cfg.rope_scaling_factor == 1.0:
         return {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
     return {"rope_type": "linear", "factor": float(cfg.rope_scaling_factor), "rope_theta": float(cfg.rope_theta)}
@@ -126,7 +163,8 @@ def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
 
 
 def to_hf_model(model: Decoder, *, bos_id: int | None, eos_id: int, pad_id: int | None) -> PreTrainedModel:
-    """``model`` as a ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` in memory: fp32, CPU, eval mode.
+    """``model`` as a ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` (:func:`hf_config`) in
+    memory: fp32, CPU, eval mode.
 
     Raises:
         ConfigError: as :func:`hf_config`.
@@ -155,49 +193,58 @@ def _refuse(what: str, value: Any, why: str) -> ConfigError:
 
 
 def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
-    """The ``ModelConfig`` that represents a Llama / Mistral / Qwen3 ``transformers`` config exactly.
+    """The ``ModelConfig`` that represents a Llama / Mistral / Qwen2 / Qwen3 ``transformers`` config exactly.
 
     Mapping: hidden_size → d_model, intermediate_size → d_ff, num_attention_heads / num_key_value_heads →
-    n_heads / n_kv_heads, vocab_size (the embedding rows), tie_word_embeddings, rope_parameters.rope_theta →
+    n_heads / n_kv_heads, head_dim → head_dim (None when it equals hidden_size / num_attention_heads), Qwen2 →
+    qkv_bias, Qwen3 → qk_norm, vocab_size (the embedding rows), tie_word_embeddings, rope_parameters.rope_theta →
     rope_theta, rope_parameters.factor of ``rope_type = "linear"`` → rope_scaling_factor (linear position
-    interpolation, Chen et al. 2023; default type: 1), rms_norm_eps → norm_eps (also the QK-norm eps),
+    interpolation, Chen et al. 2023; default type: 1), ``rope_type = "llama3"`` / ``"yarn"`` with their parameters →
+    rope_scaling (``models.config.RopeScaling``; a YaRN factor left out is max_position_embeddings /
+    original_max_position_embeddings, and mscale / mscale_all_dim become the attention_factor transformers derives
+    from them), rms_norm_eps → norm_eps (also the QK-norm eps),
     initializer_range → init_std, max_position_embeddings → seq_len (kept as it is: the RoPE tables then hold
     seq_len × d_h floats each, and training at that length is the caller's choice). A legacy ``rope_scaling`` entry
     is read the same way (``transformers`` standardises it into ``rope_parameters``).
 
     Raises:
-        ConfigError: naming the first field that differs from this decoder: model_type, attention bias (Qwen2 and
-            ``attention_bias``), ``mlp_bias``, ``hidden_act`` other than silu, ``head_dim`` ≠ hidden_size /
-            num_attention_heads, a rope type other than default or linear (``rope_scaling``: dynamic, YaRN, Llama 3,
-            LongRoPE ... change the frequencies in ways the decoder does not), a linear factor below 1, a partial
-            rotary factor, RoPE parameters per layer type, a sliding window shorter than max_position_embeddings,
+        ConfigError: naming the first field that differs from this decoder: model_type, ``attention_bias`` (Llama
+            and Qwen3 then bias o_proj too), ``mlp_bias``, ``hidden_act`` other than silu, an odd ``head_dim``, a
+            rope type other than default, linear, llama3 or yarn (``rope_scaling``: dynamic NTK, LongRoPE ... change
+            the frequencies in ways the decoder does not), a linear factor below 1, a llama3 / yarn parameter
+            missing or out of range, a partial rotary factor, RoPE parameters per layer type, a sliding window shorter than max_position_embeddings,
             experts (MoE).
     """
     kind = getattr(config, "model_type", None)
     if kind not in IMPORTABLE:
         raise _refuse("model_type", kind, f"only {', '.join(IMPORTABLE)} folders are read")
-    if kind == "qwen2":
-        raise _refuse("model_type", kind, "Qwen2 attention has q/k/v projection biases (attention bias: "
-                      "transformers' Qwen2Attention always builds them) and this decoder has no biases")
     for name in ("attention_bias", "mlp_bias"):
         if getattr(config, name, False):
-            raise _refuse(name, True, "the decoder has no bias terms")
+            raise _refuse(name, True, "the decoder's only biases are Qwen2's q/k/v biases (none on o_proj or the FFN)")
     for name in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"):
         if getattr(config, name, None):
             raise _refuse(name, getattr(config, name), "a mixture of experts; the decoder has one dense FFN per block")
     if config.hidden_act != "silu":
         raise _refuse("hidden_act", config.hidden_act, "the FFN is SwiGLU (SiLU gate)")
     heads = config.num_attention_heads
-    if config.hidden_size % heads or getattr(config, "head_dim", None) not in (None, config.hidden_size // heads):
-        raise _refuse("head_dim", getattr(config, "head_dim", None),
-                      f"it must equal hidden_size / num_attention_heads = {config.hidden_size} / {heads}")
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None and config.hidden_size % heads:
+        raise _refuse("head_dim", head_dim, f"no head_dim and hidden_size / num_attention_heads = "
+                      f"{config.hidden_size} / {heads} is not whole")
+    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2
+                                 or head_dim % 2):
+        raise _refuse("head_dim", head_dim, "RoPE needs a positive even head width")
+    if head_dim == config.hidden_size // heads and config.hidden_size % heads == 0:
+        head_dim = None  # the default: the config dumps as before
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if any(isinstance(v, dict) for v in rope.values()):
         raise _refuse("rope_parameters", rope, "RoPE differs by layer type; the decoder has one RoPE")
     rope_type = rope.get("rope_type", rope.get("type", "default"))  # "type": the legacy rope_scaling key
-    if rope_type not in ("default", "linear"):
+    if rope_type not in ("default", "linear", "llama3", "yarn"):
         raise _refuse("rope_scaling (rope_parameters.rope_type)", rope_type,
-                      "only the default RoPE and linear position interpolation (rope_type 'linear') are implemented")
+                      "only the default RoPE, linear position interpolation ('linear'), Llama 3 ('llama3') and YaRN "
+                      "('yarn') are implemented")
+    scaling = _rope_scaling_from_hf(rope, rope_type, config.max_position_embeddings)
     factor = rope.get("factor") if rope_type == "linear" else 1.0
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1.0:
         raise _refuse("rope_scaling (rope_parameters.factor)", factor,
@@ -215,10 +262,63 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     return ModelConfig(n_layers=config.num_hidden_layers, d_model=config.hidden_size, n_heads=heads,
                        n_kv_heads=config.num_key_value_heads or heads, d_ff=config.intermediate_size,
                        vocab_size=config.vocab_size, seq_len=positions,
-                       tied_embeddings=bool(config.tie_word_embeddings), qk_norm=kind == "qwen3",
+                       tied_embeddings=bool(config.tie_word_embeddings), head_dim=head_dim,
+                       qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3",
                        rope_theta=float(rope.get("rope_theta", 10000.0)), rope_scaling_factor=float(factor),
+                       rope_scaling=scaling,
                        init_std=float(config.initializer_range),
                        norm_eps=float(config.rms_norm_eps))
+
+
+def _rope_scaling_from_hf(rope: dict[str, Any], rope_type: str, positions: int) -> RopeScaling | None:
+    """``RopeScaling`` of a llama3 / yarn ``rope_parameters`` dict; None for the other types.
+
+    Raises:
+        ConfigError: a parameter is missing, not a number, out of range, or one the decoder does not implement
+            (the message names it).
+    """
+    if rope_type not in ("llama3", "yarn"):
+        return None
+    where = "rope_scaling (rope_parameters.{})"
+    known = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "partial_rotary_factor"}
+    known |= ({"low_freq_factor", "high_freq_factor"} if rope_type == "llama3"
+              else {"beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"})
+    for name in sorted(set(rope) - known):
+        raise _refuse(where.format(name), rope[name], f"not a {rope_type} parameter the decoder implements")
+
+    def number(name: str, required: bool) -> float | None:
+        value = rope.get(name)
+        if value is None and not required:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise _refuse(where.format(name), value, f"{rope_type} scaling needs a number > 0")
+        return float(value)
+
+    original = rope.get("original_max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise _refuse(where.format("original_max_position_embeddings"), original,
+                      f"{rope_type} scaling needs the pretraining context as a positive integer")
+    try:
+        if rope_type == "llama3":
+            return RopeScaling(rope_type="llama3", factor=number("factor", True), original_max_position_embeddings=original,
+                               low_freq_factor=number("low_freq_factor", True),
+                               high_freq_factor=number("high_freq_factor", True))
+        factor = number("factor", False)
+        factor = positions / original if factor is None else factor  # as transformers
+        attention = number("attention_factor", False)
+        mscale, mscale_all = number("mscale", False), number("mscale_all_dim", False)
+        if attention is None and mscale and mscale_all:  # transformers' derivation (DeepSeek-style configs)
+            def get_mscale(scale: float, m: float) -> float:
+                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+            attention = get_mscale(factor, mscale) / get_mscale(factor, mscale_all)
+        truncate = rope.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise _refuse(where.format("truncate"), truncate, "yarn's truncate must be true or false")
+        return RopeScaling(rope_type="yarn", factor=factor, original_max_position_embeddings=original,
+                           beta_fast=number("beta_fast", False), beta_slow=number("beta_slow", False),
+                           attention_factor=attention, truncate=truncate)
+    except ConfigError as err:
+        raise _refuse("rope_scaling (rope_parameters)", rope, str(err)) from None
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -249,13 +349,14 @@ def is_hf_folder(path: str | Path) -> bool:
 
 def decoder_from_hf(folder: Path) -> Decoder:
     """A ``Decoder`` holding the weights of a local Hugging Face model folder (``config.json`` plus safetensors,
-    single file or sharded with an index), in fp32. Llama, Mistral (no window shorter than its positions) and Qwen3
-    folders are read; tied or untied heads; GQA. See :func:`model_config_from_hf` for the mapping.
+    single file or sharded with an index), in fp32. Llama (Llama 3 RoPE scaling included), Mistral (no window shorter
+    than its positions), Qwen2 / Qwen2.5 (q/k/v biases; YaRN) and Qwen3 (head_dim ≠ d / n_h) folders are read;
+    tied or untied heads; GQA. See :func:`model_config_from_hf` for the mapping.
 
     Raises:
         ConfigError: the architecture differs from this decoder (the message names the field, e.g.
-            ``model_type = 'qwen2'`` for the attention bias, ``sliding_window``, ``rope_scaling`` of a type other
-            than default or linear), or the weights hold a tensor the decoder has no place for (a bias).
+            ``attention_bias``, ``sliding_window``, ``rope_scaling`` of a type other than default, linear, llama3 or
+            yarn), or the weights hold a tensor the decoder has no place for (a bias on o_proj).
         DataError: no config.json or no safetensors weights, a tensor is missing, or a shape differs.
     """
     from transformers import AutoConfig

@@ -221,20 +221,23 @@ def test_control_untied_head_exported_as_tied_is_caught():
 
 
 @pytest.mark.parametrize("config, field", [
-    (Qwen2Config(**SMALL, num_key_value_heads=2), "bias"),
+    (Qwen2Config(**SMALL, num_key_value_heads=2, use_sliding_window=True, sliding_window=8, max_window_layers=1),
+     "sliding_window = 8"),
     (MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=16), "sliding_window = 16"),
     (LlamaConfig(**SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_scaling"),
-    (LlamaConfig(**SMALL, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}), "'yarn'"),
+    (LlamaConfig(**SMALL, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0,
+                                           "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}), "'longrope'"),
     (LlamaConfig(**SMALL, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 0.5}),
      "factor.*0.5"),
     (LlamaConfig(**SMALL, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                           "original_max_position_embeddings": 16}), "rope_scaling"),
+                                           "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5}),
+     "partial_rotary_factor"),
     (LlamaConfig(**SMALL, attention_bias=True), "attention_bias"),
     (LlamaConfig(**SMALL, mlp_bias=True), "mlp_bias"),
     (LlamaConfig(**SMALL, hidden_act="gelu"), "hidden_act"),
-    (LlamaConfig(**SMALL, head_dim=32), "head_dim"),
-    (Qwen3Config(**SMALL, head_dim=32), "head_dim"),
+    (Qwen2Config(**SMALL, num_key_value_heads=2, hidden_act="gelu"), "hidden_act"),
+    (Qwen3Config(**SMALL, head_dim=16, attention_bias=True), "attention_bias"),
     (Qwen3Config(**SMALL, head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1),
      "sliding_window = 8"),
 ])
