@@ -217,7 +217,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: LayerKV | None = None) -> torch.Tensor:
-        """x (B, T, d), cos/sin (T, d_h), mask None (causal) or bool (B, 1, T, T), True = may attend → (B, T, d).
+        """x (B, T, d), cos/sin (T, d_h), mask None (causal) or bool (B, 1, T, T) / (T, T), True = may attend →
+        (B, T, d).
 
         With ``cache`` (no mask), x holds the tokens at positions cache.length..cache.length+T-1 (cos/sin are those
         positions' rows); their keys and values are appended and the queries attend every cached position up to

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
-                          Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from infra.errors import ConfigError
 from models.arithmetic import param_count
@@ -31,12 +31,17 @@ FAMILIES = {
     # Qwen2 with use_sliding_window and max_window_layers = 0: every layer windowed (and q/k/v biases)
     "qwen2-window-8": (Qwen2ForCausalLM, lambda: Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=8,
                                                              max_window_layers=0, tie_word_embeddings=True)),
+    # Qwen3 with every layer windowed: per-head QK-norm and a window together
+    "qwen3-window-8": (Qwen3ForCausalLM, lambda: Qwen3Config(**COMMON, head_dim=16, use_sliding_window=True,
+                                                             sliding_window=8, max_window_layers=0)),
     # OLMo 2: post-norm blocks, q/k norms of n_h·d_h = 64 and n_kv·d_h = 32 gains
     "olmo2": (Olmo2ForCausalLM, lambda: Olmo2Config(**COMMON, tie_word_embeddings=False, rms_norm_eps=1e-6)),
 }
 EXPECTED = {
     "mistral-window-8": dict(sliding_window=8, norm_placement="pre", qk_norm=False, qkv_bias=False),
     "qwen2-window-8": dict(sliding_window=8, norm_placement="pre", qk_norm=False, qkv_bias=True),
+    "qwen3-window-8": dict(sliding_window=8, norm_placement="pre", qk_norm=True, qk_norm_scope="head",
+                           qkv_bias=False),
     "olmo2": dict(sliding_window=None, norm_placement="post", qk_norm=True, qk_norm_scope="projection",
                   qkv_bias=False, norm_eps=1e-6),
 }
@@ -94,6 +99,7 @@ def test_import_and_export_match_transformers(name, tmp_path):
 @pytest.mark.parametrize("name, update", [
     ("mistral-window-8", {"sliding_window": None}),
     ("qwen2-window-8", {"sliding_window": None}),
+    ("qwen3-window-8", {"sliding_window": None}),
     ("olmo2", {"norm_placement": "pre"}),
 ])
 def test_control_the_probe_sees_the_feature(name, update, tmp_path):
