@@ -20,7 +20,8 @@ class ParamCount:
         blocks: the L decoder blocks, their norms (and q/k/v biases, with qkv_bias) included.
         embedding: V·d, or 2·V·d when the output head is untied.
         decayed_matrices: 2-D weights that get AdamW weight decay (embeddings included, docs/methods.md §6).
-        norms: RMSNorm gains (2·d per block, d final, plus 2·d_h per block with QK-norm); no decay.
+        norms: RMSNorm gains (2·d per block, d final, plus 2·d_h per block with QK-norm per head, or
+            (n_h + n_kv)·d_h with QK-norm over the whole projections, OLMo 2); no decay.
     """
 
     total: int
@@ -32,10 +33,14 @@ class ParamCount:
 
 def _per_layer(cfg: ModelConfig) -> tuple[int, int, int]:
     """(matrix params, norm params, bias params) of one block: attention 2·d·n_h·d_h + 2·d·n_kv·d_h (2·d² + 2·d·n_kv·d_h
-    at d_h = d/n_h), FFN 3·d·d_ff, norms 2·d (+ 2·d_h with QK-norm), q/k/v biases (n_h + 2·n_kv)·d_h with qkv_bias."""
+    at d_h = d/n_h), FFN 3·d·d_ff, norms 2·d (+ 2·d_h with QK-norm per head, + (n_h + n_kv)·d_h with QK-norm over the
+    projections), q/k/v biases (n_h + 2·n_kv)·d_h with qkv_bias."""
     d, d_h = cfg.d_model, cfg.head_dim
     matrices = 2 * d * cfg.n_heads * d_h + 2 * d * cfg.n_kv_heads * d_h + 3 * d * cfg.d_ff
-    norms = 2 * d + (2 * d_h if cfg.qk_norm else 0)
+    qk_norms = 0
+    if cfg.qk_norm:
+        qk_norms = 2 * d_h if cfg.qk_norm_scope == "head" else (cfg.n_heads + cfg.n_kv_heads) * d_h
+    norms = 2 * d + qk_norms
     biases = (cfg.n_heads + 2 * cfg.n_kv_heads) * d_h if cfg.qkv_bias else 0
     return matrices, norms, biases
 

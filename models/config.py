@@ -103,7 +103,18 @@ class ModelConfig(Section):
             d → n_h·d_h (n_kv·d_h) and o project n_h·d_h → d. Left out of the dump when it equals d_model / n_heads.
         qkv_bias: additive biases on the q, k and v projections, none on o (Qwen2 / Qwen2.5). Left out of the dump
             when false.
-        qk_norm: RMSNorm with a learned gain (size head_dim) on q and k per head, before RoPE (docs/methods.md §2).
+        qk_norm: RMSNorm with a learned gain on q and k, before RoPE (docs/methods.md §2); over each head's d_h
+            features (Qwen3) or over the whole projection, see ``qk_norm_scope``.
+        qk_norm_scope: "head" (default: one RMSNorm of size d_h shared by the heads, applied per head) or
+            "projection" (OLMo 2: Team OLMo, "2 OLMo 2 Furious", 2024: one RMSNorm of size n_h·d_h over the whole q
+            projection and one of size n_kv·d_h over k, before the heads are split). Needs ``qk_norm``; left out of
+            the dump at "head".
+        norm_placement: "pre" (default: x + attn(norm(x)), then x + ffn(norm(x))) or "post" (OLMo 2: x +
+            norm(attn(x)), then x + norm(ffn(x)); the block input is not normalised). Left out of the dump at "pre".
+        sliding_window: w, sliding-window attention (Mistral 7B v0.1: Jiang et al. 2023; Qwen2 with
+            use_sliding_window): query position p attends key positions s with p − w < s ≤ p, i.e. at most the
+            last w keys including itself (transformers' ``sliding_window_overlay``: kv_idx > q_idx − w), in every
+            layer. None (default) = full causal attention, left out of the dump.
         rope_theta: RoPE base frequency θ (Su et al. 2021); a larger base slows every rotation, the "base frequency"
             recipe of context extension (Xiong et al. 2023; docs/methods.md §15).
         rope_scaling_factor: linear position interpolation s ≥ 1 (Chen et al. 2023): position m is rotated as m / s,
@@ -117,7 +128,8 @@ class ModelConfig(Section):
 
     Raises:
         ConfigError: a non-positive size, d_model not divisible by n_heads (without head_dim), n_heads not
-            divisible by n_kv_heads, or an odd head_dim (RoPE rotates pairs); the message names the field.
+            divisible by n_kv_heads, an odd head_dim (RoPE rotates pairs), a sliding_window below 1, or
+            qk_norm_scope "projection" without qk_norm; the message names the field.
     """
 
     n_layers: int
@@ -131,6 +143,9 @@ class ModelConfig(Section):
     head_dim: int | None = None
     qkv_bias: bool = False
     qk_norm: bool = False
+    qk_norm_scope: Literal["head", "projection"] = "head"
+    norm_placement: Literal["pre", "post"] = "pre"
+    sliding_window: int | None = None
     rope_theta: float = 10000.0
     rope_scaling_factor: float = 1.0
     rope_scaling: RopeScaling | None = None
@@ -163,6 +178,11 @@ class ModelConfig(Section):
                 f"model.n_kv_heads = {self.n_kv_heads} does not divide model.n_heads = {self.n_heads}; "
                 "each KV head must serve a whole group of query heads"
             )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"model.sliding_window = {self.sliding_window}: must be a positive integer (or left "
+                              "out: full causal attention)")
+        if self.qk_norm_scope != "head" and not self.qk_norm:
+            raise ConfigError(f"model.qk_norm_scope = {self.qk_norm_scope!r} needs model.qk_norm = true")
         if self.head_dim % 2:
             raise ConfigError(
                 f"model.head_dim = {self.head_dim} is odd; RoPE needs an even head_dim"
@@ -181,4 +201,10 @@ class ModelConfig(Section):
             data.pop("qkv_bias", None)
         if self.rope_scaling is None:
             data.pop("rope_scaling", None)
+        if self.qk_norm_scope == "head":
+            data.pop("qk_norm_scope", None)
+        if self.norm_placement == "pre":
+            data.pop("norm_placement", None)
+        if self.sliding_window is None:
+            data.pop("sliding_window", None)
         return data

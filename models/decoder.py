@@ -1,5 +1,7 @@
 """Decoder-only transformer: pre-norm RMSNorm, GQA with RoPE, SwiGLU FFN (docs/methods.md §2). No biases, except
-q/k/v biases with ``qkv_bias`` (Qwen2); d_h is d / n_h unless ``head_dim`` sets it.
+q/k/v biases with ``qkv_bias`` (Qwen2); d_h is d / n_h unless ``head_dim`` sets it. Options for released bases:
+``sliding_window`` (Mistral 7B v0.1, Jiang et al. 2023: banded causal attention), ``norm_placement = "post"`` and
+``qk_norm_scope = "projection"`` (OLMo 2, Team OLMo, "2 OLMo 2 Furious", 2024).
 
 Shape legend: B batch, T sequence length, d model width, V vocabulary, n_h query heads, n_kv key/value
 heads, d_h head width, d_ff FFN hidden width.
@@ -179,9 +181,23 @@ def _offset_causal_mask(T: int, start: int, device: torch.device) -> torch.Tenso
     return keys[None, :] <= (start + torch.arange(T, device=device))[:, None]
 
 
+def sliding_window_mask(T: int, start: int, window: int, device: torch.device) -> torch.Tensor:
+    """bool (T, start + T): query t (at position p = start + t) may attend key s iff p − window < s ≤ p, i.e. the
+    last ``window`` positions including its own (transformers' ``sliding_window_causal_mask_function``)."""
+    keys = torch.arange(start + T, device=device)[None, :]
+    queries = (start + torch.arange(T, device=device))[:, None]
+    return (keys <= queries) & (keys > queries - window)
+
+
 class Attention(nn.Module):
     """Causal grouped-query attention; parameters 2·d·n_h·d_h + 2·d·n_kv·d_h (2·d² + 2·d·n_kv·d_h at d_h = d/n_h,
-    docs/methods.md §2), plus 2·d_h with QK-norm and (n_h + 2·n_kv)·d_h with q/k/v biases."""
+    docs/methods.md §2), plus 2·d_h with QK-norm per head ((n_h + n_kv)·d_h over the projections) and
+    (n_h + 2·n_kv)·d_h with q/k/v biases.
+
+    ``qk_norm_scope = "head"``: one RMSNorm of size d_h on each head of q and of k (Qwen3); ``"projection"``: an
+    RMSNorm of size n_h·d_h over the whole q projection and one of n_kv·d_h over k, before the heads are split
+    (OLMo 2). Both before RoPE. ``sliding_window`` w applies to the cached path here; the uncached path receives
+    the band in ``mask`` from :class:`Decoder`."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -191,24 +207,31 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.d_model, kv_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(q_dim, cfg.d_model, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.qk_norm_whole = cfg.qk_norm_scope == "projection"
+        q_norm_dim, k_norm_dim = (q_dim, kv_dim) if self.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
+        self.q_norm = RMSNorm(q_norm_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_norm_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.window = cfg.sliding_window
         # Instrument (docs/methods.md §6 (learning-rate stability grid)): when set, forward also records the largest |q·k|/√d_h over causal pairs.
         self.probe_logits, self.max_logit = False, 0.0
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None, cache: LayerKV | None = None) -> torch.Tensor:
-        """x (B, T, d), cos/sin (T, d_h), mask None (causal) or bool (B, 1, T, T), True = may attend → (B, T, d).
+        """x (B, T, d), cos/sin (T, d_h), mask None (causal) or bool (B, 1, T, T) / (T, T), True = may attend →
+        (B, T, d).
 
         With ``cache`` (no mask), x holds the tokens at positions cache.length..cache.length+T-1 (cos/sin are those
         positions' rows); their keys and values are appended and the queries attend every cached position up to
         their own.
         """
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, n_h, d_h)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv, d_h)
+        q, k = self.wq(x), self.wk(x)  # (B, T, n_h·d_h), (B, T, n_kv·d_h)
+        if self.q_norm is not None and self.qk_norm_whole:  # OLMo 2: over the whole projections
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.n_heads, self.head_dim)  # (B, T, n_h, d_h)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv, d_h)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, n_kv, d_h)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_whole:  # per head
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, n, T, d_h)
@@ -229,7 +252,10 @@ class Attention(nn.Module):
         start = cache.length
         k, v = cache.append(k, v)  # (B, n_kv, start + T, d_h)
         gqa = self.n_kv_heads != self.n_heads
-        if start == 0:  # prefill: plain causal
+        if self.window is not None and start + T > self.window:  # some key lies outside a query's window
+            mask = sliding_window_mask(T, start, self.window, q.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        elif start == 0:  # prefill: plain causal
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         elif T == 1:  # one new token attends every cached position
             y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
@@ -264,7 +290,8 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x)); with ``norm_placement = "post"`` (OLMo 2)
+    x + norm(attn(x)), then x + norm(ffn(x)), the same two norms (``attn_norm``, ``ffn_norm``) on the branch outputs."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -272,6 +299,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = SwiGLU(cfg)
+        self.post_norm = cfg.norm_placement == "post"
         self.recompute = False  # activation checkpointing, set through Decoder.activation_checkpointing
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -289,6 +317,9 @@ class Block(nn.Module):
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  mask: torch.Tensor | None, cache: LayerKV | None = None) -> torch.Tensor:
+        if self.post_norm:
+            x = x + self.attn_norm(self.attn(x, cos, sin, mask, cache))
+            return x + self.ffn_norm(self.ffn(x))
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -344,6 +375,8 @@ class Decoder(nn.Module):
 
         ``doc_ids`` (B, T), the document each position belongs to, turns on a block-diagonal causal mask: a
         position attends only to earlier positions of its own document (docs/methods.md §8 packing). None: plain causal.
+        With ``cfg.sliding_window`` w < T, a (T, T) band mask (p − w < s ≤ p) is built once per call and combined
+        with the document mask; at w ≥ T (or None) the mask-free causal path runs unchanged.
 
         ``cache``: incremental decoding; idx holds the tokens at positions cache.length..cache.length+T-1 (the
         whole prompt on the first call, then the new tokens), their keys and values are appended to the cache,
@@ -363,6 +396,10 @@ class Decoder(nn.Module):
             if doc_ids.shape != idx.shape:
                 raise DataError(f"doc_ids has shape {tuple(doc_ids.shape)}, idx {tuple(idx.shape)}: they must match")
             mask = document_mask(doc_ids.to(idx.device))
+        window = self.cfg.sliding_window
+        if window is not None and window < T:
+            band = sliding_window_mask(T, 0, window, idx.device)  # (T, T)
+            mask = band if mask is None else mask & band
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, d_h)
         x = self.tok_embeddings(idx)  # (B, T, d)
         for block in self.blocks:

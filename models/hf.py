@@ -1,11 +1,14 @@
 """The decoder to and from the Hugging Face ``transformers`` layout (docs/methods.md §2, "Hugging Face layout").
 
-Export targets the family whose shape the model has: ``LlamaForCausalLM`` (no QK-norm, no biases),
+Export targets the family whose shape the model has: ``LlamaForCausalLM`` (no QK-norm, no biases, no window),
+``MistralForCausalLM`` (the Llama shape with a ``sliding_window``: Jiang et al. 2023), ``Olmo2ForCausalLM``
+(``norm_placement = "post"`` with QK-norm over the whole projections: Team OLMo, "2 OLMo 2 Furious", 2024),
 ``Qwen3ForCausalLM`` (QK-norm: Qwen3's ``q_norm``/``k_norm`` are RMSNorms over each head's d_h features applied
 before RoPE, as here) or ``Qwen2ForCausalLM`` (q/k/v biases, none on o, as ``Qwen2Attention`` builds them). All three
-take an explicit ``head_dim`` (d_h ≠ d / n_h, e.g. Qwen3 0.6B–8B). All use the rotate-half RoPE layout this decoder
+take an explicit ``head_dim`` (d_h ≠ d / n_h, e.g. Qwen3 0.6B–8B); Qwen2 and Qwen3 carry a window in every layer
+(``use_sliding_window``, ``max_window_layers = 0``). All use the rotate-half RoPE layout this decoder
 uses, so q/k weights are copied as they are, without the interleaved → rotate-half permutation a Meta-layout
-checkpoint needs. Import reads local Llama, Mistral, Qwen2 and Qwen3 folders and refuses, naming the field, every
+checkpoint needs. Import reads local Llama, Mistral, Qwen2, Qwen3 and OLMo 2 folders and refuses, naming the field, every
 architecture the decoder cannot represent exactly; nothing is converted approximately.
 
 RoPE: the default type carries θ alone; linear position interpolation (Chen et al. 2023; docs/methods.md §15) is
@@ -26,6 +29,10 @@ Tensor names, ours → theirs (``i`` a block index)::
     blocks.i.ffn_norm.weight       model.layers.i.post_attention_layernorm.weight
     blocks.i.ffn.w_{gate,up,down}  model.layers.i.mlp.{gate,up,down}_proj.weight
     norm.weight                    model.norm.weight
+
+With ``norm_placement = "post"`` (OLMo 2) the two block norms sit on the branch outputs: ``attn_norm`` is
+``post_attention_layernorm`` and ``ffn_norm`` is ``post_feedforward_layernorm`` (there is no ``input_layernorm``);
+OLMo 2's ``q_norm``/``k_norm`` have n_h·d_h and n_kv·d_h gains under the same names as Qwen3's.
     lm_head.weight                 lm_head.weight                                   (untied only)
 
 ``verify`` compares one model of each kind on the same token ids: the largest absolute logit difference (fp32)
@@ -50,12 +57,12 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
 LOGIT_TOLERANCE = 1e-4  # max |logit difference| in fp32 that counts as the same model
-IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3")
+IMPORTABLE = ("llama", "mistral", "qwen2", "qwen3", "olmo2")
 
 # ModelConfig fields the mapping carries; any other field must sit at its default, or the export is refused.
 _MAPPED = {"n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "seq_len", "tied_embeddings",
            "qk_norm", "rope_theta", "rope_scaling_factor", "init_std", "norm_eps", "head_dim", "qkv_bias",
-           "rope_scaling"}
+           "rope_scaling", "sliding_window", "norm_placement", "qk_norm_scope"}
 _BLOCK = (("attn_norm.weight", "input_layernorm.weight"), ("attn.wq.weight", "self_attn.q_proj.weight"),
           ("attn.wk.weight", "self_attn.k_proj.weight"), ("attn.wv.weight", "self_attn.v_proj.weight"),
           ("attn.wo.weight", "self_attn.o_proj.weight"), ("attn.q_norm.weight", "self_attn.q_norm.weight"),
@@ -68,8 +75,11 @@ _BLOCK = (("attn_norm.weight", "input_layernorm.weight"), ("attn.wq.weight", "se
 def _name_map(cfg: ModelConfig) -> dict[str, str]:
     """Our parameter name → the ``transformers`` name, for every parameter of a ``Decoder(cfg)``."""
     names = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    post = {"attn_norm.weight": "post_attention_layernorm.weight",
+            "ffn_norm.weight": "post_feedforward_layernorm.weight"} if cfg.norm_placement == "post" else {}
     for i in range(cfg.n_layers):
         for ours, theirs in _BLOCK:
+            theirs = post.get(ours, theirs)
             if ours.startswith(("attn.q_norm", "attn.k_norm")) and not cfg.qk_norm:
                 continue
             if ours.endswith(".bias") and not cfg.qkv_bias:
@@ -81,22 +91,26 @@ def _name_map(cfg: ModelConfig) -> dict[str, str]:
 
 
 def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int | None) -> PretrainedConfig:
-    """The ``transformers`` config of a decoder of shape ``cfg``: ``Qwen3Config`` with QK-norm, ``Qwen2Config`` with
-    q/k/v biases, ``LlamaConfig`` with neither (docs/methods.md §2).
+    """The ``transformers`` config of a decoder of shape ``cfg``: ``Olmo2Config`` with post-norm and QK-norm over the
+    projections, ``Qwen3Config`` with per-head QK-norm, ``Qwen2Config`` with q/k/v biases, ``MistralConfig`` with
+    neither but a ``sliding_window``, ``LlamaConfig`` otherwise (docs/methods.md §2). A window is written as
+    Mistral's ``sliding_window``, or Qwen2/Qwen3's ``use_sliding_window`` with ``max_window_layers = 0`` (every layer
+    windowed).
 
     ``vocab_size`` is the model's embedding rows (the padded vocabulary, docs/methods.md §8);
     ``max_position_embeddings`` is ``cfg.seq_len`` (the extended window of an interpolated model); ``rope_parameters``
-    is :func:`hf_rope_parameters`; ``head_dim`` is d_h; no sliding window, dtype float32.
+    is :func:`hf_rope_parameters`; ``head_dim`` is d_h; dtype float32.
 
     Args:
         bos_id, eos_id, pad_id: special token ids (``None``: the tokenizer has no such token).
 
     Raises:
         ConfigError: a ModelConfig field outside the mapping is not at its default, both QK-norm and q/k/v biases
-            (no family has both), linear interpolation on top of Llama 3 / YaRN scaling, or a token id lies outside
+            (no family has both), post-norm without QK-norm over the projections (or the reverse), OLMo 2 with
+            biases or a window, linear interpolation on top of Llama 3 / YaRN scaling, or a token id lies outside
             [0, vocab_size); the message names the field.
     """
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Olmo2Config, Qwen2Config, Qwen3Config
 
     for name, info in type(cfg).model_fields.items():
         if name not in _MAPPED and getattr(cfg, name) != info.default:
@@ -105,6 +119,22 @@ def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int 
     if cfg.qk_norm and cfg.qkv_bias:
         raise ConfigError("model.qk_norm and model.qkv_bias are both set: Qwen3 has QK-norm without q/k/v biases, "
                           "Qwen2 the biases without QK-norm, Llama neither; the model cannot be exported exactly")
+    olmo2 = cfg.norm_placement == "post" or cfg.qk_norm_scope == "projection"
+    if cfg.norm_placement == "post" and not (cfg.qk_norm and cfg.qk_norm_scope == "projection"):
+        raise ConfigError(f"model.norm_placement = 'post' with qk_norm = {cfg.qk_norm}, qk_norm_scope = "
+                          f"{cfg.qk_norm_scope!r}: OLMo 2, the one family with post-norm blocks, also normalises the "
+                          "whole q and k projections; the model cannot be exported exactly")
+    if olmo2 and cfg.norm_placement != "post":
+        raise ConfigError("model.qk_norm_scope = 'projection' with norm_placement = 'pre': OLMo 2, the one family "
+                          "with QK-norm over the projections, has post-norm blocks; the model cannot be exported "
+                          "exactly")
+    if olmo2 and (cfg.qkv_bias or cfg.sliding_window is not None):
+        name = "qkv_bias" if cfg.qkv_bias else "sliding_window"
+        raise ConfigError(f"model.{name} = {getattr(cfg, name)!r}: OLMo 2 has neither q/k/v biases nor a sliding "
+                          "window; the model cannot be exported exactly")
+    if olmo2 and cfg.head_dim * cfg.n_heads != cfg.d_model:
+        raise ConfigError(f"model.head_dim = {cfg.head_dim}: Olmo2Config has no head_dim (it is d_model / n_heads); "
+                          "the model cannot be exported exactly")
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and not 0 <= value < cfg.vocab_size:
             raise ConfigError(f"{name} = {value} lies outside the model's vocabulary [0, {cfg.vocab_size})")
@@ -115,13 +145,21 @@ def hf_config(cfg: ModelConfig, *, bos_id: int | None, eos_id: int, pad_id: int 
                   rope_parameters=hf_rope_parameters(cfg),
                   attention_dropout=0.0, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
                   dtype="float32")
+    window = cfg.sliding_window
+    qwen_window = dict(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers,
+                       layer_types=["full_attention"] * cfg.n_layers)
+    if window is not None:  # every layer windowed: max_window_layers = 0
+        qwen_window = dict(use_sliding_window=True, sliding_window=window, max_window_layers=0,
+                           layer_types=["sliding_attention"] * cfg.n_layers)
     if cfg.qkv_bias:  # Qwen2Attention: bias on q/k/v always, never on o
-        return Qwen2Config(**common, use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers,
-                           layer_types=["full_attention"] * cfg.n_layers)
+        return Qwen2Config(**common, **qwen_window)
     common["attention_bias"] = False
+    if olmo2:
+        return Olmo2Config(**common)
     if cfg.qk_norm:
-        return Qwen3Config(**common, use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers,
-                           layer_types=["full_attention"] * cfg.n_layers)
+        return Qwen3Config(**common, **qwen_window)
+    if window is not None:
+        return MistralConfig(**common, sliding_window=window)
     return LlamaConfig(**common, mlp_bias=False, pretraining_tp=1)
 
 
@@ -163,7 +201,8 @@ def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
 
 
 def to_hf_model(model: Decoder, *, bos_id: int | None, eos_id: int, pad_id: int | None) -> PreTrainedModel:
-    """``model`` as a ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` (:func:`hf_config`) in
+    """``model`` as a ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` /
+    ``Olmo2ForCausalLM`` (:func:`hf_config`) in
     memory: fp32, CPU, eval mode.
 
     Raises:
@@ -193,11 +232,14 @@ def _refuse(what: str, value: Any, why: str) -> ConfigError:
 
 
 def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
-    """The ``ModelConfig`` that represents a Llama / Mistral / Qwen2 / Qwen3 ``transformers`` config exactly.
+    """The ``ModelConfig`` that represents a Llama / Mistral / Qwen2 / Qwen3 / OLMo 2 ``transformers`` config exactly.
 
     Mapping: hidden_size → d_model, intermediate_size → d_ff, num_attention_heads / num_key_value_heads →
     n_heads / n_kv_heads, head_dim → head_dim (None when it equals hidden_size / num_attention_heads), Qwen2 →
-    qkv_bias, Qwen3 → qk_norm, vocab_size (the embedding rows), tie_word_embeddings, rope_parameters.rope_theta →
+    qkv_bias, Qwen3 → qk_norm, OLMo 2 → qk_norm with qk_norm_scope "projection" and norm_placement "post",
+    Mistral's ``sliding_window`` (Qwen2/Qwen3: ``sliding_window`` where ``use_sliding_window`` makes every layer
+    windowed) → sliding_window when shorter than max_position_embeddings (None otherwise: the band then never
+    masks anything), vocab_size (the embedding rows), tie_word_embeddings, rope_parameters.rope_theta →
     rope_theta, rope_parameters.factor of ``rope_type = "linear"`` → rope_scaling_factor (linear position
     interpolation, Chen et al. 2023; default type: 1), ``rope_type = "llama3"`` / ``"yarn"`` with their parameters →
     rope_scaling (``models.config.RopeScaling``; a YaRN factor left out is max_position_embeddings /
@@ -212,8 +254,8 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
             and Qwen3 then bias o_proj too), ``mlp_bias``, ``hidden_act`` other than silu, an odd ``head_dim``, a
             rope type other than default, linear, llama3 or yarn (``rope_scaling``: dynamic NTK, LongRoPE ... change
             the frequencies in ways the decoder does not), a linear factor below 1, a llama3 / yarn parameter
-            missing or out of range, a partial rotary factor, RoPE parameters per layer type, a sliding window shorter than max_position_embeddings,
-            experts (MoE).
+            missing or out of range, a partial rotary factor, RoPE parameters per layer type, a window in some layers
+            only (``max_window_layers`` / ``layer_types``), experts (MoE).
     """
     kind = getattr(config, "model_type", None)
     if kind not in IMPORTABLE:
@@ -254,16 +296,30 @@ def model_config_from_hf(config: PretrainedConfig) -> ModelConfig:
     positions = config.max_position_embeddings
     layer_types = list(getattr(config, "layer_types", None) or [])
     window = getattr(config, "sliding_window", None)
-    windowed = kind == "mistral" or "sliding_attention" in layer_types
-    if windowed and window is not None and window < positions:
-        raise _refuse("sliding_window", window, f"attention is windowed below max_position_embeddings = {positions}")
     if set(layer_types) - {"full_attention", "sliding_attention"}:
-        raise _refuse("layer_types", sorted(set(layer_types)), "every layer must be full causal attention")
+        raise _refuse("layer_types", sorted(set(layer_types)), "every layer must be full or sliding-window causal "
+                      "attention")
+    if kind == "mistral":
+        windowed = "full_attention" not in layer_types
+    else:
+        windowed = "sliding_attention" in layer_types
+        if windowed and "full_attention" in layer_types:
+            where = "max_window_layers" if kind in ("qwen2", "qwen3") else "layer_types"
+            raise _refuse(where, getattr(config, where, layer_types),
+                          f"only layers {[i for i, t in enumerate(layer_types) if t == 'sliding_attention']} of "
+                          f"{len(layer_types)} are windowed; the decoder windows every layer or none")
+    if windowed and window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise _refuse("sliding_window", window, "a window must be a positive number of positions")
+    sliding_window = window if windowed and window is not None and window < positions else None
+    olmo2 = kind == "olmo2"
     return ModelConfig(n_layers=config.num_hidden_layers, d_model=config.hidden_size, n_heads=heads,
                        n_kv_heads=config.num_key_value_heads or heads, d_ff=config.intermediate_size,
                        vocab_size=config.vocab_size, seq_len=positions,
                        tied_embeddings=bool(config.tie_word_embeddings), head_dim=head_dim,
-                       qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3",
+                       qkv_bias=kind == "qwen2", qk_norm=kind in ("qwen3", "olmo2"),
+                       qk_norm_scope="projection" if olmo2 else "head",
+                       norm_placement="post" if olmo2 else "pre", sliding_window=sliding_window,
                        rope_theta=float(rope.get("rope_theta", 10000.0)), rope_scaling_factor=float(factor),
                        rope_scaling=scaling,
                        init_std=float(config.initializer_range),
@@ -349,13 +405,14 @@ def is_hf_folder(path: str | Path) -> bool:
 
 def decoder_from_hf(folder: Path) -> Decoder:
     """A ``Decoder`` holding the weights of a local Hugging Face model folder (``config.json`` plus safetensors,
-    single file or sharded with an index), in fp32. Llama (Llama 3 RoPE scaling included), Mistral (no window shorter
-    than its positions), Qwen2 / Qwen2.5 (q/k/v biases; YaRN) and Qwen3 (head_dim ≠ d / n_h) folders are read;
+    single file or sharded with an index), in fp32. Llama (Llama 3 RoPE scaling included), Mistral (sliding window
+    included), Qwen2 / Qwen2.5 (q/k/v biases; YaRN; a window in every layer) and Qwen3 (head_dim ≠ d / n_h) and OLMo 2
+    (post-norm, QK-norm over the projections) folders are read;
     tied or untied heads; GQA. See :func:`model_config_from_hf` for the mapping.
 
     Raises:
         ConfigError: the architecture differs from this decoder (the message names the field, e.g.
-            ``attention_bias``, ``sliding_window``, ``rope_scaling`` of a type other than default, linear, llama3 or
+            ``attention_bias``, ``max_window_layers``, ``rope_scaling`` of a type other than default, linear, llama3 or
             yarn), or the weights hold a tensor the decoder has no place for (a bias on o_proj).
         DataError: no config.json or no safetensors weights, a tensor is missing, or a shape differs.
     """
