@@ -9,16 +9,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
 
 from infra.errors import ConfigError
 from models.config import ModelConfig, RopeScaling
 from models.decoder import Decoder
-from models.hf import LOGIT_TOLERANCE, decoder_from_hf, hf_config, probe_ids, to_hf_model, verify
+from models.hf import LOGIT_TOLERANCE, decoder_from_hf, hf_config
 
-EOS, PAD = 0, 1
+from tests.unit.hf_random import EOS, PAD, check_against, compare, import_export_round_trip, saved_random  # noqa: E402
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13]]
 COMMON = dict(vocab_size=96, num_hidden_layers=2, initializer_range=0.1, eos_token_id=EOS, pad_token_id=PAD,
               bos_token_id=None)
@@ -56,51 +55,22 @@ EXPECTED = {
 }
 
 
-def _saved(model_cls, config, folder):
-    torch.manual_seed(0)
-    model = model_cls(config).eval()
-    with torch.no_grad():  # random init may zero biases and set norm gains to 1: make both visible
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.copy_(torch.randn_like(p))
-            elif p.ndim == 1:
-                p.uniform_(0.5, 1.5)
-    model.save_pretrained(folder)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+_saved = saved_random
 
 
 def _verify(ours: Decoder, theirs):
-    return verify(ours, theirs, probe_ids(ours.cfg.vocab_size, ours.cfg.seq_len), prompts=PROMPTS,
-                  max_new_tokens=8, eos_id=EOS, pad_id=PAD)
+    return compare(ours, theirs, PROMPTS, 16)
 
 
 def _check(ours: Decoder, theirs, label: str) -> float:
-    result = _verify(ours, theirs)
-    print(f"{label}: max |logit diff| = {result.max_abs_logit_diff:.3g}; greedy equal = {result.greedy_equal}")
-    assert result.max_abs_logit_diff <= LOGIT_TOLERANCE, result.describe()
-    assert result.greedy_equal, result.describe()
-    assert any(len(c) > 1 for c in result.ours)  # the continuations really were compared
-    return result.max_abs_logit_diff
+    return check_against(ours, theirs, label, PROMPTS, 16)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_import_and_export_match_transformers(name, tmp_path):
     model_cls, make = FAMILIES[name]
-    theirs = _saved(model_cls, make(), tmp_path / "base")
-    assert type(theirs) is model_cls
-    ours = decoder_from_hf(tmp_path / "base")
-    for field, value in EXPECTED[name].items():
-        assert getattr(ours.cfg, field) == value, field
-    _check(ours, theirs, f"import {name}")
-
-    exported = to_hf_model(ours, bos_id=None, eos_id=EOS, pad_id=PAD)
-    assert type(exported) is model_cls and exported.config.model_type == theirs.config.model_type
-    exported.save_pretrained(tmp_path / "export")
-    back = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
-    assert type(back) is model_cls
+    _, (theirs, back) = import_export_round_trip(model_cls, make(), EXPECTED[name], tmp_path, name, PROMPTS)
     assert back.config.rope_parameters["rope_type"] == theirs.config.rope_parameters["rope_type"]
-    _check(ours, back, f"export {name}")
-    assert decoder_from_hf(tmp_path / "export").cfg == ours.cfg
 
 
 @pytest.mark.parametrize("name", ["llama3-rope", "qwen2-yarn"])
