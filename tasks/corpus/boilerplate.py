@@ -117,10 +117,16 @@ def strip_units(texts: Sequence[str], frequent: set[int] | dict[int, int],
     out, removed = [], []
     for text in texts:
         kept_paragraphs, n_removed = [], 0
-        own = doc_hash(text) if keeper else None
+        own: list[int] = []  # the text's doc_hash, computed at its first frequent unit only
 
         def cut(key: int | None) -> bool:
-            return key in frequent and (own is None or keeper.get(key) != own)
+            if key not in frequent:
+                return False
+            if not keeper:
+                return True
+            if not own:
+                own.append(doc_hash(text))
+            return keeper[key] != own[0]
 
         for lines in _paragraphs(text):
             if len(lines) > 1 and cut(_key("\n".join(lines), min_chars)):

@@ -435,9 +435,9 @@ def _frequent(work: Path, cfg: CorpusConfig, names: list[str],
     files = [str(folder / f"{p:05d}" / "counts.parquet") for p in range(n_parts)]
     tmp = temp_path(path)
     with _duckdb(work, memory_limit=cfg.execution.memory_limit) as con:
-        con.execute(f"COPY (SELECT unit_hash::UBIGINT AS unit_hash, n_docs::BIGINT AS n_docs, example "
-                    f"FROM read_parquet(?) ORDER BY n_docs DESC, unit_hash) TO '{tmp}' (FORMAT parquet)", [files])
-        n_units = int(con.execute("SELECT count(*) FROM read_parquet(?)", [files]).fetchone()[0])
+        n_units = int(con.execute(  # COPY returns the rows it wrote
+            f"COPY (SELECT unit_hash::UBIGINT AS unit_hash, n_docs::BIGINT AS n_docs, example FROM read_parquet(?) "
+            f"ORDER BY n_docs DESC, unit_hash) TO '{tmp}' (FORMAT parquet)", [files]).fetchone()[0])
     os.replace(tmp, path)  # a killed run leaves the old table or none, never half of one
     return n_units
 
